@@ -1,0 +1,297 @@
+//! The end of a run: deleting what is no longer declared.
+//!
+//! States a successful component stopped declaring, and every state of a
+//! component no longer mounted, are deleted once all components of the run
+//! have finished, so that a state that moved to another component in the
+//! same run is recognised as one state and not deleted. Only the topmost
+//! of nested orphans is reconciled: deleting a container drops the records
+//! of everything below it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::reconciler::{shard_of, FilterOrphans, Orphan, ReconcileOrphans};
+use super::sink::{await_acks, PlannedAction, SinkGroups, UnitAck};
+use crate::error::{ComponentFailure, Error, Result};
+use crate::ledger::record::{Intent, LedgerOp};
+use crate::ledger::{buf, Ledger};
+use crate::model::erased::ErasedOutput;
+use crate::model::keycode;
+use crate::model::sink::EncodedAction;
+use crate::model::{ComponentPath, StableKey};
+use crate::run::{lock, PreviewAction, Run};
+
+/// Reads the states of removed components and of everything below them.
+fn expand_removed(
+    ledger: &Ledger,
+    roots: Vec<ComponentPath>,
+) -> Result<(Vec<Vec<u8>>, Vec<Orphan>)> {
+    let mut removed = Vec::new();
+    let mut orphans = Vec::new();
+    let mut queue = roots;
+    while let Some(path) = queue.pop() {
+        let key: Arc<[u8]> = Arc::from(keycode::component_key(path.segments()));
+        for child in ledger.children(&key)? {
+            queue.push(path.child(child));
+        }
+        if let Some(entry) = ledger.component(&key)? {
+            for state in entry.states {
+                orphans.push(Orphan {
+                    component: Arc::clone(&key),
+                    component_path: path.clone(),
+                    entry: state,
+                });
+            }
+        }
+        removed.push(key.to_vec());
+    }
+    Ok((removed, orphans))
+}
+
+/// Deletes the run's orphans and forgets removed components.
+pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
+    let roots = std::mem::take(&mut *lock(&run.removed));
+    let ledger = run.engine.ledger.clone();
+    let (removed, mut orphans) = run
+        .engine
+        .user
+        .spawn_blocking(move || expand_removed(&ledger, roots))
+        .await
+        .map_err(|e| Error::Shutdown(format!("reading removed components failed: {e}")))??;
+    orphans.extend(std::mem::take(&mut *lock(&run.orphans)));
+
+    let survivors = filter_declared(run, orphans).await?;
+    let top = topmost(survivors);
+    let outcomes = reconcile_orphans(run, top).await?;
+
+    let mut ops: Vec<LedgerOp> = Vec::new();
+    if run.preview {
+        let mut preview = lock(&run.preview_actions);
+        for (orphan, provider, key, result) in &outcomes {
+            if let Ok(Some(out)) = result {
+                preview.push(PreviewAction {
+                    provider: provider.to_string(),
+                    key: key.clone(),
+                    kind: out.kind,
+                    component: orphan.component_path.clone(),
+                });
+            }
+        }
+        return Ok(());
+    }
+
+    // Group deletes into units by the component that owned them.
+    let mut units: BTreeMap<Vec<u8>, Unit> = BTreeMap::new();
+    for (orphan, provider, key, result) in outcomes {
+        let unit = units
+            .entry(orphan.component.to_vec())
+            .or_insert_with(|| Unit {
+                path: orphan.component_path.clone(),
+                items: Vec::new(),
+                error: None,
+            });
+        match result {
+            Err(e) => {
+                unit.error.get_or_insert(e);
+            }
+            Ok(out) => unit.items.push((orphan, provider, key, out)),
+        }
+    }
+    run.activity.enter();
+    let mut waiting = Vec::new();
+    for (component, unit) in &units {
+        if unit.error.is_some() {
+            continue;
+        }
+        let (tx, rx) = mpsc::unbounded_channel::<UnitAck>();
+        let mut groups = SinkGroups::default();
+        for (orphan, provider, key, out) in &unit.items {
+            let Some(out) = out else { continue };
+            let planned = PlannedAction {
+                action: EncodedAction {
+                    kind: out.kind,
+                    bytes: Arc::clone(&out.action),
+                },
+                key: key.clone(),
+                intent: (!orphan.entry.may_be_missing).then(|| delete_intent(orphan)),
+            };
+            groups.add(&out.sink, provider, planned);
+        }
+        let total = groups.dispatch(run, &tx);
+        waiting.push((component.clone(), total, rx));
+    }
+    run.activity.leave();
+
+    let mut results: HashMap<Vec<u8>, Option<Error>> = HashMap::new();
+    for (component, total, mut rx) in waiting {
+        let failure = await_acks(&mut rx, total).await;
+        results.insert(component, failure);
+    }
+
+    for (component, unit) in units {
+        let failure = match unit.error {
+            Some(e) => Some(e),
+            None => results.remove(&component).flatten(),
+        };
+        match failure {
+            None => {
+                for (orphan, _, _, out) in unit.items {
+                    if let Some(out) = &out {
+                        run.counters.count_action(out.kind, 1);
+                    }
+                    ops.push(LedgerOp::Remove {
+                        component: component.clone(),
+                        path: orphan.entry.path.to_vec(),
+                        keep_owner: false,
+                    });
+                    if orphan.entry.child_gen.is_some() {
+                        ops.push(LedgerOp::DropDescendants {
+                            path: orphan.entry.path.to_vec(),
+                        });
+                    }
+                }
+            }
+            Some(err) => {
+                for (orphan, _, _, out) in unit.items {
+                    if out.is_some() {
+                        ops.push(LedgerOp::Fold(delete_intent(&orphan)));
+                    }
+                }
+                ops.push(LedgerOp::SetFailure {
+                    component: component.clone(),
+                    failure: Some(err.to_string()),
+                });
+                run.fail(ComponentFailure::new(
+                    unit.path.clone(),
+                    &Error::Usage(format!(
+                        "deleting target states it no longer declares failed: {err}"
+                    )),
+                ));
+            }
+        }
+    }
+    for component in removed {
+        ops.push(LedgerOp::RemoveComponent { component });
+    }
+    for id in std::mem::take(&mut *lock(&run.intent_ids)) {
+        ops.push(LedgerOp::DeleteIntents { id });
+    }
+    if !ops.is_empty() {
+        run.engine.ledger_handle.commit(ops).await?;
+    }
+    Ok(())
+}
+
+type OrphanOutcome = (Orphan, Arc<str>, StableKey, Result<Option<ErasedOutput>>);
+
+struct Unit {
+    path: ComponentPath,
+    items: Vec<(Orphan, Arc<str>, StableKey, Option<ErasedOutput>)>,
+    error: Option<Error>,
+}
+
+fn delete_intent(orphan: &Orphan) -> Intent {
+    Intent {
+        component: buf(&orphan.component),
+        path: orphan.entry.path.clone(),
+        record: None,
+        gen: orphan.entry.gen,
+        child_gen: orphan.entry.child_gen,
+    }
+}
+
+/// Drops orphans that some component declared in this run: they moved.
+async fn filter_declared(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan>> {
+    if orphans.is_empty() {
+        return Ok(orphans);
+    }
+    let shards = &run.engine.shards;
+    let n = shards.len();
+    let mut per_shard: Vec<Vec<Orphan>> = (0..n).map(|_| Vec::new()).collect();
+    for o in orphans {
+        if let Some(v) = per_shard.get_mut(shard_of(&o.entry.path, n)) {
+            v.push(o);
+        }
+    }
+    let mut replies = Vec::new();
+    for (s, orphans) in per_shard.into_iter().enumerate() {
+        if orphans.is_empty() {
+            continue;
+        }
+        let (tx, rx) = oneshot::channel();
+        shards[s].do_send(FilterOrphans {
+            run_id: run.id,
+            orphans,
+            reply: tx,
+        });
+        replies.push(rx);
+    }
+    let mut kept = Vec::new();
+    for rx in replies {
+        kept.extend(
+            rx.await
+                .map_err(|_| Error::Shutdown("a reconciler shard stopped".into()))?,
+        );
+    }
+    Ok(kept)
+}
+
+/// Keeps only orphans with no orphan above them: a deleted container takes
+/// care of its children and attachments.
+fn topmost(mut orphans: Vec<Orphan>) -> Vec<Orphan> {
+    orphans.sort_by(|a, b| a.entry.path.cmp(&b.entry.path));
+    let mut out: Vec<Orphan> = Vec::with_capacity(orphans.len());
+    for o in orphans {
+        if let Some(last) = out.last() {
+            if o.entry.path.starts_with(&last.entry.path) {
+                continue;
+            }
+        }
+        out.push(o);
+    }
+    out
+}
+
+/// Reconciles orphans with `desired = None` on their shards. Orphans whose
+/// provider was not registered in this run are left in place.
+async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<OrphanOutcome>> {
+    let shards = &run.engine.shards;
+    let n = shards.len();
+    let mut per_shard: Vec<Vec<_>> = (0..n).map(|_| Vec::new()).collect();
+    for o in orphans {
+        let Some((provider_enc, key)) = keycode::split_state_path(&o.entry.path) else {
+            continue;
+        };
+        let Some(provider) = run.provider(provider_enc) else {
+            continue;
+        };
+        if let Some(v) = per_shard.get_mut(shard_of(&o.entry.path, n)) {
+            v.push((o, provider, key));
+        }
+    }
+    let mut replies = Vec::new();
+    for (s, orphans) in per_shard.into_iter().enumerate() {
+        if orphans.is_empty() {
+            continue;
+        }
+        let names: Vec<(Arc<str>, StableKey)> = orphans
+            .iter()
+            .map(|(_, p, k)| (Arc::clone(&p.path.name), k.clone()))
+            .collect();
+        let (tx, rx) = oneshot::channel();
+        shards[s].do_send(ReconcileOrphans { orphans, reply: tx });
+        replies.push((names, rx));
+    }
+    let mut out = Vec::new();
+    for (names, rx) in replies {
+        let results = rx
+            .await
+            .map_err(|_| Error::Shutdown("a reconciler shard stopped".into()))?;
+        for ((orphan, result), (provider, key)) in results.into_iter().zip(names) {
+            out.push((orphan, provider, key, result));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,772 @@
+//! The component actor: runs a component's user code on the user's runtime,
+//! then reconciles its declarations (one message per shard per wave),
+//! dispatches the actions to the sink actors, and commits its records.
+//!
+//! A component is a task of its own with private state (its declarations,
+//! its children) that talks to the other actors only by messages; it is
+//! not an actix actor because it must run on the user's runtime, where user
+//! code and its resources live.
+
+use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+
+use super::reconciler::{shard_of, Orphan, ReconcileBatch, ShardDecl};
+use super::sink::{await_acks, PlannedAction, SinkGroups, UnitAck};
+use crate::error::{ComponentFailure, Error, Result};
+use crate::ledger::buf;
+use crate::ledger::record::{Intent, LedgerOp, StateEntry};
+use crate::model::erased::{ErasedHandler, ErasedOutput};
+use crate::model::provider::{ChildGeneration, ProviderCore, Resolved};
+use crate::model::sink::EncodedAction;
+use crate::model::{ActionKind, ComponentPath, StableKey, TargetChildInvalidation};
+use crate::run::{lock, PreviewAction, Run};
+
+/// One declared target state.
+pub(crate) struct Declaration {
+    pub path: Arc<[u8]>,
+    pub key: StableKey,
+    pub provider: Arc<ProviderCore>,
+    pub value: Arc<[u8]>,
+    /// The provider of the state's children, resolved when it reconciles.
+    pub child: Option<Arc<ProviderCore>>,
+}
+
+#[derive(Default)]
+struct DeclSet {
+    list: Vec<Declaration>,
+    paths: HashSet<Arc<[u8]>>,
+    errors: Vec<String>,
+}
+
+#[derive(Default)]
+struct ChildSet {
+    keys: Vec<StableKey>,
+    set: HashSet<StableKey>,
+}
+
+/// The private state of one component in one run.
+pub(crate) struct ComponentState {
+    pub run: Arc<Run>,
+    pub path: ComponentPath,
+    pub key: Arc<[u8]>,
+    decls: Mutex<DeclSet>,
+    children: Mutex<ChildSet>,
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+}
+
+impl ComponentState {
+    pub(crate) fn new(run: Arc<Run>, path: ComponentPath) -> Arc<Self> {
+        let key = Arc::from(crate::model::keycode::component_key(path.segments()));
+        Arc::new(Self {
+            run,
+            path,
+            key,
+            decls: Mutex::new(DeclSet::default()),
+            children: Mutex::new(ChildSet::default()),
+            permit: Mutex::new(None),
+        })
+    }
+
+    /// Records a declaration; a second declaration of one state fails the
+    /// component (and is returned as an error).
+    pub(crate) fn declare(&self, decl: Declaration) -> Result<()> {
+        let mut decls = lock(&self.decls);
+        if !decls.paths.insert(Arc::clone(&decl.path)) {
+            let err = Error::DuplicateDeclaration {
+                provider: decl.provider.path.name.to_string(),
+                key: decl.key,
+                first_by: Some(self.path.clone()),
+            };
+            decls.errors.push(err.to_string());
+            return Err(err);
+        }
+        decls.list.push(decl);
+        Ok(())
+    }
+
+    /// Records an error that fails the component even if user code ignores it.
+    pub(crate) fn poison(&self, err: &Error) {
+        lock(&self.decls).errors.push(err.to_string());
+    }
+
+    /// Registers a child component key; an error if it was mounted already.
+    fn add_child(&self, key: &StableKey) -> Result<()> {
+        let mut children = lock(&self.children);
+        if !children.set.insert(key.clone()) {
+            return Err(Error::Usage(format!(
+                "component {} mounts child {key} twice in one run",
+                self.path
+            )));
+        }
+        children.keys.push(key.clone());
+        Ok(())
+    }
+
+    /// Marks the component as waiting for children: it stops counting as
+    /// active and gives back its slot, so children can run.
+    fn suspend(&self) -> bool {
+        let had_slot = lock(&self.permit).take().is_some();
+        self.run.activity.leave();
+        had_slot
+    }
+
+    async fn resume(&self, had_slot: bool) {
+        if had_slot {
+            if let Ok(p) = Arc::clone(&self.run.inflight).acquire_owned().await {
+                *lock(&self.permit) = Some(p);
+            }
+        }
+        self.run.activity.enter();
+    }
+}
+
+/// Runs a component: its code, then its reconciliation and commit.
+/// Failures are recorded in the run and returned.
+pub(crate) async fn run_component<F, Fut, T>(state: Arc<ComponentState>, f: F) -> Result<T>
+where
+    F: FnOnce(crate::ctx::Ctx) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let run = Arc::clone(&state.run);
+    run.activity.enter();
+    run.counters
+        .components
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ctx = crate::ctx::Ctx::from_state(Arc::clone(&state));
+    let outcome = AssertUnwindSafe(f(ctx)).catch_unwind().await;
+    let result = match outcome {
+        Ok(Ok(value)) => finish(&state).await.map(|()| value),
+        Ok(Err(e)) => {
+            run.activity.leave();
+            record_failure(&state, &e).await;
+            Err(e)
+        }
+        Err(panic) => {
+            run.activity.leave();
+            let e = Error::msg(format!("component code panicked: {}", panic_text(&*panic)));
+            record_failure(&state, &e).await;
+            Err(e)
+        }
+    };
+    lock(&state.permit).take();
+    if let Err(e) = &result {
+        run.fail(ComponentFailure::new(state.path.clone(), e));
+    }
+    result
+}
+
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_string())
+}
+
+/// Remembers in the ledger that the component failed; its states stay as
+/// they were.
+async fn record_failure(state: &ComponentState, err: &Error) {
+    if state.run.preview {
+        return;
+    }
+    let ops = vec![LedgerOp::SetFailure {
+        component: state.key.to_vec(),
+        failure: Some(err.to_string()),
+    }];
+    // The failure itself is reported to the caller; a ledger error here
+    // only loses the note, which the next run rewrites.
+    let _ = state.run.engine.ledger_handle.commit(ops).await;
+}
+
+/// Mounts one child component and waits until it has committed.
+pub(crate) async fn mount<F, Fut, T>(
+    parent: &Arc<ComponentState>,
+    key: StableKey,
+    f: F,
+) -> Result<T>
+where
+    F: FnOnce(crate::ctx::Ctx) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    parent.add_child(&key)?;
+    let child = ComponentState::new(Arc::clone(&parent.run), parent.path.child(key));
+    let path = child.path.clone();
+    let had_slot = parent.suspend();
+    let joined = parent.run.engine.user.spawn(run_component(child, f)).await;
+    parent.resume(had_slot).await;
+    match joined {
+        Ok(r) => r,
+        Err(e) => Err(Error::Shutdown(format!(
+            "component {path} was cancelled: {e}"
+        ))),
+    }
+}
+
+/// Mounts one child component per item, runs them concurrently (bounded by
+/// `max_inflight_components`), and waits until each has committed or failed.
+pub(crate) async fn mount_each<I, T, K, KF, F, Fut>(
+    parent: &Arc<ComponentState>,
+    items: I,
+    key_fn: KF,
+    f: F,
+) -> Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: Send + 'static,
+    KF: Fn(&T) -> K,
+    K: crate::model::IntoStableKey,
+    F: Fn(crate::ctx::Ctx, T) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    let items: Vec<(StableKey, T)> = items
+        .into_iter()
+        .map(|item| (key_fn(&item).into_stable_key(), item))
+        .collect();
+    {
+        let mut seen = HashSet::with_capacity(items.len());
+        let children = lock(&parent.children);
+        for (k, _) in &items {
+            if !seen.insert(k) || children.set.contains(k) {
+                return Err(Error::Usage(format!(
+                    "component {} mounts child {k} twice in one run",
+                    parent.path
+                )));
+            }
+        }
+    }
+    for (k, _) in &items {
+        parent.add_child(k)?;
+    }
+    let f = Arc::new(f);
+    let run = Arc::clone(&parent.run);
+    let had_slot = parent.suspend();
+    let mut handles = Vec::with_capacity(items.len());
+    for (key, item) in items {
+        let permit = match Arc::clone(&run.inflight).acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => break,
+        };
+        let child = ComponentState::new(Arc::clone(&run), parent.path.child(key));
+        *lock(&child.permit) = Some(permit);
+        let f = Arc::clone(&f);
+        handles.push(
+            run.engine
+                .user
+                .spawn(run_component(child, move |ctx| f(ctx, item))),
+        );
+    }
+    for h in handles {
+        // Failures are recorded in the run by the child itself.
+        let _ = h.await;
+    }
+    parent.resume(had_slot).await;
+    Ok(())
+}
+
+/// What reconciliation found for one declaration.
+struct Reconciled {
+    location: Option<Vec<u8>>,
+    prev: Option<StateEntry>,
+    output: Option<ErasedOutput>,
+    /// For containers: the generation given to the children.
+    child_gen: Option<ChildGeneration>,
+}
+
+/// Leaves the run's activity once.
+struct ActiveGuard<'a> {
+    run: &'a Run,
+    active: bool,
+}
+
+impl ActiveGuard<'_> {
+    fn leave(&mut self) {
+        if self.active {
+            self.active = false;
+            self.run.activity.leave();
+        }
+    }
+}
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+/// Reconciles, applies and commits what the component declared.
+async fn finish(state: &Arc<ComponentState>) -> Result<()> {
+    let run = &state.run;
+    let mut active = ActiveGuard { run, active: true };
+    let (decls, errors) = {
+        let mut d = lock(&state.decls);
+        (std::mem::take(&mut d.list), std::mem::take(&mut d.errors))
+    };
+    if let Some(first) = errors.first() {
+        let e = Error::Usage(first.clone());
+        active.leave();
+        record_failure(state, &e).await;
+        return Err(e);
+    }
+    let reconciled = match reconcile_waves(state, &decls).await {
+        Ok(r) => r,
+        Err(e) => {
+            active.leave();
+            record_failure(state, &e).await;
+            return Err(e);
+        }
+    };
+    let Reconciliation {
+        results,
+        waves,
+        orphans,
+        prev_children,
+        prev_failure,
+    } = reconciled;
+
+    if run.preview {
+        let mut preview = lock(&run.preview_actions);
+        for (i, r) in results.iter().enumerate() {
+            if let (Some(out), Some(d)) = (r.as_ref().and_then(|r| r.output.as_ref()), decls.get(i))
+            {
+                preview.push(PreviewAction {
+                    provider: d.provider.path.name.to_string(),
+                    key: d.key.clone(),
+                    kind: out.kind,
+                    component: state.path.clone(),
+                });
+            }
+        }
+        drop(preview);
+        note_children_and_orphans(state, &prev_children, orphans);
+        return Ok(());
+    }
+
+    // Apply wave by wave: containers before their children.
+    let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<UnitAck>();
+    let mut attempted: Vec<usize> = Vec::new();
+    let mut failure: Option<Error> = None;
+    for wave in &waves {
+        let mut groups = SinkGroups::default();
+        for &i in wave {
+            let (Some(r), Some(d)) = (results.get(i).and_then(|r| r.as_ref()), decls.get(i)) else {
+                continue;
+            };
+            let Some(out) = &r.output else { continue };
+            let planned = PlannedAction {
+                action: EncodedAction {
+                    kind: out.kind,
+                    bytes: Arc::clone(&out.action),
+                },
+                key: d.key.clone(),
+                intent: intent_for(state, d, r),
+            };
+            groups.add(&out.sink, &d.provider.path.name, planned);
+            attempted.push(i);
+        }
+        let total = groups.dispatch(run, &ack_tx);
+        active.leave();
+        failure = await_acks(&mut ack_rx, total).await;
+        if failure.is_some() {
+            break;
+        }
+    }
+    active.leave();
+
+    if let Some(err) = failure {
+        let mut ops: Vec<LedgerOp> = attempted
+            .iter()
+            .filter_map(|&i| {
+                let r = results.get(i)?.as_ref()?;
+                let d = decls.get(i)?;
+                Some(LedgerOp::Fold(
+                    intent_for(state, d, r).unwrap_or_else(|| full_intent(state, d, r)),
+                ))
+            })
+            .collect();
+        ops.push(LedgerOp::SetFailure {
+            component: state.key.to_vec(),
+            failure: Some(err.to_string()),
+        });
+        run.engine.ledger_handle.commit(ops).await?;
+        return Err(err);
+    }
+
+    // Success: final records, ownership moves, children and failure notes.
+    let own = state.key.to_vec();
+    let mut ops = Vec::new();
+    for (i, r) in results.iter().enumerate() {
+        let (Some(r), Some(d)) = (r.as_ref(), decls.get(i)) else {
+            continue;
+        };
+        let moved_from = r
+            .location
+            .as_ref()
+            .filter(|l| l.as_slice() != own.as_slice());
+        match &r.output {
+            None => {
+                run.counters
+                    .unchanged
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let (Some(from), Some(prev)) = (moved_from, &r.prev) {
+                    ops.push(LedgerOp::Put {
+                        component: own.clone(),
+                        entry: prev.clone(),
+                        index_owner: true,
+                    });
+                    ops.push(LedgerOp::Remove {
+                        component: from.clone(),
+                        path: d.path.to_vec(),
+                        keep_owner: true,
+                    });
+                }
+            }
+            Some(out) => {
+                run.counters.count_action(out.kind, 1);
+                match &out.record {
+                    Some(record) => {
+                        let entry = StateEntry {
+                            path: buf(&d.path),
+                            records: vec![buf(record)],
+                            may_be_missing: false,
+                            gen: generation(&d.provider).current,
+                            child_gen: r
+                                .child_gen
+                                .or_else(|| r.prev.as_ref().and_then(|p| p.child_gen)),
+                        };
+                        let same = moved_from.is_none() && r.prev.as_ref() == Some(&entry);
+                        if !same {
+                            ops.push(LedgerOp::Put {
+                                component: own.clone(),
+                                entry,
+                                index_owner: r.location.is_none() || moved_from.is_some(),
+                            });
+                        }
+                        if let Some(from) = moved_from {
+                            ops.push(LedgerOp::Remove {
+                                component: from.clone(),
+                                path: d.path.to_vec(),
+                                keep_owner: true,
+                            });
+                        }
+                    }
+                    None => {
+                        if let Some(loc) = &r.location {
+                            ops.push(LedgerOp::Remove {
+                                component: loc.clone(),
+                                path: d.path.to_vec(),
+                                keep_owner: false,
+                            });
+                        }
+                        if r.prev.as_ref().is_some_and(|p| p.child_gen.is_some()) {
+                            ops.push(LedgerOp::DropDescendants {
+                                path: d.path.to_vec(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let children = children_change(state, &prev_children);
+    if let Some(children) = children {
+        ops.push(LedgerOp::SetChildren {
+            component: own.clone(),
+            children,
+        });
+    }
+    if prev_failure.is_some() {
+        ops.push(LedgerOp::SetFailure {
+            component: own,
+            failure: None,
+        });
+    }
+    if !ops.is_empty() {
+        run.engine.ledger_handle.commit(ops).await?;
+    }
+    note_children_and_orphans(state, &prev_children, orphans);
+    Ok(())
+}
+
+/// The new child list when it differs from the last run's.
+fn children_change(state: &ComponentState, prev: &[StableKey]) -> Option<Vec<StableKey>> {
+    let children = lock(&state.children);
+    let same = prev.len() == children.keys.len() && prev.iter().all(|k| children.set.contains(k));
+    (!same).then(|| children.keys.clone())
+}
+
+/// After a success: children no longer mounted are removed, and states no
+/// longer declared become orphans, deleted at the end of the run.
+fn note_children_and_orphans(
+    state: &ComponentState,
+    prev_children: &[StableKey],
+    orphans: Vec<StateEntry>,
+) {
+    let run = &state.run;
+    {
+        let children = lock(&state.children);
+        let mut removed = lock(&run.removed);
+        for k in prev_children {
+            if !children.set.contains(k) {
+                removed.push(state.path.child(k.clone()));
+            }
+        }
+    }
+    if !orphans.is_empty() {
+        let mut all = lock(&run.orphans);
+        all.extend(orphans.into_iter().map(|entry| Orphan {
+            component: Arc::clone(&state.key),
+            component_path: state.path.clone(),
+            entry,
+        }));
+    }
+}
+
+fn generation(provider: &ProviderCore) -> ChildGeneration {
+    provider
+        .resolved
+        .get()
+        .map(|r| r.generation)
+        .unwrap_or_default()
+}
+
+/// The intent to persist before applying a declared state's action, or
+/// `None` when the state's possible records would not change.
+fn intent_for(state: &ComponentState, d: &Declaration, r: &Reconciled) -> Option<Intent> {
+    let out = r.output.as_ref()?;
+    if let Some(prev) = &r.prev {
+        let gen_same = r.child_gen.is_none() || r.child_gen == prev.child_gen;
+        let covered = match &out.record {
+            Some(rec) => prev.records.iter().any(|p| p.as_slice() == rec.as_slice()),
+            None => prev.may_be_missing,
+        };
+        if covered && gen_same && prev.gen == generation(&d.provider).current {
+            return None;
+        }
+    }
+    Some(full_intent(state, d, r))
+}
+
+fn full_intent(state: &ComponentState, d: &Declaration, r: &Reconciled) -> Intent {
+    let component = r.location.clone().unwrap_or_else(|| state.key.to_vec());
+    Intent {
+        component: buf(&component),
+        path: buf(&d.path),
+        record: r.output.as_ref().and_then(|o| o.record.as_deref().map(buf)),
+        gen: generation(&d.provider).current,
+        child_gen: r.child_gen,
+    }
+}
+
+struct Reconciliation {
+    results: Vec<Option<Reconciled>>,
+    waves: Vec<Vec<usize>>,
+    orphans: Vec<StateEntry>,
+    prev_children: Vec<StableKey>,
+    prev_failure: Option<String>,
+}
+
+/// Reconciles declarations in waves: first those whose provider is
+/// resolved, then the children of the containers resolved by that wave.
+async fn reconcile_waves(
+    state: &Arc<ComponentState>,
+    decls: &[Declaration],
+) -> Result<Reconciliation> {
+    let run = &state.run;
+    let shards = &run.engine.shards;
+    let n = shards.len();
+    let home = shard_of(&state.key, n);
+    let mut paths_by_shard: Vec<HashSet<Arc<[u8]>>> = (0..n).map(|_| HashSet::new()).collect();
+    for d in decls {
+        if let Some(set) = paths_by_shard.get_mut(shard_of(&d.path, n)) {
+            set.insert(Arc::clone(&d.path));
+        }
+    }
+    let mut done = vec![false; decls.len()];
+    let mut out = Reconciliation {
+        results: (0..decls.len()).map(|_| None).collect(),
+        waves: Vec::new(),
+        orphans: Vec::new(),
+        prev_children: Vec::new(),
+        prev_failure: None,
+    };
+    let mut first = true;
+    loop {
+        let ready: Vec<usize> = (0..decls.len())
+            .filter(|&i| !done[i] && decls[i].provider.resolved.get().is_some())
+            .collect();
+        if !first && ready.is_empty() {
+            break;
+        }
+        let mut per_shard: Vec<Vec<ShardDecl>> = (0..n).map(|_| Vec::new()).collect();
+        for &i in &ready {
+            done[i] = true;
+            let d = &decls[i];
+            if let Some(batch) = per_shard.get_mut(shard_of(&d.path, n)) {
+                batch.push(ShardDecl {
+                    idx: i,
+                    path: Arc::clone(&d.path),
+                    key: d.key.clone(),
+                    provider: Arc::clone(&d.provider),
+                    value: Arc::clone(&d.value),
+                });
+            }
+        }
+        let mut replies = Vec::new();
+        for (s, batch) in per_shard.into_iter().enumerate() {
+            if !first && batch.is_empty() {
+                continue;
+            }
+            let (tx, rx) = oneshot::channel();
+            let declared_paths = if first {
+                paths_by_shard.get_mut(s).map(std::mem::take)
+            } else {
+                None
+            };
+            shards[s].do_send(ReconcileBatch {
+                run_id: run.id,
+                component: Arc::clone(&state.key),
+                component_path: state.path.clone(),
+                decls: batch,
+                declared_paths,
+                home: first && s == home,
+                reply: tx,
+            });
+            replies.push(rx);
+        }
+        let mut errors: Vec<Error> = Vec::new();
+        for rx in replies {
+            let reply = rx
+                .await
+                .map_err(|_| Error::Shutdown("a reconciler shard stopped".into()))?;
+            if let Some(e) = reply.error {
+                return Err(e);
+            }
+            if first {
+                out.orphans.extend(reply.orphans);
+                if !reply.prev_children.is_empty() {
+                    out.prev_children = reply.prev_children;
+                }
+                if reply.prev_failure.is_some() {
+                    out.prev_failure = reply.prev_failure;
+                }
+            }
+            for o in reply.outcomes {
+                match o.result {
+                    Err(e) => errors.push(e),
+                    Ok(output) => {
+                        if let Some(slot) = out.results.get_mut(o.idx) {
+                            *slot = Some(Reconciled {
+                                location: o.location,
+                                prev: o.prev,
+                                output,
+                                child_gen: None,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(e) = errors.into_iter().next() {
+            return Err(e);
+        }
+        for &i in &ready {
+            let d = &decls[i];
+            let (Some(child), Some(Some(r))) = (&d.child, out.results.get_mut(i)) else {
+                continue;
+            };
+            r.child_gen = resolve_child(run, d, child, r)?;
+        }
+        out.waves.push(ready);
+        first = false;
+    }
+    if let Some(i) = done.iter().position(|d| !d) {
+        let d = &decls[i];
+        return Err(Error::Reconcile {
+            provider: d.provider.path.name.to_string(),
+            key: d.key.clone(),
+            cause: Box::new(Error::Usage(
+                "its provider never resolved: the container's handler returned no Create or Update action"
+                    .into(),
+            )),
+        });
+    }
+    Ok(out)
+}
+
+/// Builds a container's child handler from its action and resolves the
+/// child provider. Returns the generation given to the children.
+fn resolve_child(
+    run: &Run,
+    d: &Declaration,
+    child: &Arc<ProviderCore>,
+    r: &Reconciled,
+) -> Result<Option<ChildGeneration>> {
+    let Some(out) = &r.output else {
+        return Ok(None);
+    };
+    if out.kind == ActionKind::Delete {
+        return Ok(None);
+    }
+    let wrap = |cause: Error| Error::Reconcile {
+        provider: d.provider.path.name.to_string(),
+        key: d.key.clone(),
+        cause: Box::new(cause),
+    };
+    let factory = out.sink.child_handler.as_ref().ok_or_else(|| {
+        wrap(Error::Usage(
+            "declared with a child, but its sink has no child handler (use TargetActionSink::from_async_fn_with_child_handler)".into(),
+        ))
+    })?;
+    let def = factory(&out.action).map_err(wrap)?;
+    let prev = r
+        .prev
+        .as_ref()
+        .and_then(|p| p.child_gen)
+        .unwrap_or_default();
+    let gen = match out.child_invalidation {
+        Some(TargetChildInvalidation::Destructive) => ChildGeneration {
+            current: prev.current + 1,
+            destructive_floor: prev.current + 1,
+        },
+        Some(TargetChildInvalidation::Lossy) => ChildGeneration {
+            current: prev.current + 1,
+            destructive_floor: prev.destructive_floor,
+        },
+        None => prev,
+    };
+    resolve_provider(run, child, def.handler, gen).map_err(wrap)?;
+    Ok(Some(gen))
+}
+
+/// Resolves a provider with its handler and registers its attachments.
+pub(crate) fn resolve_provider(
+    run: &Run,
+    core: &Arc<ProviderCore>,
+    handler: Arc<dyn ErasedHandler>,
+    generation: ChildGeneration,
+) -> Result<()> {
+    let mut attachments = HashMap::new();
+    for (name, def) in handler.attachments()? {
+        let att = Arc::new(ProviderCore::new(core.path.attachment(&name), run.id));
+        resolve_provider(run, &att, def.handler, generation)?;
+        attachments.insert(name, att);
+    }
+    if core
+        .resolved
+        .set(Resolved {
+            handler,
+            attachments,
+            generation,
+        })
+        .is_ok()
+    {
+        run.register_provider(core);
+    }
+    Ok(())
+}

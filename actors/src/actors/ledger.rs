@@ -1,0 +1,164 @@
+//! The ledger actor: the only writer of the ledger, on its own thread.
+//!
+//! sled calls block, so they never run on an async worker: writers send
+//! [`LedgerMsg`]s through a crossbeam channel and await a oneshot reply. The
+//! actor drains everything queued before each write, applies it as one sled
+//! batch and flushes once (group commit).
+
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+use crate::ledger::record::{Intent, LedgerOp};
+use crate::ledger::Ledger;
+
+type CommitReply = Option<oneshot::Sender<Result<()>>>;
+
+/// The most messages folded into one sled batch.
+const MAX_GROUP: usize = 4096;
+
+pub(crate) enum LedgerMsg {
+    /// Persist intents durably; replies with the intent batch id.
+    WriteIntents {
+        intents: Vec<Intent>,
+        reply: oneshot::Sender<Result<u64>>,
+    },
+    /// Apply ops atomically and durably.
+    Commit {
+        ops: Vec<LedgerOp>,
+        reply: Option<oneshot::Sender<Result<()>>>,
+    },
+    Shutdown,
+}
+
+/// A handle to send work to the ledger actor.
+#[derive(Clone)]
+pub(crate) struct LedgerHandle {
+    tx: Sender<LedgerMsg>,
+}
+
+impl LedgerHandle {
+    pub(crate) async fn write_intents(&self, intents: Vec<Intent>) -> Result<u64> {
+        let (reply, rx) = oneshot::channel();
+        self.send(LedgerMsg::WriteIntents { intents, reply })?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    pub(crate) async fn commit(&self, ops: Vec<LedgerOp>) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.send(LedgerMsg::Commit {
+            ops,
+            reply: Some(reply),
+        })?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    fn send(&self, msg: LedgerMsg) -> Result<()> {
+        self.tx.send(msg).map_err(|_| gone())
+    }
+}
+
+fn gone() -> Error {
+    Error::Shutdown("the ledger actor has stopped".into())
+}
+
+/// The running ledger actor; stopping it joins its thread.
+pub(crate) struct LedgerActor {
+    tx: Sender<LedgerMsg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LedgerActor {
+    pub(crate) fn start(ledger: Ledger) -> Result<(LedgerActor, LedgerHandle)> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name("weir-ledger".into())
+            .spawn(move || run(ledger, rx))?;
+        Ok((
+            LedgerActor {
+                tx: tx.clone(),
+                thread: Some(thread),
+            },
+            LedgerHandle { tx },
+        ))
+    }
+
+    /// Stops the actor after it has written everything queued, and waits.
+    pub(crate) fn stop(&mut self) {
+        let _ = self.tx.send(LedgerMsg::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LedgerActor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
+    let mut next_intent_id: u64 = 1;
+    while let Ok(first) = rx.recv() {
+        let mut msgs = vec![first];
+        while msgs.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(m) => msgs.push(m),
+                Err(_) => break,
+            }
+        }
+        let mut shutdown = false;
+        let mut intent_replies = Vec::new();
+        let mut commits: Vec<(Vec<LedgerOp>, CommitReply)> = Vec::new();
+        for msg in msgs {
+            match msg {
+                LedgerMsg::WriteIntents { intents, reply } => {
+                    let id = next_intent_id;
+                    next_intent_id += 1;
+                    let res = ledger.put_intents(id, &intents).map(|()| id);
+                    intent_replies.push((reply, res));
+                }
+                LedgerMsg::Commit { ops, reply } => commits.push((ops, reply)),
+                LedgerMsg::Shutdown => shutdown = true,
+            }
+        }
+        // One batch for all commits; when it fails, find the culprit by
+        // applying them one by one.
+        let all: Vec<LedgerOp> = commits
+            .iter()
+            .flat_map(|(ops, _)| ops.iter().cloned())
+            .collect();
+        let mut results: Vec<Result<()>> = Vec::with_capacity(commits.len());
+        if all.is_empty() || ledger.apply(&all).is_ok() {
+            results.extend(commits.iter().map(|_| Ok(())));
+        } else {
+            for (ops, _) in &commits {
+                results.push(ledger.apply(ops));
+            }
+        }
+        let flushed = ledger.flush();
+        for ((_, reply), res) in commits.into_iter().zip(results) {
+            if let Some(reply) = reply {
+                let res = match (&flushed, res) {
+                    (Err(e), Ok(())) => Err(Error::msg(format!("ledger flush failed: {e}"))),
+                    (_, r) => r,
+                };
+                let _ = reply.send(res);
+            }
+        }
+        for (reply, res) in intent_replies {
+            let res = match (&flushed, res) {
+                (Err(e), Ok(_)) => Err(Error::msg(format!("ledger flush failed: {e}"))),
+                (_, r) => r,
+            };
+            let _ = reply.send(res);
+        }
+        if shutdown {
+            break;
+        }
+    }
+    let _ = ledger.flush();
+}

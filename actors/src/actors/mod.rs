@@ -1,0 +1,16 @@
+//! The actors of the engine. Messages are crate-private.
+//!
+//! - [`component`]: runs user code and drives a component through
+//!   reconcile, apply and commit;
+//! - [`reconciler`]: the shards that own target states;
+//! - [`sink`]: batches actions per sink identity, splits and retries;
+//! - [`ledger`]: the single writer of the sled ledger;
+//! - [`cleanup`]: deletes what is no longer declared at the end of a run;
+//! - [`pipeline`]: starts and stops all of them.
+
+pub(crate) mod cleanup;
+pub(crate) mod component;
+pub(crate) mod ledger;
+pub(crate) mod pipeline;
+pub(crate) mod reconciler;
+pub(crate) mod sink;

@@ -1,0 +1,152 @@
+//! The pipeline supervisor: starts the actors of an `App` and stops them.
+//!
+//! weir runs its own actix `System` on a dedicated thread, with one arbiter
+//! (thread) per reconciler shard and one for the sink actors; the ledger
+//! actor has a thread of its own. User code and sink calls run on the
+//! user's tokio runtime, captured when the `App` is built. Stopping the
+//! engine stops every arbiter, joins every thread and closes the ledger.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use actix::{Actor, Addr, Arbiter, ArbiterHandle, System};
+
+use super::ledger::{LedgerActor, LedgerHandle};
+use super::reconciler::ReconcilerActor;
+use crate::config::{BatchPolicy, RetryPolicy};
+use crate::error::{Error, Result};
+use crate::ledger::Ledger;
+
+/// Settings fixed when the engine starts.
+#[derive(Clone, Debug)]
+pub(crate) struct EngineConfig {
+    pub shards: usize,
+    pub max_inflight: usize,
+    pub batch: BatchPolicy,
+    pub retry: RetryPolicy,
+}
+
+struct ActixParts {
+    system: System,
+    arbiters: Vec<Arbiter>,
+    thread: JoinHandle<()>,
+}
+
+/// The running engine of one `App`.
+pub(crate) struct Engine {
+    pub ledger: Ledger,
+    pub ledger_handle: LedgerHandle,
+    pub shards: Vec<Addr<ReconcilerActor>>,
+    pub sink_arbiter: ArbiterHandle,
+    pub user: tokio::runtime::Handle,
+    pub config: EngineConfig,
+    pub keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
+    pub next_run: AtomicU64,
+    /// Updates of one App run one at a time.
+    pub run_lock: tokio::sync::Mutex<()>,
+    ledger_actor: Mutex<Option<LedgerActor>>,
+    actix: Mutex<Option<ActixParts>>,
+}
+
+type Started = (
+    Vec<Addr<ReconcilerActor>>,
+    ArbiterHandle,
+    Vec<Arbiter>,
+    System,
+);
+
+impl Engine {
+    pub(crate) fn start(
+        ledger: Ledger,
+        config: EngineConfig,
+        user: tokio::runtime::Handle,
+        keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
+    ) -> Result<Engine> {
+        let (ledger_actor, ledger_handle) = LedgerActor::start(ledger.clone())?;
+        let (tx, rx) = std::sync::mpsc::channel::<Started>();
+        let shard_count = config.shards;
+        let shard_ledger = ledger.clone();
+        let thread = std::thread::Builder::new()
+            .name("weir-actix".into())
+            .spawn(move || {
+                let sys = actix::System::new();
+                sys.block_on(async move {
+                    let mut arbiters = Vec::with_capacity(shard_count + 1);
+                    let mut shards = Vec::with_capacity(shard_count);
+                    for i in 0..shard_count {
+                        let arbiter = Arbiter::new();
+                        let ledger = shard_ledger.clone();
+                        shards.push(ReconcilerActor::start_in_arbiter(
+                            &arbiter.handle(),
+                            move |_| ReconcilerActor::new(i, shard_count, ledger),
+                        ));
+                        arbiters.push(arbiter);
+                    }
+                    drop(shard_ledger);
+                    let sink_arbiter = Arbiter::new();
+                    let sink_handle = sink_arbiter.handle();
+                    arbiters.push(sink_arbiter);
+                    let _ = tx.send((shards, sink_handle, arbiters, System::current()));
+                });
+                let _ = sys.run();
+            })?;
+        let (shards, sink_arbiter, arbiters, system) = rx
+            .recv()
+            .map_err(|_| Error::Shutdown("the actor system failed to start".into()))?;
+        Ok(Engine {
+            ledger,
+            ledger_handle,
+            shards,
+            sink_arbiter,
+            user,
+            config,
+            keys,
+            next_run: AtomicU64::new(1),
+            run_lock: tokio::sync::Mutex::new(()),
+            ledger_actor: Mutex::new(Some(ledger_actor)),
+            actix: Mutex::new(Some(ActixParts {
+                system,
+                arbiters,
+                thread,
+            })),
+        })
+    }
+
+    pub(crate) fn next_run_id(&self) -> u64 {
+        self.next_run.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Stops every actor and thread. Idempotent.
+    pub(crate) fn stop(&self) {
+        let parts = match self.actix.lock() {
+            Ok(mut p) => p.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(parts) = parts {
+            for arbiter in &parts.arbiters {
+                arbiter.stop();
+            }
+            for arbiter in parts.arbiters {
+                let _ = arbiter.join();
+            }
+            parts.system.stop();
+            let _ = parts.thread.join();
+        }
+        let actor = match self.ledger_actor.lock() {
+            Ok(mut a) => a.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(mut actor) = actor {
+            actor.stop();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,338 @@
+//! The reconciler actor: one per shard, owning the target states whose
+//! encoded path hashes to it.
+//!
+//! A component sends one [`ReconcileBatch`] per shard (never one message per
+//! state). The shard reads the component's entry from the ledger, finds each
+//! state's previous records (following the owner index when the state moved
+//! from another component), calls the handler, and replies with the outcomes
+//! and the states the component no longer declares.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use actix::{Actor, Context, Handler, Message};
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+use crate::ledger::record::{ComponentEntry, StateEntry};
+use crate::ledger::Ledger;
+use crate::model::erased::ErasedOutput;
+use crate::model::keycode;
+use crate::model::provider::ProviderCore;
+use crate::model::{ComponentPath, StableKey};
+
+/// Which shard owns an encoded state path.
+pub(crate) fn shard_of(path: &[u8], shards: usize) -> usize {
+    (keycode::stable_hash(path) % shards.max(1) as u64) as usize
+}
+
+/// One declared state, sent to its shard.
+pub(crate) struct ShardDecl {
+    /// The index of the declaration in its component.
+    pub idx: usize,
+    pub path: Arc<[u8]>,
+    pub key: StableKey,
+    pub provider: Arc<ProviderCore>,
+    pub value: Arc<[u8]>,
+}
+
+/// What a shard found for one declared state.
+pub(crate) struct Outcome {
+    pub idx: usize,
+    /// The component whose entry held the state, if any.
+    pub location: Option<Vec<u8>>,
+    /// The state's entry as it was.
+    pub prev: Option<StateEntry>,
+    pub result: Result<Option<ErasedOutput>>,
+}
+
+/// Reconcile a component's declarations that route to this shard.
+pub(crate) struct ReconcileBatch {
+    pub run_id: u64,
+    pub component: Arc<[u8]>,
+    pub component_path: ComponentPath,
+    pub decls: Vec<ShardDecl>,
+    /// On the first wave: every path the component declares on this shard,
+    /// to find the states it no longer declares.
+    pub declared_paths: Option<HashSet<Arc<[u8]>>>,
+    /// Whether this shard also reports the component's child list and failure.
+    pub home: bool,
+    pub reply: oneshot::Sender<ShardReply>,
+}
+
+impl Message for ReconcileBatch {
+    type Result = ();
+}
+
+/// A shard's answer to a [`ReconcileBatch`].
+#[derive(Default)]
+pub(crate) struct ShardReply {
+    pub outcomes: Vec<Outcome>,
+    /// States of this component on this shard that it no longer declares.
+    pub orphans: Vec<StateEntry>,
+    /// The home shard's view of the component: its children and failure.
+    pub prev_children: Vec<StableKey>,
+    pub prev_failure: Option<String>,
+    /// A ledger read failed: the component cannot be reconciled.
+    pub error: Option<Error>,
+}
+
+/// A state that is no longer declared, to be deleted at the end of a run.
+#[derive(Clone, Debug)]
+pub(crate) struct Orphan {
+    pub component: Arc<[u8]>,
+    pub component_path: ComponentPath,
+    pub entry: StateEntry,
+}
+
+/// Drops orphans that a component declared in this run (they moved).
+pub(crate) struct FilterOrphans {
+    pub run_id: u64,
+    pub orphans: Vec<Orphan>,
+    pub reply: oneshot::Sender<Vec<Orphan>>,
+}
+
+impl Message for FilterOrphans {
+    type Result = ();
+}
+
+/// Reconciles orphans with `desired = None`.
+pub(crate) struct ReconcileOrphans {
+    pub orphans: Vec<(Orphan, Arc<ProviderCore>, StableKey)>,
+    pub reply: oneshot::Sender<Vec<(Orphan, Result<Option<ErasedOutput>>)>>,
+}
+
+impl Message for ReconcileOrphans {
+    type Result = ();
+}
+
+/// Forget the run's bookkeeping.
+pub(crate) struct EndRun {
+    pub run_id: u64,
+}
+
+impl Message for EndRun {
+    type Result = ();
+}
+
+pub(crate) struct ReconcilerActor {
+    index: usize,
+    shards: usize,
+    ledger: Ledger,
+    /// Per run: each declared path and the component that declared it.
+    declared: HashMap<u64, HashMap<Arc<[u8]>, ComponentPath>>,
+}
+
+impl ReconcilerActor {
+    pub(crate) fn new(index: usize, shards: usize, ledger: Ledger) -> Self {
+        Self {
+            index,
+            shards,
+            ledger,
+            declared: HashMap::new(),
+        }
+    }
+
+    fn reconcile(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
+        let mut reply = ShardReply::default();
+        let own = if msg.declared_paths.is_some() || !decls.is_empty() {
+            match self.ledger.component(&msg.component) {
+                Ok(e) => e.unwrap_or_default(),
+                Err(e) => {
+                    reply.error = Some(e);
+                    return reply;
+                }
+            }
+        } else {
+            ComponentEntry::default()
+        };
+        if msg.home {
+            match self.ledger.children(&msg.component) {
+                Ok(c) => reply.prev_children = c,
+                Err(e) => {
+                    reply.error = Some(e);
+                    return reply;
+                }
+            }
+            reply.prev_failure = own.failure.clone();
+        }
+        if let Some(declared) = &msg.declared_paths {
+            for s in &own.states {
+                if shard_of(&s.path, self.shards) == self.index
+                    && !declared.contains(s.path.as_slice())
+                {
+                    reply.orphans.push(s.clone());
+                }
+            }
+        }
+        let declared_now = self.declared.entry(msg.run_id).or_default();
+        let mut others: HashMap<Vec<u8>, Option<ComponentEntry>> = HashMap::new();
+        for d in decls {
+            if let Some(first) = declared_now.get(&d.path) {
+                reply.outcomes.push(Outcome {
+                    idx: d.idx,
+                    location: None,
+                    prev: None,
+                    result: Err(Error::DuplicateDeclaration {
+                        provider: d.provider.path.name.to_string(),
+                        key: d.key,
+                        first_by: Some(first.clone()),
+                    }),
+                });
+                continue;
+            }
+            declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
+            let (location, prev) = match own.find(&d.path) {
+                Ok(i) => (Some(msg.component.to_vec()), own.states.get(i).cloned()),
+                Err(_) => match lookup_elsewhere(&self.ledger, &d.path, &mut others) {
+                    Ok(found) => found.map_or((None, None), |(c, e)| (Some(c), Some(e))),
+                    Err(e) => {
+                        reply.outcomes.push(Outcome {
+                            idx: d.idx,
+                            location: None,
+                            prev: None,
+                            result: Err(e),
+                        });
+                        continue;
+                    }
+                },
+            };
+            let result = reconcile_declared(&d, prev.as_ref());
+            reply.outcomes.push(Outcome {
+                idx: d.idx,
+                location,
+                prev,
+                result,
+            });
+        }
+        reply
+    }
+}
+
+/// Finds a state held by another component, through the owner index.
+fn lookup_elsewhere(
+    ledger: &Ledger,
+    path: &[u8],
+    cache: &mut HashMap<Vec<u8>, Option<ComponentEntry>>,
+) -> Result<Option<(Vec<u8>, StateEntry)>> {
+    let Some(owner) = ledger.owner(path)? else {
+        return Ok(None);
+    };
+    if !cache.contains_key(&owner) {
+        let entry = ledger.component(&owner)?;
+        cache.insert(owner.clone(), entry);
+    }
+    let entry = cache.get(&owner).and_then(|e| e.as_ref());
+    Ok(entry
+        .and_then(|e| e.find(path).ok().and_then(|i| e.states.get(i).cloned()))
+        .map(|s| (owner, s)))
+}
+
+/// The previous records and "may be missing" flag of a state, after the
+/// container generation rules: records written before a destructive
+/// invalidation are gone; records written before a lossy one may be missing.
+pub(crate) fn effective_prev(
+    provider: &ProviderCore,
+    prev: Option<&StateEntry>,
+) -> (Vec<Vec<u8>>, bool) {
+    let Some(prev) = prev else {
+        return (Vec::new(), false);
+    };
+    let gen = provider
+        .resolved
+        .get()
+        .map(|r| r.generation)
+        .unwrap_or_default();
+    if prev.gen < gen.destructive_floor {
+        return (Vec::new(), false);
+    }
+    let records = prev.records.iter().map(|r| r.to_vec()).collect();
+    (records, prev.may_be_missing || prev.gen < gen.current)
+}
+
+fn reconcile_declared(d: &ShardDecl, prev: Option<&StateEntry>) -> Result<Option<ErasedOutput>> {
+    let Some(resolved) = d.provider.resolved.get() else {
+        return Err(Error::Usage(format!(
+            "provider {} is not resolved: its container produced no action",
+            d.provider.path.name
+        )));
+    };
+    let (records, missing) = effective_prev(&d.provider, prev);
+    resolved
+        .handler
+        .reconcile(d.key.clone(), Some(&d.value), &records, missing)
+        .map_err(|cause| Error::Reconcile {
+            provider: d.provider.path.name.to_string(),
+            key: d.key.clone(),
+            cause: Box::new(cause),
+        })
+}
+
+impl Actor for ReconcilerActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<ReconcileBatch> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, mut msg: ReconcileBatch, _ctx: &mut Context<Self>) {
+        let decls = std::mem::take(&mut msg.decls);
+        let reply = self.reconcile(&msg, decls);
+        let _ = msg.reply.send(reply);
+    }
+}
+
+impl Handler<FilterOrphans> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: FilterOrphans, _ctx: &mut Context<Self>) {
+        let declared = self.declared.get(&msg.run_id);
+        let kept = msg
+            .orphans
+            .into_iter()
+            .filter(|o| declared.is_none_or(|d| !d.contains_key(o.entry.path.as_slice())))
+            .collect();
+        let _ = msg.reply.send(kept);
+    }
+}
+
+impl Handler<ReconcileOrphans> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ReconcileOrphans, _ctx: &mut Context<Self>) {
+        let out = msg
+            .orphans
+            .into_iter()
+            .map(|(orphan, provider, key)| {
+                let result = match provider.resolved.get() {
+                    Some(resolved) => {
+                        let (records, missing) = effective_prev(&provider, Some(&orphan.entry));
+                        if records.is_empty() && !missing {
+                            Ok(None)
+                        } else {
+                            resolved
+                                .handler
+                                .reconcile(key.clone(), None, &records, missing)
+                                .map_err(|cause| Error::Reconcile {
+                                    provider: provider.path.name.to_string(),
+                                    key,
+                                    cause: Box::new(cause),
+                                })
+                        }
+                    }
+                    None => Ok(None),
+                };
+                (orphan, result)
+            })
+            .collect();
+        let _ = msg.reply.send(out);
+    }
+}
+
+impl Handler<EndRun> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: EndRun, _ctx: &mut Context<Self>) {
+        self.declared.remove(&msg.run_id);
+    }
+}

@@ -1,0 +1,449 @@
+//! The sink actor: one per sink identity per run. It gathers the actions of
+//! many components, applies them in batches, and on failure splits a batch
+//! along component boundaries and retries, so that only the components
+//! whose actions really fail, fail.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+use crate::actors::ledger::LedgerHandle;
+use crate::config::{BatchPolicy, RetryPolicy};
+use crate::error::{Error, Result};
+use crate::ledger::record::Intent;
+use crate::model::sink::{panic_error, EncodedAction, SinkCore};
+use crate::model::StableKey;
+use crate::run::Run;
+
+/// An action on its way to a sink, with what the ledger needs to know.
+#[derive(Clone)]
+pub(crate) struct PlannedAction {
+    pub action: EncodedAction,
+    pub key: StableKey,
+    /// The record to persist as possible before the action is applied;
+    /// `None` when the possible records do not change.
+    pub intent: Option<Intent>,
+}
+
+/// The acknowledgement of some of a unit's actions.
+pub(crate) struct UnitAck {
+    pub actions: usize,
+    pub result: Result<()>,
+}
+
+/// A unit of commit: one component's actions of one wave (or its orphan deletes).
+#[derive(Clone)]
+pub(crate) struct UnitRef {
+    pub acks: UnboundedSender<UnitAck>,
+    /// The provider whose actions these are, to name in errors.
+    pub provider: Arc<str>,
+}
+
+/// The actions of one unit, grouped by sink identity, ready to dispatch.
+#[derive(Default)]
+pub(crate) struct SinkGroups {
+    groups: HashMap<u64, SinkGroup>,
+    total: usize,
+}
+
+struct SinkGroup {
+    core: Arc<SinkCore>,
+    provider: Arc<str>,
+    actions: Vec<PlannedAction>,
+}
+
+impl SinkGroups {
+    pub(crate) fn add(&mut self, core: &Arc<SinkCore>, provider: &Arc<str>, action: PlannedAction) {
+        self.total += 1;
+        self.groups
+            .entry(core.id)
+            .or_insert_with(|| SinkGroup {
+                core: Arc::clone(core),
+                provider: Arc::clone(provider),
+                actions: Vec::new(),
+            })
+            .actions
+            .push(action);
+    }
+
+    /// Sends every group to its sink actor; returns how many actions were sent.
+    pub(crate) fn dispatch(self, run: &Run, acks: &UnboundedSender<UnitAck>) -> usize {
+        for group in self.groups.into_values() {
+            run.sink(&group.core).do_send(ApplyActions {
+                unit: UnitRef {
+                    acks: acks.clone(),
+                    provider: group.provider,
+                },
+                actions: group.actions,
+            });
+        }
+        self.total
+    }
+}
+
+/// Waits for `total` actions of a unit to be acknowledged; returns the
+/// first failure.
+pub(crate) async fn await_acks(
+    acks: &mut UnboundedReceiver<UnitAck>,
+    total: usize,
+) -> Option<Error> {
+    let mut acked = 0usize;
+    let mut failure = None;
+    while acked < total {
+        match acks.recv().await {
+            Some(ack) => {
+                acked += ack.actions;
+                if let Err(e) = ack.result {
+                    failure.get_or_insert(e);
+                }
+            }
+            None => {
+                failure.get_or_insert(Error::Shutdown("a sink actor stopped".into()));
+                break;
+            }
+        }
+    }
+    failure
+}
+
+/// One unit's actions in a sink.
+#[derive(Clone)]
+struct Part {
+    unit: UnitRef,
+    actions: Vec<PlannedAction>,
+    /// Failed calls of this part alone.
+    attempts: u32,
+}
+
+struct Batch {
+    parts: Vec<Part>,
+    intents_written: bool,
+}
+
+/// How many components are still producing declarations or reconciling;
+/// when it drops to zero nothing more is coming and sinks flush at once.
+pub(crate) struct Activity {
+    count: AtomicUsize,
+    sinks: Mutex<Vec<actix::Addr<SinkActor>>>,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Self {
+        Self {
+            count: AtomicUsize::new(0),
+            sinks: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn enter(&self) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn leave(&self) {
+        if self.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let sinks = match self.sinks.lock() {
+                Ok(s) => s.clone(),
+                Err(p) => p.into_inner().clone(),
+            };
+            for s in sinks {
+                s.do_send(Flush);
+            }
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.count.load(Ordering::SeqCst) == 0
+    }
+
+    pub(crate) fn register(&self, sink: actix::Addr<SinkActor>) {
+        match self.sinks.lock() {
+            Ok(mut s) => s.push(sink),
+            Err(p) => p.into_inner().push(sink),
+        }
+    }
+}
+
+/// Everything a sink actor needs from its run.
+#[derive(Clone)]
+pub(crate) struct SinkEnv {
+    pub ledger: LedgerHandle,
+    pub user: tokio::runtime::Handle,
+    pub batch: BatchPolicy,
+    pub retry: RetryPolicy,
+    pub activity: Arc<Activity>,
+    /// Intent batch ids written in this run, deleted when the run ends.
+    pub intent_ids: Arc<Mutex<Vec<u64>>>,
+}
+
+/// Apply these actions of a unit.
+pub(crate) struct ApplyActions {
+    pub unit: UnitRef,
+    pub actions: Vec<PlannedAction>,
+}
+
+impl Message for ApplyActions {
+    type Result = ();
+}
+
+/// Nothing more is coming for now: flush what is pending.
+pub(crate) struct Flush;
+
+impl Message for Flush {
+    type Result = ();
+}
+
+pub(crate) struct SinkActor {
+    core: Arc<SinkCore>,
+    env: SinkEnv,
+    pending: VecDeque<Part>,
+    pending_actions: usize,
+    /// Batches split or due for retry, run before new ones.
+    ready: VecDeque<Batch>,
+    in_flight: bool,
+    linger_expired: bool,
+    linger_armed: bool,
+}
+
+impl SinkActor {
+    pub(crate) fn new(core: Arc<SinkCore>, env: SinkEnv) -> Self {
+        Self {
+            core,
+            env,
+            pending: VecDeque::new(),
+            pending_actions: 0,
+            ready: VecDeque::new(),
+            in_flight: false,
+            linger_expired: false,
+            linger_armed: false,
+        }
+    }
+
+    fn max_actions(&self) -> usize {
+        self.env.batch.max_actions.max(1)
+    }
+
+    fn maybe_flush(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight {
+            return;
+        }
+        if let Some(batch) = self.ready.pop_front() {
+            self.start(batch, ctx);
+            return;
+        }
+        if self.pending.is_empty() {
+            return;
+        }
+        let full = self.pending_actions >= self.max_actions();
+        if full || self.linger_expired || self.env.activity.idle() {
+            let batch = self.take_batch();
+            self.start(batch, ctx);
+        } else if !self.linger_armed {
+            self.linger_armed = true;
+            ctx.run_later(self.env.batch.linger, |act, ctx| {
+                act.linger_armed = false;
+                act.linger_expired = true;
+                act.maybe_flush(ctx);
+            });
+        }
+    }
+
+    /// Takes up to `max_actions` pending actions, whole parts first.
+    fn take_batch(&mut self) -> Batch {
+        let max = self.max_actions();
+        let mut parts = Vec::new();
+        let mut room = max;
+        while room > 0 {
+            let Some(mut part) = self.pending.pop_front() else {
+                break;
+            };
+            if part.actions.len() > room {
+                let rest = part.actions.split_off(room);
+                self.pending.push_front(Part {
+                    unit: part.unit.clone(),
+                    actions: rest,
+                    attempts: 0,
+                });
+            }
+            room -= part.actions.len();
+            self.pending_actions -= part.actions.len();
+            parts.push(part);
+        }
+        if self.pending.is_empty() {
+            self.linger_expired = false;
+        }
+        Batch {
+            parts,
+            intents_written: false,
+        }
+    }
+
+    fn start(&mut self, batch: Batch, ctx: &mut Context<Self>) {
+        self.in_flight = true;
+        let env = self.env.clone();
+        let core = Arc::clone(&self.core);
+        let intents: Vec<Intent> = if batch.intents_written {
+            Vec::new()
+        } else {
+            batch
+                .parts
+                .iter()
+                .flat_map(|p| p.actions.iter().filter_map(|a| a.intent.clone()))
+                .collect()
+        };
+        let actions: Vec<EncodedAction> = batch
+            .parts
+            .iter()
+            .flat_map(|p| p.actions.iter().map(|a| a.action.clone()))
+            .collect();
+        let fut = async move {
+            if !intents.is_empty() {
+                let id = env.ledger.write_intents(intents).await?;
+                match env.intent_ids.lock() {
+                    Ok(mut ids) => ids.push(id),
+                    Err(p) => p.into_inner().push(id),
+                }
+            }
+            call_sink(&core, &env, actions).await
+        };
+        ctx.wait(fut.into_actor(self).map(move |res, act, ctx| {
+            act.in_flight = false;
+            act.finish(batch, res, ctx);
+            act.maybe_flush(ctx);
+        }));
+    }
+
+    fn finish(&mut self, mut batch: Batch, res: Result<()>, ctx: &mut Context<Self>) {
+        batch.intents_written = true;
+        let err = match res {
+            Ok(()) => {
+                for part in batch.parts {
+                    let _ = part.unit.acks.send(UnitAck {
+                        actions: part.actions.len(),
+                        result: Ok(()),
+                    });
+                }
+                return;
+            }
+            Err(e) => e,
+        };
+        if batch.parts.len() > 1 {
+            // Split along component boundaries and try each half.
+            let second = batch.parts.split_off(batch.parts.len() / 2);
+            self.ready.push_front(Batch {
+                parts: second,
+                intents_written: true,
+            });
+            self.ready.push_front(batch);
+            return;
+        }
+        let Some(mut part) = batch.parts.pop() else {
+            return;
+        };
+        part.attempts += 1;
+        let retry = &self.env.retry;
+        if err.is_retriable() && part.attempts < retry.max_attempts {
+            let delay = backoff(retry, part.attempts);
+            ctx.run_later(delay, move |act, ctx| {
+                act.ready.push_back(Batch {
+                    parts: vec![part],
+                    intents_written: true,
+                });
+                act.maybe_flush(ctx);
+            });
+            return;
+        }
+        let keys = part
+            .actions
+            .iter()
+            .take(3)
+            .map(|a| a.key.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let more = if part.actions.len() > 3 { ", ..." } else { "" };
+        let _ = part.unit.acks.send(UnitAck {
+            actions: part.actions.len(),
+            result: Err(Error::Sink {
+                sink: part.unit.provider.to_string(),
+                actions: part.actions.len(),
+                keys: format!("{keys}{more}"),
+                cause: Box::new(err),
+            }),
+        });
+    }
+}
+
+/// The delay before retry number `attempt` (1-based): exponential, capped,
+/// with "equal jitter" (between half and all of the exponential delay).
+pub(crate) fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
+    let exp = policy
+        .initial_backoff
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+    let capped = exp.min(policy.max_backoff);
+    let half = capped / 2;
+    half + half.mul_f64(fastrand::f64())
+}
+
+async fn call_sink(core: &SinkCore, env: &SinkEnv, actions: Vec<EncodedAction>) -> Result<()> {
+    let fut = (core.apply)(actions);
+    let handle = env.user.spawn(fut);
+    let abort = handle.abort_handle();
+    let joined = match env.retry.call_timeout {
+        Some(limit) => match tokio::time::timeout(limit, handle).await {
+            Ok(j) => j,
+            Err(_) => {
+                abort.abort();
+                return Err(Error::msg(format!(
+                    "sink call timed out after {} ms",
+                    limit.as_millis()
+                )));
+            }
+        },
+        None => handle.await,
+    };
+    match joined {
+        Ok(res) => res,
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let detail = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_string());
+            Err(panic_error(&detail))
+        }
+        Err(_) => Err(Error::Shutdown("the sink call was cancelled".into())),
+    }
+}
+
+impl Actor for SinkActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<ApplyActions> for SinkActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ApplyActions, ctx: &mut Context<Self>) {
+        if msg.actions.is_empty() {
+            return;
+        }
+        self.pending_actions += msg.actions.len();
+        self.pending.push_back(Part {
+            unit: msg.unit,
+            actions: msg.actions,
+            attempts: 0,
+        });
+        self.maybe_flush(ctx);
+    }
+}
+
+impl Handler<Flush> for SinkActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Flush, ctx: &mut Context<Self>) {
+        self.maybe_flush(ctx);
+    }
+}

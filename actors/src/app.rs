@@ -1,0 +1,337 @@
+//! `App` and `AppBuilder`: the entry points of weir.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::actors::cleanup::finish_run;
+use crate::actors::component::{run_component, ComponentState};
+use crate::actors::pipeline::{Engine, EngineConfig};
+use crate::actors::reconciler::EndRun;
+use crate::config::{BatchPolicy, RetryPolicy, DEFAULT_MAX_INFLIGHT_COMPONENTS};
+use crate::ctx::{ContextKey, Ctx};
+use crate::error::{Error, Result};
+use crate::ledger::{Ledger, DEFAULT_LEDGER_CACHE_BYTES};
+use crate::model::ComponentPath;
+use crate::run::{lock, PreviewAction, Run, UpdateStats};
+
+/// The default ledger directory, relative to the working directory.
+pub const DEFAULT_LEDGER_DIR: &str = ".weir";
+
+/// An embedded weir engine with its ledger.
+///
+/// Build one with [`App::builder`], then call [`App::update`] (or
+/// [`App::run`]) with the root component's code. Dropping the `App` stops
+/// its threads and releases its ledger before `drop` returns.
+///
+/// ```
+/// use weir_actors::{App, Result};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<()> {
+/// let dir = tempfile::tempdir()?;
+/// let app = App::builder("docs").ledger_path(dir.path()).build().await?;
+/// let stats = app.run(|ctx| async move {
+///     ctx.mount("child", |_ctx| async move { Ok(()) }).await
+/// }).await?;
+/// assert_eq!(stats.failed_components, 0);
+/// # Ok(())
+/// # }
+/// ```
+pub struct App {
+    name: String,
+    engine: Arc<Engine>,
+}
+
+impl fmt::Debug for App {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("App")
+            .field("name", &self.name)
+            .field("ledger", &self.engine.ledger.dir())
+            .finish()
+    }
+}
+
+/// Configures and builds an [`App`].
+#[must_use]
+pub struct AppBuilder {
+    name: String,
+    ledger_path: PathBuf,
+    ledger_cache_bytes: u64,
+    shards: Option<usize>,
+    max_inflight: usize,
+    batch: BatchPolicy,
+    retry: RetryPolicy,
+    keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
+}
+
+impl fmt::Debug for AppBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AppBuilder")
+            .field("name", &self.name)
+            .field("ledger_path", &self.ledger_path)
+            .field("shards", &self.shards)
+            .field("max_inflight", &self.max_inflight)
+            .field("batch", &self.batch)
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
+impl AppBuilder {
+    /// The sled ledger directory (default: `.weir` in the working directory).
+    pub fn ledger_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ledger_path = path.into();
+        self
+    }
+
+    /// The ledger's page cache size in bytes (default: 64 MiB).
+    pub fn ledger_cache_bytes(mut self, bytes: u64) -> Self {
+        self.ledger_cache_bytes = bytes;
+        self
+    }
+
+    /// The number of reconciler shards (default: the number of cores).
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = Some(n);
+        self
+    }
+
+    /// The most components running at once in `mount_each` (default: 1024).
+    pub fn max_inflight_components(mut self, n: usize) -> Self {
+        self.max_inflight = n;
+        self
+    }
+
+    /// How actions are batched into sink calls.
+    pub fn batch_policy(mut self, p: BatchPolicy) -> Self {
+        self.batch = p;
+        self
+    }
+
+    /// How failed sink calls are retried.
+    pub fn retry_policy(mut self, p: RetryPolicy) -> Self {
+        self.retry = p;
+        self
+    }
+
+    /// Provides a value to every component, read with [`Ctx::get_key`].
+    pub fn provide_key<T: Send + Sync + 'static>(mut self, key: &ContextKey<T>, value: T) -> Self {
+        self.keys.insert(key.name().to_string(), Arc::new(value));
+        self
+    }
+
+    /// Opens the ledger and starts the engine.
+    ///
+    /// # Errors
+    /// When called outside a tokio runtime, when a setting is out of range,
+    /// or when the ledger cannot be opened: it is locked by another `App` or
+    /// process, of an unknown format version, or corrupt.
+    pub async fn build(self) -> Result<App> {
+        let user = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Usage("App::build must be called inside a tokio runtime".into()))?;
+        let shards = match self.shards {
+            Some(0) => return Err(Error::Usage("shards must be at least 1".into())),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        };
+        if self.max_inflight == 0 {
+            return Err(Error::Usage(
+                "max_inflight_components must be at least 1".into(),
+            ));
+        }
+        if self.batch.max_actions == 0 {
+            return Err(Error::Usage(
+                "BatchPolicy::max_actions must be at least 1".into(),
+            ));
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(Error::Usage(
+                "RetryPolicy::max_attempts must be at least 1".into(),
+            ));
+        }
+        if self.name.is_empty() {
+            return Err(Error::Usage("an App needs a non-empty name".into()));
+        }
+        let path = self.ledger_path.clone();
+        let cache = self.ledger_cache_bytes;
+        let ledger = user
+            .spawn_blocking(move || Ledger::open(&path, cache))
+            .await
+            .map_err(|e| Error::Shutdown(format!("opening the ledger was cancelled: {e}")))??;
+        let config = EngineConfig {
+            shards,
+            max_inflight: self.max_inflight,
+            batch: self.batch,
+            retry: self.retry,
+        };
+        let for_engine = user.clone();
+        let engine = user
+            .spawn_blocking(move || Engine::start(ledger, config, for_engine, self.keys))
+            .await
+            .map_err(|e| Error::Shutdown(format!("starting the engine was cancelled: {e}")))??;
+        Ok(App {
+            name: self.name,
+            engine: Arc::new(engine),
+        })
+    }
+}
+
+impl App {
+    /// A builder for an app named `name`.
+    pub fn builder(name: &str) -> AppBuilder {
+        AppBuilder {
+            name: name.to_string(),
+            ledger_path: PathBuf::from(DEFAULT_LEDGER_DIR),
+            ledger_cache_bytes: DEFAULT_LEDGER_CACHE_BYTES,
+            shards: None,
+            max_inflight: DEFAULT_MAX_INFLIGHT_COMPONENTS,
+            batch: BatchPolicy::default(),
+            retry: RetryPolicy::default(),
+            keys: HashMap::new(),
+        }
+    }
+
+    /// The app's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `f` as the root component, then brings every target to what was
+    /// declared, and returns `f`'s value.
+    ///
+    /// # Errors
+    /// When components failed (every other component is still committed):
+    /// the error names each failed component and its cause, and
+    /// [`Error::failed_components`] lists them. Also on ledger failures.
+    pub async fn update<F, Fut, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (value, _, _) = self.execute(f, Mode::Apply).await?;
+        Ok(value)
+    }
+
+    /// Like [`App::update`], returning what was done.
+    ///
+    /// # Errors
+    /// As [`App::update`].
+    pub async fn run<F, Fut>(&self, f: F) -> Result<UpdateStats>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        let (_, stats, _) = self.execute(f, Mode::Apply).await?;
+        Ok(stats)
+    }
+
+    /// Runs `f` and lists the actions an update would take, without
+    /// applying anything or writing the ledger. Container sinks' child
+    /// handler factories are called in place of applying.
+    ///
+    /// # Errors
+    /// As [`App::update`].
+    pub async fn preview<F, Fut, T>(&self, f: F) -> Result<Vec<PreviewAction>>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (_, _, actions) = self.execute(f, Mode::Preview).await?;
+        Ok(actions)
+    }
+
+    /// Deletes every target state the ledger tracks. `f` registers the
+    /// providers (so their handlers can delete) and declares nothing.
+    ///
+    /// # Errors
+    /// As [`App::update`]; declaring a target state in `f` is an error.
+    pub async fn drop_state<F, Fut>(&self, f: F) -> Result<UpdateStats>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        let (_, stats, _) = self.execute(f, Mode::Drop).await?;
+        Ok(stats)
+    }
+
+    /// Counts of what the ledger tracks: `(components, target states)`, and
+    /// its size on disk in bytes.
+    ///
+    /// # Errors
+    /// When the ledger cannot be read.
+    pub async fn ledger_summary(&self) -> Result<(u64, u64, u64)> {
+        let ledger = self.engine.ledger.clone();
+        let (c, s) = self
+            .engine
+            .user
+            .spawn_blocking(move || ledger.counts())
+            .await
+            .map_err(|e| Error::Shutdown(e.to_string()))??;
+        Ok((c, s, self.engine.ledger.size_on_disk()))
+    }
+
+    async fn execute<F, Fut, T>(
+        &self,
+        f: F,
+        mode: Mode,
+    ) -> Result<(T, UpdateStats, Vec<PreviewAction>)>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let engine = Arc::clone(&self.engine);
+        let _one_at_a_time = engine.run_lock.lock().await;
+        let started = Instant::now();
+        let run = Run::new(
+            Arc::clone(&engine),
+            mode == Mode::Preview,
+            mode == Mode::Drop,
+        );
+        let root = ComponentState::new(Arc::clone(&run), ComponentPath::root());
+        let result = run_component(root, f).await;
+        let cleanup = finish_run(&run).await;
+        for shard in &engine.shards {
+            shard.do_send(EndRun { run_id: run.id });
+        }
+        cleanup?;
+        let failures = std::mem::take(&mut *lock(&run.failures));
+        let c = &run.counters;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let stats = UpdateStats {
+            created: load(&c.created),
+            updated: load(&c.updated),
+            deleted: load(&c.deleted),
+            unchanged: load(&c.unchanged),
+            failed_components: failures.len() as u64,
+            elapsed: started.elapsed(),
+            components: load(&c.components),
+        };
+        let preview = std::mem::take(&mut *lock(&run.preview_actions));
+        if !failures.is_empty() {
+            return Err(Error::ComponentsFailed(failures));
+        }
+        let value = result?;
+        Ok((value, stats, preview))
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Apply,
+    Preview,
+    Drop,
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self.engine.stop();
+    }
+}

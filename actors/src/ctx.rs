@@ -1,0 +1,129 @@
+//! The component context handed to user code.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::actors::component::{self, ComponentState};
+use crate::error::{Error, Result};
+use crate::model::{ComponentPath, IntoStableKey};
+
+/// The context of one running component: declare target states through it,
+/// mount child components with it, and read context values from it.
+///
+/// `Ctx` is cheap to clone and `Send + Sync`.
+#[derive(Clone)]
+pub struct Ctx {
+    pub(crate) state: Arc<ComponentState>,
+}
+
+impl fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ctx")
+            .field("path", &self.state.path)
+            .finish()
+    }
+}
+
+impl Ctx {
+    pub(crate) fn from_state(state: Arc<ComponentState>) -> Self {
+        Self { state }
+    }
+
+    /// Runs `f` as the child component `key` of this component and waits
+    /// until it has been reconciled, applied and committed.
+    ///
+    /// # Errors
+    /// Returns the child's error when it fails (it is also reported by the
+    /// update), or an error when `key` was already mounted in this run.
+    pub async fn mount<K, F, Fut, T>(&self, key: K, f: F) -> Result<T>
+    where
+        K: IntoStableKey,
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        component::mount(&self.state, key.into_stable_key(), f).await
+    }
+
+    /// Runs one child component per item, keyed by `key_fn`, concurrently
+    /// (at most `max_inflight_components` at once); each commits on its own.
+    ///
+    /// Returns `Ok` even when some children fail: their failures are
+    /// reported by the update at the end.
+    ///
+    /// # Errors
+    /// When two items have the same key, or a key was already mounted in
+    /// this run; then no child runs.
+    pub async fn mount_each<I, T, K, KF, F, Fut>(&self, items: I, key_fn: KF, f: F) -> Result<()>
+    where
+        I: IntoIterator<Item = T>,
+        T: Send + 'static,
+        KF: Fn(&T) -> K,
+        K: IntoStableKey,
+        F: Fn(Ctx, T) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        component::mount_each(&self.state, items, key_fn, f).await
+    }
+
+    /// The value provided for `key` with
+    /// [`AppBuilder::provide_key`](crate::AppBuilder::provide_key).
+    ///
+    /// # Errors
+    /// When no value of type `T` was provided under the key's name.
+    pub fn get_key<T: Send + Sync + 'static>(&self, key: &ContextKey<T>) -> Result<&T> {
+        self.state
+            .run
+            .engine
+            .keys
+            .get(key.name())
+            .and_then(|v| v.downcast_ref::<T>())
+            .ok_or_else(|| Error::MissingContextKey(key.name().to_string()))
+    }
+
+    /// The path of this component (`/` for the root).
+    pub fn path(&self) -> &ComponentPath {
+        &self.state.path
+    }
+}
+
+/// A typed name for a value provided to every component of an `App`, such
+/// as a database pool. Its name, not the connection, identifies the
+/// external resource in target-state keys, so credentials can change
+/// without losing track of what was created.
+pub struct ContextKey<T> {
+    name: Arc<str>,
+    _value: PhantomData<fn() -> T>,
+}
+
+impl<T> ContextKey<T> {
+    /// A key named `name`.
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: Arc::from(name),
+            _value: PhantomData,
+        }
+    }
+
+    /// The key's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl<T> Clone for ContextKey<T> {
+    fn clone(&self) -> Self {
+        Self {
+            name: Arc::clone(&self.name),
+            _value: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for ContextKey<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ContextKey({:?})", self.name)
+    }
+}

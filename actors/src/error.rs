@@ -1,0 +1,277 @@
+//! The error type of weir.
+
+use std::fmt;
+
+use crate::model::key::StableKey;
+use crate::model::path::ComponentPath;
+
+/// The result type of weir.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A component that failed in an update, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ComponentFailure {
+    /// The path of the failed component.
+    pub path: ComponentPath,
+    /// What went wrong, as a sentence.
+    pub cause: String,
+    /// Whether retrying the same work later may succeed.
+    pub retriable: bool,
+}
+
+impl ComponentFailure {
+    pub(crate) fn new(path: ComponentPath, error: &Error) -> Self {
+        Self {
+            path,
+            cause: error.to_string(),
+            retriable: error.is_retriable(),
+        }
+    }
+}
+
+impl fmt::Display for ComponentFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "component {}: {}", self.path, self.cause)
+    }
+}
+
+/// The kind of an [`Error`], to tell failures apart without matching strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A failure described by a message (user code, a sink, a handler).
+    Other,
+    /// A failure that retrying cannot fix (a constraint violation, bad input).
+    Permanent,
+    /// An I/O error.
+    Io,
+    /// The ledger could not be read or written.
+    Ledger,
+    /// A value, record or action could not be encoded or decoded.
+    Codec,
+    /// A database driver error.
+    Database,
+    /// Invalid configuration or usage of the API.
+    Usage,
+    /// One or more components failed during an update.
+    ComponentsFailed,
+    /// The engine is shutting down or has shut down.
+    Shutdown,
+}
+
+/// Everything that can go wrong in weir.
+///
+/// Every error names what failed: the key, the provider, the component or the
+/// ledger path. Use [`Error::kind`] and [`Error::is_retriable`] to classify.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A failure described by a message; retriable unless made with [`Error::permanent`].
+    #[error("{message}")]
+    Message {
+        /// The message.
+        message: String,
+        /// Whether retrying may succeed.
+        retriable: bool,
+    },
+    /// An I/O error.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The sled store behind the ledger failed.
+    #[error("ledger storage error: {0}")]
+    Storage(#[from] sled::Error),
+    /// A value could not be encoded with MessagePack.
+    #[error("cannot encode value: {0}")]
+    Encode(#[from] rmp_serde::encode::Error),
+    /// A value could not be decoded from MessagePack.
+    #[error("cannot decode value: {0}")]
+    Decode(#[from] rmp_serde::decode::Error),
+    /// A database driver error.
+    #[cfg(feature = "sqlx")]
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The same target state was declared twice in one run.
+    #[error("target state {key} of provider {provider} is declared twice in this run{}", first_by.as_ref().map(|p| format!(" (first by component {p})")).unwrap_or_default())]
+    DuplicateDeclaration {
+        /// The provider path.
+        provider: String,
+        /// The key declared twice.
+        key: StableKey,
+        /// The component that declared it first, when known.
+        first_by: Option<ComponentPath>,
+    },
+    /// A handler's `reconcile` (or a child-handler factory) failed for a key.
+    #[error("provider {provider}, key {key}: {cause}")]
+    Reconcile {
+        /// The provider path.
+        provider: String,
+        /// The key being reconciled.
+        key: StableKey,
+        /// Why it failed.
+        #[source]
+        cause: Box<Error>,
+    },
+    /// A sink call failed for the actions of a component.
+    #[error("sink {sink} failed applying {actions} action(s) (keys {keys}): {cause}")]
+    Sink {
+        /// The sink, named by the providers whose actions it applies.
+        sink: String,
+        /// How many actions the failed call carried for this component.
+        actions: usize,
+        /// The first keys of the failed actions.
+        keys: String,
+        /// Why it failed.
+        #[source]
+        cause: Box<Error>,
+    },
+    /// One or more components failed; every other component was committed.
+    #[error("{} component(s) failed: {}", .0.len(), .0.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; "))]
+    ComponentsFailed(Vec<ComponentFailure>),
+    /// The ledger is in use by another `App` (in this process or another).
+    #[error("ledger at {path} is already open in another App or process; close it (drop the App, stop the other process) and try again")]
+    LedgerLocked {
+        /// The ledger directory.
+        path: String,
+    },
+    /// The ledger was written by an incompatible version of weir.
+    #[error("ledger at {path} has format version {found}, but this build of weir reads version {supported}; use a matching weir version or remove the ledger (weir will then forget what it created)")]
+    LedgerVersion {
+        /// The ledger directory.
+        path: String,
+        /// The version found.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The ledger's content is damaged.
+    #[error("ledger at {path} is corrupt ({detail}); restore it from a backup, or remove it and clean up the targets by hand: weir will not treat it as empty")]
+    LedgerCorrupt {
+        /// The ledger directory.
+        path: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The API was used in a way it does not support.
+    #[error("{0}")]
+    Usage(String),
+    /// A context key was read but never provided.
+    #[error("context key `{0}` was not provided to the App (use AppBuilder::provide_key)")]
+    MissingContextKey(String),
+    /// The engine stopped before the work completed.
+    #[error("the weir engine has shut down: {0}")]
+    Shutdown(String),
+}
+
+impl Error {
+    /// An error with a message. It counts as retriable: a sink failing with it
+    /// is retried under the [`RetryPolicy`](crate::RetryPolicy).
+    pub fn msg(message: impl fmt::Display) -> Self {
+        Error::Message {
+            message: message.to_string(),
+            retriable: true,
+        }
+    }
+
+    /// An error that retrying cannot fix: a sink failing with it is not
+    /// retried, only split to find the components concerned.
+    pub fn permanent(message: impl fmt::Display) -> Self {
+        Error::Message {
+            message: message.to_string(),
+            retriable: false,
+        }
+    }
+
+    /// The components that failed, when this error reports failed components;
+    /// empty otherwise.
+    pub fn failed_components(&self) -> &[ComponentFailure] {
+        match self {
+            Error::ComponentsFailed(failures) => failures,
+            _ => &[],
+        }
+    }
+
+    /// What kind of error this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Message {
+                retriable: false, ..
+            } => ErrorKind::Permanent,
+            Error::Message { .. } => ErrorKind::Other,
+            Error::Io(_) => ErrorKind::Io,
+            Error::Storage(_)
+            | Error::LedgerLocked { .. }
+            | Error::LedgerVersion { .. }
+            | Error::LedgerCorrupt { .. } => ErrorKind::Ledger,
+            Error::Encode(_) | Error::Decode(_) => ErrorKind::Codec,
+            #[cfg(feature = "sqlx")]
+            Error::Database(_) => ErrorKind::Database,
+            Error::DuplicateDeclaration { .. } | Error::Usage(_) | Error::MissingContextKey(_) => {
+                ErrorKind::Usage
+            }
+            Error::Reconcile { cause, .. } | Error::Sink { cause, .. } => cause.kind(),
+            Error::ComponentsFailed(_) => ErrorKind::ComponentsFailed,
+            Error::Shutdown(_) => ErrorKind::Shutdown,
+        }
+    }
+
+    /// Whether retrying the same work may succeed (a transient failure).
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            Error::Message { retriable, .. } => *retriable,
+            Error::Io(_) | Error::Storage(_) => true,
+            #[cfg(feature = "sqlx")]
+            Error::Database(e) => sqlx_is_retriable(e),
+            Error::Reconcile { cause, .. } | Error::Sink { cause, .. } => cause.is_retriable(),
+            Error::ComponentsFailed(failures) => failures.iter().all(|f| f.retriable),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(feature = "sqlx")]
+fn sqlx_is_retriable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => {
+            // Serialization failures and deadlocks are worth retrying;
+            // constraint violations and other data errors are not.
+            matches!(
+                db.code().as_deref(),
+                Some("40001" | "40P01" | "57P01" | "57P02" | "57P03")
+            )
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn msg_errors_are_retriable_and_permanent_ones_are_not() {
+        assert!(Error::msg("boom").is_retriable());
+        assert!(!Error::permanent("bad row").is_retriable());
+        assert_eq!(Error::permanent("x").kind(), ErrorKind::Permanent);
+    }
+
+    #[test]
+    fn components_failed_lists_each_path_and_cause() {
+        let failure = ComponentFailure::new(
+            ComponentPath::root().child(StableKey::Str("doc".into())),
+            &Error::msg("bad input"),
+        );
+        let err = Error::ComponentsFailed(vec![failure]);
+        assert_eq!(err.failed_components().len(), 1);
+        let text = err.to_string();
+        assert!(text.contains("/doc"), "{text}");
+        assert!(text.contains("bad input"), "{text}");
+        assert!(Error::msg("x").failed_components().is_empty());
+    }
+}

@@ -1,0 +1,107 @@
+//! What the ledger stores, and the operations that change it.
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+use crate::model::provider::ChildGeneration;
+use crate::model::StableKey;
+
+/// The tracking state of one target state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StateEntry {
+    /// The encoded target-state path (provider path + key).
+    pub path: ByteBuf,
+    /// Possible tracking records: one once committed, several after an
+    /// interrupted or failed update.
+    pub records: Vec<ByteBuf>,
+    /// The state may not exist in the external system.
+    pub may_be_missing: bool,
+    /// The generation of the parent container the records were written under.
+    pub gen: u64,
+    /// For containers: the generation their children are judged against.
+    pub child_gen: Option<ChildGeneration>,
+}
+
+/// Everything the ledger keeps for one component, read and written in one go.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct ComponentEntry {
+    /// The component's states, sorted by path.
+    pub states: Vec<StateEntry>,
+    /// Why the component failed in its last run, if it did.
+    pub failure: Option<String>,
+}
+
+impl ComponentEntry {
+    pub(crate) fn find(&self, path: &[u8]) -> Result<usize, usize> {
+        self.states
+            .binary_search_by(|s| s.path.as_slice().cmp(path))
+    }
+
+    pub(crate) fn upsert(&mut self, entry: StateEntry) {
+        match self.find(&entry.path) {
+            Ok(i) => self.states[i] = entry,
+            Err(i) => self.states.insert(i, entry),
+        }
+    }
+
+    pub(crate) fn remove(&mut self, path: &[u8]) -> Option<StateEntry> {
+        self.find(path).ok().map(|i| self.states.remove(i))
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.states.is_empty() && self.failure.is_none()
+    }
+}
+
+/// A record written before an action is applied: the state may now be in
+/// its new form. Folded into the component entry on failure or recovery.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Intent {
+    /// The component whose entry holds (or will hold) the state.
+    pub component: ByteBuf,
+    pub path: ByteBuf,
+    /// The record after the action; `None` for a delete.
+    pub record: Option<ByteBuf>,
+    pub gen: u64,
+    pub child_gen: Option<ChildGeneration>,
+}
+
+/// One change to the ledger. The ledger actor applies a list of them
+/// atomically, many lists per sled batch.
+#[derive(Clone, Debug)]
+pub(crate) enum LedgerOp {
+    /// Set a state's entry in a component (and index the component as its owner).
+    Put {
+        component: Vec<u8>,
+        entry: StateEntry,
+        /// Write the owner index too (the state is new here or moved here).
+        index_owner: bool,
+    },
+    /// Remove a state from a component's entry (and its owner index entry,
+    /// unless `keep_owner`, when another component took it over).
+    Remove {
+        component: Vec<u8>,
+        path: Vec<u8>,
+        keep_owner: bool,
+    },
+    /// Merge a possible new record into a state: the state may now be in
+    /// either form, or missing.
+    Fold(Intent),
+    /// Remove every state below a container (its children and attachments),
+    /// wherever they are owned.
+    DropDescendants { path: Vec<u8> },
+    /// Set the list of a component's child components.
+    SetChildren {
+        component: Vec<u8>,
+        children: Vec<StableKey>,
+    },
+    /// Record or clear a component's failure.
+    SetFailure {
+        component: Vec<u8>,
+        failure: Option<String>,
+    },
+    /// Forget a component that is no longer mounted, once it owns nothing.
+    RemoveComponent { component: Vec<u8> },
+    /// Delete an intent batch whose components are all resolved.
+    DeleteIntents { id: u64 },
+}

@@ -1,0 +1,59 @@
+//! The weir engine: declarative target states on actors, with a sled ledger.
+//!
+//! # Layout
+//!
+//! - [`model`]: keys, handlers, actions, sinks, providers, fingerprints and
+//!   the `statediff` helpers: what a connector author needs.
+//! - `app`, `ctx`, `declare`: the user-facing API ([`App`], [`Ctx`],
+//!   [`declare_target_state`], ...).
+//! - `actors`: the component, reconciler, sink and ledger actors, and the
+//!   pipeline that wires them (crate-private).
+//! - `ledger`: the sled store: key layout, records, format version
+//!   (crate-private).
+//!
+//! Users depend on the `weir` facade crate, which re-exports all of this.
+
+pub mod model;
+
+mod actors;
+mod app;
+mod config;
+mod ctx;
+mod declare;
+mod error;
+mod ledger;
+mod run;
+
+pub use app::{App, AppBuilder, DEFAULT_LEDGER_DIR};
+pub use config::{
+    BatchPolicy, RetryPolicy, DEFAULT_CALL_TIMEOUT, DEFAULT_INITIAL_BACKOFF, DEFAULT_LINGER,
+    DEFAULT_MAX_ACTIONS, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF,
+    DEFAULT_MAX_INFLIGHT_COMPONENTS,
+};
+pub use ctx::{ContextKey, Ctx};
+pub use declare::{
+    declare_target_state, declare_target_state_with_child, mount_target,
+    register_root_target_states_provider,
+};
+pub use error::{ComponentFailure, Error, ErrorKind, Result};
+pub use ledger::DEFAULT_LEDGER_CACHE_BYTES;
+pub use model::statediff;
+pub use model::{
+    ActionKind, ChildTargetDef, ComponentPath, Fingerprint, IntoStableKey, StableKey, TargetAction,
+    TargetActionSink, TargetChildInvalidation, TargetHandler, TargetReconcileOutput, TargetState,
+    TargetStateProvider,
+};
+pub use run::{PreviewAction, UpdateStats};
+
+/// Everything a user or connector author needs, in one import.
+pub mod prelude {
+    pub use crate::model::statediff;
+    pub use crate::{
+        declare_target_state, declare_target_state_with_child, mount_target,
+        register_root_target_states_provider, ActionKind, App, AppBuilder, BatchPolicy,
+        ChildTargetDef, ComponentFailure, ComponentPath, ContextKey, Ctx, Error, Fingerprint,
+        IntoStableKey, PreviewAction, Result, RetryPolicy, StableKey, TargetAction,
+        TargetActionSink, TargetChildInvalidation, TargetHandler, TargetReconcileOutput,
+        TargetState, TargetStateProvider, UpdateStats,
+    };
+}

@@ -1,0 +1,100 @@
+//! Handlers with their types erased, as the engine calls them.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::child::ChildTargetDef;
+use super::handler::{ActionKind, TargetChildInvalidation, TargetHandler};
+use super::key::StableKey;
+use super::sink::SinkCore;
+use crate::error::Result;
+
+/// The output of a reconcile, encoded.
+pub(crate) struct ErasedOutput {
+    pub kind: ActionKind,
+    pub action: Arc<[u8]>,
+    pub sink: Arc<SinkCore>,
+    pub record: Option<Vec<u8>>,
+    pub child_invalidation: Option<TargetChildInvalidation>,
+}
+
+/// A handler whose value, record and action types are erased to bytes.
+pub(crate) trait ErasedHandler: Send + Sync {
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<&[u8]>,
+        prev: &[Vec<u8>],
+        prev_may_be_missing: bool,
+    ) -> Result<Option<ErasedOutput>>;
+
+    fn attachments(&self) -> Result<Vec<(String, ChildTargetDef)>>;
+
+    /// The name of the value type, to check typed providers against it.
+    fn value_type(&self) -> &'static str;
+}
+
+pub(crate) struct TypedHandler<V, H> {
+    handler: H,
+    _value: PhantomData<fn(V)>,
+}
+
+impl<V, H> TypedHandler<V, H> {
+    pub(crate) fn new(handler: H) -> Self {
+        Self {
+            handler,
+            _value: PhantomData,
+        }
+    }
+}
+
+impl<V, H> ErasedHandler for TypedHandler<V, H>
+where
+    V: Serialize + DeserializeOwned + Send + 'static,
+    H: TargetHandler<V>,
+{
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<&[u8]>,
+        prev: &[Vec<u8>],
+        prev_may_be_missing: bool,
+    ) -> Result<Option<ErasedOutput>> {
+        let desired: Option<V> = desired.map(rmp_serde::from_slice).transpose()?;
+        let prev = prev
+            .iter()
+            .map(|r| rmp_serde::from_slice::<H::TrackingRecord>(r))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let Some(out) = self
+            .handler
+            .reconcile(key, desired, prev, prev_may_be_missing)?
+        else {
+            return Ok(None);
+        };
+        let kind = out.action.kind();
+        let action = rmp_serde::to_vec(out.action.inner())?;
+        let record = out
+            .tracking_record
+            .as_ref()
+            .map(rmp_serde::to_vec)
+            .transpose()?;
+        Ok(Some(ErasedOutput {
+            kind,
+            action: Arc::from(action),
+            sink: Arc::clone(&out.sink.core),
+            record,
+            child_invalidation: out.child_invalidation,
+        }))
+    }
+
+    fn attachments(&self) -> Result<Vec<(String, ChildTargetDef)>> {
+        self.handler.attachments()
+    }
+
+    fn value_type(&self) -> &'static str {
+        std::any::type_name::<V>()
+    }
+}

@@ -1,0 +1,436 @@
+//! Fingerprints: short, stable digests of values, for content-based change
+//! detection.
+//!
+//! A [`Fingerprint`] is the first 16 bytes of a BLAKE3 hash. It is the same on
+//! every run, platform and architecture, so it can be kept as a tracking
+//! record in place of the content it summarizes: a connector compares the
+//! fingerprint of the desired content with the previous records to decide
+//! whether anything has to be written.
+//!
+//! There are two ways to make one, and they never produce the same digest for
+//! the same input, because each hashes in its own BLAKE3 key-derivation
+//! context:
+//!
+//! - [`Fingerprint::from`] (`Fingerprint::from(&value)`) hashes the
+//!   MessagePack encoding of any [`Serialize`] value;
+//! - [`Fingerprint::from_bytes`] hashes raw bytes as they are.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::error::Error;
+
+/// The number of bytes in a [`Fingerprint`].
+const LEN: usize = 16;
+
+/// The BLAKE3 key-derivation context of fingerprints of serialized values.
+const SERDE_CONTEXT: &str = "weir fingerprint v1: MessagePack-encoded value";
+/// The BLAKE3 key-derivation context of fingerprints of raw bytes.
+const BYTES_CONTEXT: &str = "weir fingerprint v1: raw bytes";
+/// The BLAKE3 key-derivation context of values that could not be serialized.
+const SERDE_ERROR_CONTEXT: &str = "weir fingerprint v1: value that failed to serialize";
+
+/// A 128-bit digest of a value: the first 16 bytes of its BLAKE3 hash.
+///
+/// Fingerprints are stable across runs and platforms, compare and order by
+/// their bytes, and are displayed as 32 lowercase hexadecimal digits (which
+/// [`FromStr`] parses back).
+///
+/// A fingerprint is itself serializable, so it can serve as a tracking
+/// record. Compact formats (such as MessagePack) store it as a 16-byte
+/// binary string; human-readable formats (such as JSON) store it as its hex
+/// form.
+///
+/// Note that `Fingerprint::from(&fingerprint)` is the fingerprint *of* a
+/// fingerprint, not a copy of it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint([u8; LEN]);
+
+impl Fingerprint {
+    /// Fingerprints raw bytes.
+    ///
+    /// The bytes are hashed in a BLAKE3 context of their own, so
+    /// `Fingerprint::from_bytes(b)` is not equal to `Fingerprint::from(&b)`
+    /// (which hashes the MessagePack encoding of `b`): pick one form per
+    /// tracking record and stick to it.
+    pub fn from_bytes(bytes: &[u8]) -> Fingerprint {
+        let mut hasher = blake3::Hasher::new_derive_key(BYTES_CONTEXT);
+        hasher.update(bytes);
+        Self::finish(&hasher)
+    }
+
+    /// The 16 bytes of the fingerprint.
+    pub fn as_bytes(&self) -> &[u8; LEN] {
+        &self.0
+    }
+
+    /// Truncates the output of `hasher` to a fingerprint.
+    fn finish(hasher: &blake3::Hasher) -> Fingerprint {
+        let mut out = [0u8; LEN];
+        hasher.finalize_xof().fill(&mut out);
+        Fingerprint(out)
+    }
+}
+
+/// Fingerprints any serializable value.
+///
+/// The value is encoded with MessagePack (`rmp_serde`, structs as arrays)
+/// straight into the hasher, without an intermediate buffer. The digest
+/// therefore follows the serialized form: two values with the same encoding
+/// have the same fingerprint, whatever their Rust types. For a stable
+/// fingerprint the encoding must be deterministic: prefer `BTreeMap` to
+/// `HashMap`, whose iteration order changes from run to run.
+///
+/// `From` cannot fail, so if the value refuses to serialize (a `Serialize`
+/// impl returning an error, such as a map with non-string keys in some
+/// formats), the fingerprint is instead the hash of the error message in a
+/// separate BLAKE3 context. It is still deterministic, and it never equals
+/// the fingerprint of a value that serialized successfully, but all values
+/// that fail with the same message share it.
+impl<T: Serialize + ?Sized> From<&T> for Fingerprint {
+    fn from(value: &T) -> Self {
+        let mut hasher = blake3::Hasher::new_derive_key(SERDE_CONTEXT);
+        match rmp_serde::encode::write(&mut hasher, value) {
+            Ok(()) => Self::finish(&hasher),
+            Err(error) => {
+                let mut hasher = blake3::Hasher::new_derive_key(SERDE_ERROR_CONTEXT);
+                hasher.update(error.to_string().as_bytes());
+                Self::finish(&hasher)
+            }
+        }
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for byte in &self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+/// The value of one hexadecimal digit, either case.
+fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Parses exactly 32 hexadecimal digits (either case).
+fn parse_hex(s: &str) -> Option<[u8; LEN]> {
+    let digits = s.as_bytes();
+    if digits.len() != 2 * LEN {
+        return None;
+    }
+    let mut out = [0u8; LEN];
+    for (byte, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+        let [high, low] = pair else {
+            return None;
+        };
+        *byte = (hex_digit(*high)? << 4) | hex_digit(*low)?;
+    }
+    Some(out)
+}
+
+/// Parses the [`Display`](fmt::Display) form: 32 hexadecimal digits.
+/// Upper-case digits are accepted too.
+impl FromStr for Fingerprint {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_hex(s).map(Fingerprint).ok_or_else(|| {
+            Error::msg(format!(
+                "invalid fingerprint {s:?}: expected {} hexadecimal digits",
+                2 * LEN
+            ))
+        })
+    }
+}
+
+impl Serialize for Fingerprint {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.collect_str(self)
+        } else {
+            serializer.serialize_bytes(&self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Fingerprint {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            deserializer.deserialize_str(FingerprintVisitor)
+        } else {
+            deserializer.deserialize_bytes(FingerprintVisitor)
+        }
+    }
+}
+
+/// Accepts a fingerprint as 16 bytes, a sequence of 16 integers or a hex string.
+struct FingerprintVisitor;
+
+impl<'de> Visitor<'de> for FingerprintVisitor {
+    type Value = Fingerprint;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a fingerprint: {LEN} bytes or {} hexadecimal digits",
+            2 * LEN
+        )
+    }
+
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Fingerprint, E> {
+        <[u8; LEN]>::try_from(v)
+            .map(Fingerprint)
+            .map_err(|_| E::invalid_length(v.len(), &self))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Fingerprint, E> {
+        parse_hex(v)
+            .map(Fingerprint)
+            .ok_or_else(|| E::invalid_value(de::Unexpected::Str(v), &self))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Fingerprint, A::Error> {
+        let mut out = [0u8; LEN];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = seq
+                .next_element()?
+                .ok_or_else(|| de::Error::invalid_length(i, &self))?;
+        }
+        if seq.next_element::<de::IgnoredAny>()?.is_some() {
+            return Err(de::Error::invalid_length(LEN + 1, &self));
+        }
+        Ok(Fingerprint(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Serialize)]
+    struct Row<'a> {
+        id: u64,
+        name: &'a str,
+        tags: Vec<&'a str>,
+    }
+
+    #[test]
+    fn equal_values_have_equal_fingerprints() {
+        let a = Row {
+            id: 7,
+            name: "seven",
+            tags: vec!["odd", "prime"],
+        };
+        let b = Row {
+            id: 7,
+            name: "seven",
+            tags: vec!["odd", "prime"],
+        };
+        assert_eq!(Fingerprint::from(&a), Fingerprint::from(&b));
+        assert_eq!(
+            Fingerprint::from_bytes(b"abc"),
+            Fingerprint::from_bytes(b"abc")
+        );
+    }
+
+    #[test]
+    fn different_values_have_different_fingerprints() {
+        let a = Row {
+            id: 7,
+            name: "seven",
+            tags: vec!["odd", "prime"],
+        };
+        let b = Row {
+            id: 7,
+            name: "seven",
+            tags: vec!["prime", "odd"],
+        };
+        assert_ne!(Fingerprint::from(&a), Fingerprint::from(&b));
+        assert_ne!(Fingerprint::from(&1u32), Fingerprint::from(&2u32));
+        assert_ne!(Fingerprint::from("a"), Fingerprint::from("b"));
+        assert_ne!(Fingerprint::from_bytes(b"a"), Fingerprint::from_bytes(b"b"));
+        assert_ne!(Fingerprint::from_bytes(b""), Fingerprint::from_bytes(b"\0"));
+    }
+
+    #[test]
+    fn raw_bytes_and_serialized_values_are_hashed_in_separate_domains() {
+        let bytes: &[u8] = b"weir";
+        assert_ne!(Fingerprint::from_bytes(bytes), Fingerprint::from(bytes));
+        assert_ne!(Fingerprint::from_bytes(bytes), Fingerprint::from("weir"));
+        // The MessagePack encoding of "weir" is 0xa4 followed by the text.
+        assert_ne!(
+            Fingerprint::from_bytes(b"\xa4weir"),
+            Fingerprint::from("weir")
+        );
+    }
+
+    #[test]
+    fn fingerprints_follow_the_encoding_not_the_rust_type() {
+        assert_eq!(Fingerprint::from(&5u8), Fingerprint::from(&5u64));
+        assert_eq!(
+            Fingerprint::from("x"),
+            Fingerprint::from(&String::from("x"))
+        );
+        let map: BTreeMap<&str, i32> = [("b", 2), ("a", 1)].into_iter().collect();
+        let reordered: BTreeMap<&str, i32> = [("a", 1), ("b", 2)].into_iter().collect();
+        assert_eq!(Fingerprint::from(&map), Fingerprint::from(&reordered));
+    }
+
+    #[test]
+    fn values_that_fail_to_serialize_still_get_a_deterministic_fingerprint() {
+        struct Refuses;
+        impl Serialize for Refuses {
+            fn serialize<S: Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+                Err(serde::ser::Error::custom("refused"))
+            }
+        }
+        let a = Fingerprint::from(&Refuses);
+        assert_eq!(a, Fingerprint::from(&Refuses));
+        assert_ne!(a, Fingerprint::from("refused"));
+        assert_ne!(a, Fingerprint::from_bytes(b"refused"));
+    }
+
+    #[test]
+    fn pinned_values_do_not_change_between_releases() {
+        // Computed once; a change here means stored tracking records would no
+        // longer match and every target would be rewritten.
+        assert_eq!(
+            Fingerprint::from(&("weir", 1u32, [true, false])).to_string(),
+            "881f05f6c26e98b5de7f7179a00118b7"
+        );
+        assert_eq!(
+            Fingerprint::from_bytes(b"weir").to_string(),
+            "1d9789aa1b49e869a38ed7142ba4013f"
+        );
+        assert_eq!(
+            Fingerprint::from_bytes(b"").to_string(),
+            "8c2a1a6f4cc4e2ee04afffd6dfa4ad77"
+        );
+    }
+
+    #[test]
+    fn serialized_values_are_hashed_as_their_message_pack_encoding() {
+        // fixarray(3), fixstr(4) "weir", 1, fixarray(2), true, false
+        let encoding = [0x93, 0xa4, b'w', b'e', b'i', b'r', 0x01, 0x92, 0xc3, 0xc2];
+        let mut hasher = blake3::Hasher::new_derive_key(SERDE_CONTEXT);
+        hasher.update(&encoding);
+        assert_eq!(
+            Fingerprint::from(&("weir", 1u32, [true, false])),
+            Fingerprint::finish(&hasher)
+        );
+    }
+
+    #[test]
+    fn display_is_32_lowercase_hex_digits_and_parses_back() -> crate::error::Result<()> {
+        let fp = Fingerprint::from(&"round trip");
+        let text = fp.to_string();
+        assert_eq!(text.len(), 32);
+        assert!(text
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+        assert_eq!(text.parse::<Fingerprint>()?, fp);
+        assert_eq!(text.to_uppercase().parse::<Fingerprint>()?, fp);
+        assert_eq!(format!("{fp:?}"), format!("Fingerprint({text})"));
+        Ok(())
+    }
+
+    #[test]
+    fn malformed_hex_is_rejected() {
+        let fp = Fingerprint::from_bytes(b"x").to_string();
+        assert!(fp[..31].parse::<Fingerprint>().is_err());
+        assert!(format!("{fp}0").parse::<Fingerprint>().is_err());
+        assert!(format!("g{}", &fp[1..]).parse::<Fingerprint>().is_err());
+        assert!(format!("é{}", &fp[2..]).parse::<Fingerprint>().is_err());
+        assert!("".parse::<Fingerprint>().is_err());
+    }
+
+    #[test]
+    fn as_bytes_matches_the_display_form() {
+        let fp = Fingerprint::from_bytes(b"bytes");
+        let hex: String = fp.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, fp.to_string());
+    }
+
+    #[test]
+    fn round_trips_through_message_pack_as_16_bytes() -> Result<(), Box<dyn std::error::Error>> {
+        let fp = Fingerprint::from(&42u64);
+        let encoded = rmp_serde::to_vec(&fp)?;
+        // bin8 marker, length 16, then the bytes.
+        assert_eq!(encoded.len(), 2 + LEN);
+        assert_eq!(&encoded[..2], &[0xc4, 16]);
+        assert_eq!(&encoded[2..], fp.as_bytes());
+        let decoded: Fingerprint = rmp_serde::from_slice(&encoded)?;
+        assert_eq!(decoded, fp);
+        Ok(())
+    }
+
+    #[test]
+    fn round_trips_inside_a_tracking_record() -> Result<(), Box<dyn std::error::Error>> {
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct Record {
+            path: String,
+            content: Fingerprint,
+        }
+        let record = Record {
+            path: "a/b.txt".into(),
+            content: Fingerprint::from_bytes(b"hello"),
+        };
+        let decoded: Record = rmp_serde::from_slice(&rmp_serde::to_vec(&record)?)?;
+        assert_eq!(decoded, record);
+        let named: Record = rmp_serde::from_slice(&rmp_serde::to_vec_named(&record)?)?;
+        assert_eq!(named, record);
+        Ok(())
+    }
+
+    #[test]
+    fn decodes_from_a_sequence_of_16_integers() -> Result<(), Box<dyn std::error::Error>> {
+        let fp = Fingerprint::from_bytes(b"seq");
+        let as_array = rmp_serde::to_vec(fp.as_bytes())?;
+        let decoded: Fingerprint = rmp_serde::from_slice(&as_array)?;
+        assert_eq!(decoded, fp);
+        let too_short = rmp_serde::to_vec(&[1u8; 15])?;
+        assert!(rmp_serde::from_slice::<Fingerprint>(&too_short).is_err());
+        let wrong_len = rmp_serde::to_vec(&serde_bytes_like(&[1u8; 17]))?;
+        assert!(rmp_serde::from_slice::<Fingerprint>(&wrong_len).is_err());
+        Ok(())
+    }
+
+    /// Serializes a slice as a MessagePack binary string.
+    fn serde_bytes_like(bytes: &[u8]) -> impl Serialize + '_ {
+        struct Bin<'a>(&'a [u8]);
+        impl Serialize for Bin<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(self.0)
+            }
+        }
+        Bin(bytes)
+    }
+
+    #[test]
+    fn ordering_and_equality_follow_the_bytes() {
+        let a = Fingerprint([0u8; LEN]);
+        let mut b_bytes = [0u8; LEN];
+        b_bytes[LEN - 1] = 1;
+        let b = Fingerprint(b_bytes);
+        assert!(a < b);
+        assert_eq!(a.cmp(&a), std::cmp::Ordering::Equal);
+    }
+}

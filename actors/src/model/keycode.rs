@@ -1,0 +1,286 @@
+//! An order-preserving, prefix-free byte encoding of keys and paths.
+//!
+//! Ledger keys and shard routing are computed on these bytes. Every segment
+//! is self-delimiting, so the encoding of a path is a byte prefix of the
+//! encoding of every path below it, and of no other path.
+
+use std::sync::Arc;
+
+use super::key::StableKey;
+
+pub(crate) const TAG_ARRAY_END: u8 = 0x02;
+/// Separates a component path from what follows it in ledger keys.
+pub(crate) const TAG_COMPONENT_END: u8 = 0x03;
+pub(crate) const TAG_PROVIDER: u8 = 0x05;
+pub(crate) const TAG_ATTACHMENT: u8 = 0x06;
+const TAG_NULL: u8 = 0x10;
+const TAG_FALSE: u8 = 0x11;
+const TAG_TRUE: u8 = 0x12;
+const TAG_INT: u8 = 0x20;
+const TAG_STR: u8 = 0x30;
+const TAG_SYMBOL: u8 = 0x31;
+const TAG_BYTES: u8 = 0x40;
+const TAG_UUID: u8 = 0x50;
+const TAG_ARRAY: u8 = 0x60;
+
+fn put_escaped(out: &mut Vec<u8>, bytes: &[u8]) {
+    for &b in bytes {
+        out.push(b);
+        if b == 0 {
+            out.push(0xff);
+        }
+    }
+    out.push(0);
+}
+
+/// Appends the encoding of `key` to `out`.
+pub(crate) fn put_key(out: &mut Vec<u8>, key: &StableKey) {
+    match key {
+        StableKey::Null => out.push(TAG_NULL),
+        StableKey::Bool(false) => out.push(TAG_FALSE),
+        StableKey::Bool(true) => out.push(TAG_TRUE),
+        StableKey::Int(i) => {
+            out.push(TAG_INT);
+            out.extend_from_slice(&((*i as u64) ^ (1 << 63)).to_be_bytes());
+        }
+        StableKey::Str(s) => {
+            out.push(TAG_STR);
+            put_escaped(out, s.as_bytes());
+        }
+        StableKey::Symbol(s) => {
+            out.push(TAG_SYMBOL);
+            put_escaped(out, s.as_bytes());
+        }
+        StableKey::Bytes(b) => {
+            out.push(TAG_BYTES);
+            put_escaped(out, b);
+        }
+        StableKey::Uuid(u) => {
+            out.push(TAG_UUID);
+            out.extend_from_slice(u.as_bytes());
+        }
+        StableKey::Array(items) => {
+            out.push(TAG_ARRAY);
+            for item in items.iter() {
+                put_key(out, item);
+            }
+            out.push(TAG_ARRAY_END);
+        }
+    }
+}
+
+/// Appends a named segment (a root provider name or an attachment type).
+pub(crate) fn put_name(out: &mut Vec<u8>, tag: u8, name: &str) {
+    out.push(tag);
+    put_escaped(out, name.as_bytes());
+}
+
+/// Encodes a component path; the result ends with [`TAG_COMPONENT_END`].
+pub(crate) fn component_key(segments: &[StableKey]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 * segments.len() + 1);
+    for s in segments {
+        put_key(&mut out, s);
+    }
+    out.push(TAG_COMPONENT_END);
+    out
+}
+
+/// One decoded segment of a path.
+#[cfg(test)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Segment {
+    Provider(Arc<str>),
+    Attachment(Arc<str>),
+    Key(StableKey),
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn byte(&mut self) -> Option<u8> {
+        let b = *self.bytes.get(self.pos)?;
+        self.pos += 1;
+        Some(b)
+    }
+
+    fn escaped(&mut self) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        loop {
+            let b = self.byte()?;
+            if b == 0 {
+                if self.bytes.get(self.pos) == Some(&0xff) {
+                    self.pos += 1;
+                    out.push(0);
+                } else {
+                    return Some(out);
+                }
+            } else {
+                out.push(b);
+            }
+        }
+    }
+
+    fn string(&mut self) -> Option<Arc<str>> {
+        let bytes = self.escaped()?;
+        String::from_utf8(bytes).ok().map(Arc::from)
+    }
+
+    fn key_with_tag(&mut self, tag: u8) -> Option<StableKey> {
+        Some(match tag {
+            TAG_NULL => StableKey::Null,
+            TAG_FALSE => StableKey::Bool(false),
+            TAG_TRUE => StableKey::Bool(true),
+            TAG_INT => {
+                let end = self.pos.checked_add(8)?;
+                let raw: [u8; 8] = self.bytes.get(self.pos..end)?.try_into().ok()?;
+                self.pos = end;
+                StableKey::Int((u64::from_be_bytes(raw) ^ (1 << 63)) as i64)
+            }
+            TAG_STR => StableKey::Str(self.string()?),
+            TAG_SYMBOL => StableKey::Symbol(self.string()?),
+            TAG_BYTES => StableKey::Bytes(Arc::from(self.escaped()?)),
+            TAG_UUID => {
+                let end = self.pos.checked_add(16)?;
+                let raw: [u8; 16] = self.bytes.get(self.pos..end)?.try_into().ok()?;
+                self.pos = end;
+                StableKey::Uuid(uuid::Uuid::from_bytes(raw))
+            }
+            TAG_ARRAY => {
+                let mut items = Vec::new();
+                loop {
+                    let t = self.byte()?;
+                    if t == TAG_ARRAY_END {
+                        break;
+                    }
+                    items.push(self.key_with_tag(t)?);
+                }
+                StableKey::Array(Arc::from(items))
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// Decodes a path made of provider, attachment and key segments.
+/// Returns `None` when the bytes are not a valid encoding.
+#[cfg(test)]
+pub(crate) fn decode_segments(bytes: &[u8]) -> Option<Vec<Segment>> {
+    let mut reader = Reader { bytes, pos: 0 };
+    let mut out = Vec::new();
+    while let Some(tag) = reader.byte() {
+        out.push(match tag {
+            TAG_PROVIDER => Segment::Provider(reader.string()?),
+            TAG_ATTACHMENT => Segment::Attachment(reader.string()?),
+            TAG_COMPONENT_END => return None,
+            t => Segment::Key(reader.key_with_tag(t)?),
+        });
+    }
+    Some(out)
+}
+
+/// Splits an encoded state path into its provider path and its key.
+pub(crate) fn split_state_path(bytes: &[u8]) -> Option<(&[u8], StableKey)> {
+    let mut reader = Reader { bytes, pos: 0 };
+    let mut last: Option<(usize, StableKey)> = None;
+    while let Some(tag) = reader.byte() {
+        let start = reader.pos - 1;
+        match tag {
+            TAG_PROVIDER | TAG_ATTACHMENT => {
+                reader.escaped()?;
+                last = None;
+            }
+            TAG_COMPONENT_END => return None,
+            t => last = Some((start, reader.key_with_tag(t)?)),
+        }
+    }
+    let (start, key) = last?;
+    Some((bytes.get(..start)?, key))
+}
+
+/// Decodes the encoding of a component path made by [`component_key`].
+#[cfg(test)]
+pub(crate) fn decode_component(bytes: &[u8]) -> Option<Vec<StableKey>> {
+    let (last, body) = bytes.split_last()?;
+    if *last != TAG_COMPONENT_END {
+        return None;
+    }
+    decode_segments(body)?
+        .into_iter()
+        .map(|s| match s {
+            Segment::Key(k) => Some(k),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A stable 64-bit hash of encoded bytes (FNV-1a), used to pick shards.
+pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // Finalize (splitmix) so that short keys spread over all shards.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::key::IntoStableKey;
+
+    fn enc(key: &StableKey) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_key(&mut out, key);
+        out
+    }
+
+    #[test]
+    fn encoding_preserves_order_of_ints_and_strings() {
+        assert!(enc(&(-5i64).into_stable_key()) < enc(&3i64.into_stable_key()));
+        assert!(enc(&"ab".into_stable_key()) < enc(&"abc".into_stable_key()));
+        assert!(enc(&"a\0".into_stable_key()) > enc(&"a".into_stable_key()));
+    }
+
+    #[test]
+    fn a_key_is_never_a_prefix_of_a_different_key() {
+        let a = enc(&"ab".into_stable_key());
+        let b = enc(&"abc".into_stable_key());
+        assert!(!b.starts_with(&a));
+    }
+
+    #[test]
+    fn paths_round_trip() {
+        let mut out = Vec::new();
+        put_name(&mut out, TAG_PROVIDER, "t/x");
+        put_key(
+            &mut out,
+            &("a\0b", 7i64, uuid::Uuid::nil()).into_stable_key(),
+        );
+        put_name(&mut out, TAG_ATTACHMENT, "idx");
+        put_key(&mut out, &StableKey::Bytes(Arc::from(&[0u8, 1, 0][..])));
+        let segs = decode_segments(&out).unwrap_or_default();
+        assert_eq!(segs.len(), 4);
+        assert_eq!(segs[0], Segment::Provider(Arc::from("t/x")));
+        assert_eq!(segs[2], Segment::Attachment(Arc::from("idx")));
+        let comp = component_key(&["a".into_stable_key(), 1i64.into_stable_key()]);
+        assert_eq!(
+            decode_component(&comp),
+            Some(vec!["a".into_stable_key(), 1i64.into_stable_key()])
+        );
+    }
+
+    #[test]
+    fn component_keys_do_not_prefix_their_children_keys() {
+        let parent = component_key(&["a".into_stable_key()]);
+        let child = component_key(&["a".into_stable_key(), "b".into_stable_key()]);
+        assert!(!child.starts_with(&parent));
+    }
+}

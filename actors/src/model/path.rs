@@ -1,0 +1,79 @@
+//! Component paths: where a component sits in the tree of components of an app.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::key::StableKey;
+
+/// The path of a component from the root component: `/` for the root,
+/// `/a/b` for the child `b` of the child `a` of the root.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ComponentPath {
+    segments: Arc<[StableKey]>,
+}
+
+impl ComponentPath {
+    /// The path of the root component.
+    pub fn root() -> Self {
+        Self::default()
+    }
+
+    /// The path of the child `key` of this component.
+    pub fn child(&self, key: StableKey) -> Self {
+        let mut segments = Vec::with_capacity(self.segments.len() + 1);
+        segments.extend(self.segments.iter().cloned());
+        segments.push(key);
+        Self {
+            segments: Arc::from(segments),
+        }
+    }
+
+    /// The keys from the root to this component.
+    pub fn segments(&self) -> &[StableKey] {
+        &self.segments
+    }
+
+    /// The path of the parent component, or `None` for the root.
+    pub fn parent(&self) -> Option<Self> {
+        let (_, rest) = self.segments.split_last()?;
+        Some(Self {
+            segments: Arc::from(rest),
+        })
+    }
+
+    /// Whether this is the root component.
+    pub fn is_root(&self) -> bool {
+        self.segments.is_empty()
+    }
+}
+
+impl fmt::Display for ComponentPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.segments.is_empty() {
+            return f.write_str("/");
+        }
+        for segment in self.segments.iter() {
+            f.write_str("/")?;
+            segment.fmt_segment(f)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::key::IntoStableKey;
+
+    #[test]
+    fn paths_display_like_file_paths() {
+        let root = ComponentPath::root();
+        assert_eq!(root.to_string(), "/");
+        let b = root
+            .child("a".into_stable_key())
+            .child(2i64.into_stable_key());
+        assert_eq!(b.to_string(), "/a/2");
+        assert_eq!(b.parent().map(|p| p.to_string()), Some("/a".to_string()));
+        assert_eq!(root.parent(), None);
+    }
+}

@@ -1,0 +1,158 @@
+//! Action sinks: where actions are applied, batched by sink identity.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::child::ChildTargetDef;
+use super::handler::{ActionKind, TargetAction};
+use crate::error::{Error, Result};
+
+/// An action as the engine carries it: its kind and its MessagePack bytes.
+#[derive(Clone, Debug)]
+pub(crate) struct EncodedAction {
+    pub kind: ActionKind,
+    pub bytes: Arc<[u8]>,
+}
+
+type ApplyFn = dyn Fn(Vec<EncodedAction>) -> BoxFuture<'static, Result<()>> + Send + Sync;
+type ChildFn = dyn Fn(&[u8]) -> Result<ChildTargetDef> + Send + Sync;
+
+/// The type-erased part of a sink that the engine works with.
+pub(crate) struct SinkCore {
+    /// The sink's identity: unique per `from_async_fn*` call, shared by clones.
+    pub id: u64,
+    pub apply: Box<ApplyFn>,
+    pub child_handler: Option<Box<ChildFn>>,
+}
+
+impl fmt::Debug for SinkCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkCore")
+            .field("id", &self.id)
+            .field("has_child_handler", &self.child_handler.is_some())
+            .finish()
+    }
+}
+
+static NEXT_SINK_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Applies actions of type `A` to an external system.
+///
+/// The engine gathers the actions returned with one sink (or a clone of it)
+/// across components and calls it with them in batches. Every
+/// `from_async_fn*` call creates a new identity; clones share it. A sink may
+/// see an action again after a failed call is retried: keep actions
+/// idempotent.
+pub struct TargetActionSink<A> {
+    pub(crate) core: Arc<SinkCore>,
+    _action: PhantomData<fn(A)>,
+}
+
+impl<A> Clone for TargetActionSink<A> {
+    fn clone(&self) -> Self {
+        Self {
+            core: Arc::clone(&self.core),
+            _action: PhantomData,
+        }
+    }
+}
+
+impl<A> fmt::Debug for TargetActionSink<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TargetActionSink")
+            .field("id", &self.core.id)
+            .finish()
+    }
+}
+
+fn decode_actions<A: DeserializeOwned>(
+    actions: Vec<EncodedAction>,
+) -> Result<Vec<TargetAction<A>>> {
+    actions
+        .into_iter()
+        .map(|a| {
+            let payload: A = rmp_serde::from_slice(&a.bytes)?;
+            Ok(TargetAction::from_parts(a.kind, payload))
+        })
+        .collect()
+}
+
+fn make_apply<A, F, Fut>(apply: F) -> Box<ApplyFn>
+where
+    A: Serialize + DeserializeOwned + Send + 'static,
+    F: Fn(Vec<TargetAction<A>>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    Box::new(
+        move |encoded: Vec<EncodedAction>| match decode_actions::<A>(encoded) {
+            Ok(actions) => apply(actions).boxed(),
+            Err(e) => futures::future::ready(Err(e)).boxed(),
+        },
+    )
+}
+
+impl<A> TargetActionSink<A>
+where
+    A: Serialize + DeserializeOwned + Send + 'static,
+{
+    /// A sink that applies batches of actions with `apply`.
+    pub fn from_async_fn<F, Fut>(apply: F) -> Self
+    where
+        F: Fn(Vec<TargetAction<A>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        Self::from_core(SinkCore {
+            id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
+            apply: make_apply(apply),
+            child_handler: None,
+        })
+    }
+
+    /// A container sink: `apply` applies the actions, and `child_handler`
+    /// builds the handler of a created or updated container's children from
+    /// its action. The factory is called before `apply`, and in a preview in
+    /// its place, so it must be free of side effects.
+    pub fn from_async_fn_with_child_handler<F, Fut, C>(apply: F, child_handler: C) -> Self
+    where
+        F: Fn(Vec<TargetAction<A>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+        C: Fn(&A) -> Result<ChildTargetDef> + Send + Sync + 'static,
+    {
+        let child: Box<ChildFn> = Box::new(move |bytes: &[u8]| {
+            let action: A = rmp_serde::from_slice(bytes)?;
+            child_handler(&action)
+        });
+        Self::from_core(SinkCore {
+            id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
+            apply: make_apply(apply),
+            child_handler: Some(child),
+        })
+    }
+
+    fn from_core(core: SinkCore) -> Self {
+        Self {
+            core: Arc::new(core),
+            _action: PhantomData,
+        }
+    }
+}
+
+impl<A> TargetActionSink<A> {
+    /// Whether two sinks share one identity (one is a clone of the other).
+    pub fn same_identity(&self, other: &Self) -> bool {
+        self.core.id == other.core.id
+    }
+}
+
+/// Builds the error for a sink whose call panicked.
+pub(crate) fn panic_error(detail: &str) -> Error {
+    Error::permanent(format!("sink panicked: {detail}"))
+}

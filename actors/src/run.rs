@@ -1,0 +1,161 @@
+//! One update run: its registry of providers, sinks, failures and statistics.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use actix::{Actor, Addr};
+
+use crate::actors::pipeline::Engine;
+use crate::actors::reconciler::Orphan;
+use crate::actors::sink::{Activity, SinkActor, SinkEnv};
+use crate::error::ComponentFailure;
+use crate::model::provider::ProviderCore;
+use crate::model::sink::SinkCore;
+use crate::model::{ActionKind, ComponentPath, StableKey};
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// What an update did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UpdateStats {
+    /// Target states created.
+    pub created: u64,
+    /// Target states updated.
+    pub updated: u64,
+    /// Target states deleted.
+    pub deleted: u64,
+    /// Declared target states whose reconcile returned `None`.
+    pub unchanged: u64,
+    /// Components that failed.
+    pub failed_components: u64,
+    /// How long the update took.
+    pub elapsed: Duration,
+    /// Components that ran (including the root).
+    pub components: u64,
+}
+
+/// An action a preview found, without applying it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PreviewAction {
+    /// The provider of the target state.
+    pub provider: String,
+    /// The key of the target state.
+    pub key: StableKey,
+    /// What would be done.
+    pub kind: ActionKind,
+    /// The component that declared (or last owned) the state.
+    pub component: ComponentPath,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub created: AtomicU64,
+    pub updated: AtomicU64,
+    pub deleted: AtomicU64,
+    pub unchanged: AtomicU64,
+    pub components: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn count_action(&self, kind: ActionKind, n: u64) {
+        let c = match kind {
+            ActionKind::Create => &self.created,
+            ActionKind::Update => &self.updated,
+            ActionKind::Delete => &self.deleted,
+        };
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The shared state of one run.
+pub(crate) struct Run {
+    pub id: u64,
+    pub engine: Arc<Engine>,
+    pub preview: bool,
+    /// `App::drop_state`: nothing may be declared.
+    pub dropping: bool,
+    /// Resolved providers by encoded path: root providers, children of
+    /// containers and attachments. Orphans find their handler here.
+    pub providers: Mutex<HashMap<Arc<[u8]>, Arc<ProviderCore>>>,
+    sinks: Mutex<HashMap<u64, Addr<SinkActor>>>,
+    pub activity: Arc<Activity>,
+    pub intent_ids: Arc<Mutex<Vec<u64>>>,
+    pub failures: Mutex<Vec<ComponentFailure>>,
+    pub counters: Counters,
+    /// States no longer declared by components that succeeded.
+    pub orphans: Mutex<Vec<Orphan>>,
+    /// Components no longer mounted by a parent that succeeded.
+    pub removed: Mutex<Vec<ComponentPath>>,
+    pub preview_actions: Mutex<Vec<PreviewAction>>,
+    pub inflight: Arc<tokio::sync::Semaphore>,
+}
+
+impl Run {
+    pub(crate) fn new(engine: Arc<Engine>, preview: bool, dropping: bool) -> Arc<Run> {
+        let inflight = Arc::new(tokio::sync::Semaphore::new(
+            engine.config.max_inflight.max(1),
+        ));
+        Arc::new(Run {
+            id: engine.next_run_id(),
+            engine,
+            preview,
+            dropping,
+            providers: Mutex::new(HashMap::new()),
+            sinks: Mutex::new(HashMap::new()),
+            activity: Arc::new(Activity::new()),
+            intent_ids: Arc::new(Mutex::new(Vec::new())),
+            failures: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+            orphans: Mutex::new(Vec::new()),
+            removed: Mutex::new(Vec::new()),
+            preview_actions: Mutex::new(Vec::new()),
+            inflight,
+        })
+    }
+
+    /// The sink actor of a sink identity, started on first use.
+    pub(crate) fn sink(&self, core: &Arc<SinkCore>) -> Addr<SinkActor> {
+        let mut sinks = lock(&self.sinks);
+        if let Some(addr) = sinks.get(&core.id) {
+            return addr.clone();
+        }
+        let env = SinkEnv {
+            ledger: self.engine.ledger_handle.clone(),
+            user: self.engine.user.clone(),
+            batch: self.engine.config.batch,
+            retry: self.engine.config.retry,
+            activity: Arc::clone(&self.activity),
+            intent_ids: Arc::clone(&self.intent_ids),
+        };
+        let core = Arc::clone(core);
+        let id = core.id;
+        let addr = SinkActor::start_in_arbiter(&self.engine.sink_arbiter, move |_| {
+            SinkActor::new(core, env)
+        });
+        self.activity.register(addr.clone());
+        sinks.insert(id, addr.clone());
+        addr
+    }
+
+    pub(crate) fn fail(&self, failure: ComponentFailure) {
+        lock(&self.failures).push(failure);
+    }
+
+    pub(crate) fn register_provider(&self, core: &Arc<ProviderCore>) {
+        lock(&self.providers).insert(Arc::clone(&core.path.enc), Arc::clone(core));
+    }
+
+    pub(crate) fn provider(&self, enc: &[u8]) -> Option<Arc<ProviderCore>> {
+        lock(&self.providers).get(enc).cloned()
+    }
+}

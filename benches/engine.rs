@@ -1,0 +1,3 @@
+//! Engine benchmark (placeholder until the workloads land).
+
+fn main() {}

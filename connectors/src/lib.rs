@@ -1,0 +1,6 @@
+//! Source and target connectors for weir, one module per external system.
+//!
+//! Connectors are built on the public model of `weir-actors` only: a
+//! [`TargetHandler`](weir_actors::TargetHandler) per kind of target state
+//! and a [`TargetActionSink`](weir_actors::TargetActionSink) per external
+//! resource.
