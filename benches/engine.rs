@@ -1,3 +1,262 @@
-//! Engine benchmark (placeholder until the workloads land).
+//! Engine throughput and memory, per workload shape and phase.
+//!
+//! `cargo bench --bench engine` runs every shape in its own process (so the
+//! peak RSS is that shape's own), each through the phases `first`,
+//! `nochange`, `change1pct` and `delete10pct`, with a sink that only counts
+//! actions. Each phase ends with a line
+//! `RESULT engine <shape> <phase> secs=<s> states_per_sec=<n> peak_rss_mb=<m>`.
+//!
+//! `WEIR_BENCH_SHAPES=flat100k,c10kx10` limits the shapes.
 
-fn main() {}
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use weir::prelude::*;
+
+const SHAPES: &[(&str, usize, usize)] = &[
+    ("flat100k", 0, 100_000),
+    ("c1000x100", 1_000, 100),
+    ("c10kx10", 10_000, 10),
+    ("c100kx1", 100_000, 1),
+    ("flat300k", 0, 300_000),
+];
+
+/// The reference design's figures on this machine (first, no change), in
+/// seconds, for the shapes it was measured on.
+fn reference(shape: &str) -> Option<(f64, f64)> {
+    match shape {
+        "flat100k" => Some((0.7, 0.75)),
+        "c10kx10" => Some((1.25, 1.07)),
+        "c100kx1" => Some((9.8, 13.6)),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Put {
+    key: i64,
+    value: Option<String>,
+}
+
+struct Counting {
+    sink: TargetActionSink<Put>,
+}
+
+impl TargetHandler<String> for Counting {
+    type TrackingRecord = String;
+    type Action = Put;
+
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<String>,
+        prev: Vec<String>,
+        prev_may_be_missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<Put, String>>> {
+        let k = match key {
+            StableKey::Int(i) => i,
+            _ => -1,
+        };
+        let action = match &desired {
+            Some(v) if !prev_may_be_missing && !prev.is_empty() && prev.iter().all(|p| p == v) => {
+                return Ok(None)
+            }
+            Some(v) if prev.is_empty() => TargetAction::Create(Put {
+                key: k,
+                value: Some(v.clone()),
+            }),
+            Some(v) => TargetAction::Update(Put {
+                key: k,
+                value: Some(v.clone()),
+            }),
+            None if prev.is_empty() && !prev_may_be_missing => return Ok(None),
+            None => TargetAction::Delete(Put {
+                key: k,
+                value: None,
+            }),
+        };
+        Ok(Some(TargetReconcileOutput {
+            action,
+            sink: self.sink.clone(),
+            tracking_record: desired,
+            child_invalidation: None,
+        }))
+    }
+}
+
+fn value(i: usize, version: u32) -> String {
+    format!("value-{i:08}-version-{version}-padding-padding")
+}
+
+/// The declared states of a phase: (component, index, version), where
+/// `None` means "not declared any more".
+fn version_of(phase: &str, i: usize) -> Option<u32> {
+    match phase {
+        "first" | "nochange" => Some(0),
+        "change1pct" => Some(if i.is_multiple_of(100) { 1 } else { 0 }),
+        // delete10pct: the change1pct values stay; every tenth state goes.
+        _ => {
+            if i % 10 == 5 {
+                None
+            } else {
+                Some(if i.is_multiple_of(100) { 1 } else { 0 })
+            }
+        }
+    }
+}
+
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn dir_bytes(path: &std::path::Path) -> u64 {
+    let mut total = 0;
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for e in entries.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => total += dir_bytes(&e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+async fn run_phase(
+    app: &App,
+    counter: &Arc<AtomicU64>,
+    components: usize,
+    per: usize,
+    phase: &'static str,
+) -> Result<u64> {
+    let counter = Arc::clone(counter);
+    let sink = TargetActionSink::from_async_fn(move |actions: Vec<TargetAction<Put>>| {
+        let counter = Arc::clone(&counter);
+        async move {
+            counter.fetch_add(actions.len() as u64, Ordering::Relaxed);
+            Ok(())
+        }
+    });
+    let stats = app
+        .run(move |ctx| async move {
+            let provider =
+                register_root_target_states_provider(&ctx, "bench/rows", Counting { sink })?;
+            if components == 0 {
+                for i in 0..per {
+                    if let Some(v) = version_of(phase, i) {
+                        declare_target_state(&ctx, provider.target_state(i as i64, value(i, v)))?;
+                    }
+                }
+                return Ok(());
+            }
+            let mounted: Vec<usize> = (0..components)
+                .filter(|c| per > 1 || version_of(phase, *c).is_some())
+                .collect();
+            ctx.mount_each(
+                mounted,
+                |c| *c as i64,
+                move |ctx, c| {
+                    let provider = provider.clone();
+                    async move {
+                        for j in 0..per {
+                            let i = c * per + j;
+                            let v = if per > 1 {
+                                version_of(phase, i)
+                            } else {
+                                version_of(phase, c).or(Some(0))
+                            };
+                            if let Some(v) = v {
+                                declare_target_state(
+                                    &ctx,
+                                    provider.target_state(i as i64, value(i, v)),
+                                )?;
+                            }
+                        }
+                        Ok(())
+                    }
+                },
+            )
+            .await
+        })
+        .await?;
+    Ok(stats.created + stats.updated + stats.deleted + stats.unchanged)
+}
+
+fn run_shape(name: &str, components: usize, per: usize) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let dir = tempfile::tempdir()?;
+        let ledger = dir.path().join("ledger");
+        let app = App::builder("bench").ledger_path(&ledger).build().await?;
+        let counter = Arc::new(AtomicU64::new(0));
+        let total = if components == 0 { per } else { components * per };
+        for phase in ["first", "nochange", "change1pct", "delete10pct"] {
+            counter.store(0, Ordering::Relaxed);
+            reset_peak_rss();
+            let started = Instant::now();
+            let touched = run_phase(&app, &counter, components, per, phase).await?;
+            let secs = started.elapsed().as_secs_f64();
+            let rss = peak_rss_mb();
+            let bytes = dir_bytes(&ledger);
+            let rate = total as f64 / secs;
+            let vs = match (reference(name), phase) {
+                (Some((first, _)), "first") => format!(" reference_secs={first} speedup={:.1}x", first / secs),
+                (Some((_, nochange)), "nochange") => {
+                    format!(" reference_secs={nochange} speedup={:.1}x", nochange / secs)
+                }
+                _ => String::new(),
+            };
+            println!(
+                "{name:>10} {phase:>11}: {secs:7.3} s, {rate:>10.0} states/s, {touched} states reconciled, {} actions applied, ledger {:.1} MB, peak RSS {rss:.0} MB{vs}",
+                counter.load(Ordering::Relaxed),
+                bytes as f64 / 1e6
+            );
+            println!(
+                "RESULT engine {name} {phase} secs={secs:.3} states_per_sec={rate:.0} peak_rss_mb={rss:.0}"
+            );
+        }
+        Ok(())
+    })
+}
+
+fn main() -> Result<()> {
+    if let Ok(shape) = std::env::var("WEIR_BENCH_CHILD") {
+        let (name, c, p) = SHAPES
+            .iter()
+            .find(|s| s.0 == shape)
+            .copied()
+            .ok_or_else(|| Error::msg(format!("unknown shape {shape}")))?;
+        return run_shape(name, c, p);
+    }
+    let only = std::env::var("WEIR_BENCH_SHAPES").ok();
+    let exe = std::env::current_exe()?;
+    for (name, _, _) in SHAPES {
+        if let Some(only) = &only {
+            if !only.split(',').any(|s| s == *name) {
+                continue;
+            }
+        }
+        let status = Command::new(&exe).env("WEIR_BENCH_CHILD", name).status()?;
+        if !status.success() {
+            return Err(Error::msg(format!("shape {name} failed: {status}")));
+        }
+    }
+    Ok(())
+}

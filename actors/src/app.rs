@@ -296,6 +296,7 @@ impl App {
             mode == Mode::Drop,
         );
         let root = ComponentState::new(Arc::clone(&run), ComponentPath::root());
+        run.activity.enter();
         let result = run_component(root, f).await;
         let cleanup = finish_run(&run).await;
         for shard in &engine.shards {

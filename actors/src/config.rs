@@ -6,7 +6,7 @@ use std::time::Duration;
 pub const DEFAULT_MAX_ACTIONS: usize = 4096;
 /// The default time a sink waits for more actions before a call, when other
 /// components are still producing some.
-pub const DEFAULT_LINGER: Duration = Duration::from_millis(20);
+pub const DEFAULT_LINGER: Duration = Duration::from_millis(100);
 /// The default number of attempts of a failing sink call for one component.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// The default delay before the first retry.

@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use actix::{Actor, Addr};
+use actix::Actor;
 
 use crate::actors::pipeline::Engine;
 use crate::actors::reconciler::Orphan;
-use crate::actors::sink::{Activity, SinkActor, SinkEnv};
+use crate::actors::sink::{Activity, SinkActor, SinkEnv, SinkHandle};
 use crate::error::ComponentFailure;
 use crate::model::provider::ProviderCore;
 use crate::model::sink::SinkCore;
@@ -87,7 +87,7 @@ pub(crate) struct Run {
     /// Resolved providers by encoded path: root providers, children of
     /// containers and attachments. Orphans find their handler here.
     pub providers: Mutex<HashMap<Arc<[u8]>, Arc<ProviderCore>>>,
-    sinks: Mutex<HashMap<u64, Addr<SinkActor>>>,
+    sinks: Mutex<HashMap<u64, SinkHandle>>,
     pub activity: Arc<Activity>,
     pub intent_ids: Arc<Mutex<Vec<u64>>>,
     pub failures: Mutex<Vec<ComponentFailure>>,
@@ -124,10 +124,10 @@ impl Run {
     }
 
     /// The sink actor of a sink identity, started on first use.
-    pub(crate) fn sink(&self, core: &Arc<SinkCore>) -> Addr<SinkActor> {
+    pub(crate) fn sink(&self, core: &Arc<SinkCore>) -> SinkHandle {
         let mut sinks = lock(&self.sinks);
-        if let Some(addr) = sinks.get(&core.id) {
-            return addr.clone();
+        if let Some(handle) = sinks.get(&core.id) {
+            return handle.clone();
         }
         let env = SinkEnv {
             ledger: self.engine.ledger_handle.clone(),
@@ -139,12 +139,15 @@ impl Run {
         };
         let core = Arc::clone(core);
         let id = core.id;
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let for_actor = Arc::clone(&queued);
         let addr = SinkActor::start_in_arbiter(&self.engine.sink_arbiter, move |_| {
-            SinkActor::new(core, env)
+            SinkActor::new(core, env, for_actor)
         });
         self.activity.register(addr.clone());
-        sinks.insert(id, addr.clone());
-        addr
+        let handle = SinkHandle { addr, queued };
+        sinks.insert(id, handle.clone());
+        handle
     }
 
     pub(crate) fn fail(&self, failure: ComponentFailure) {

@@ -27,7 +27,7 @@ use crate::run::{lock, PreviewAction, Run};
 fn expand_removed(
     ledger: &Ledger,
     roots: Vec<ComponentPath>,
-) -> Result<(Vec<Vec<u8>>, Vec<Orphan>)> {
+) -> Result<(Vec<ComponentPath>, Vec<Orphan>)> {
     let mut removed = Vec::new();
     let mut orphans = Vec::new();
     let mut queue = roots;
@@ -45,7 +45,7 @@ fn expand_removed(
                 });
             }
         }
-        removed.push(key.to_vec());
+        removed.push(path);
     }
     Ok((removed, orphans))
 }
@@ -144,7 +144,6 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
                     ops.push(LedgerOp::Remove {
                         component: component.clone(),
                         path: orphan.entry.path.to_vec(),
-                        keep_owner: false,
                     });
                     if orphan.entry.child_gen.is_some() {
                         ops.push(LedgerOp::DropDescendants {
@@ -172,8 +171,16 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
             }
         }
     }
-    for component in removed {
-        ops.push(LedgerOp::RemoveComponent { component });
+    // Children were found after their parents: forget them first.
+    for path in removed.into_iter().rev() {
+        let parent = path.parent().and_then(|p| {
+            let key = path.segments().last()?.clone();
+            Some((keycode::component_key(p.segments()), key))
+        });
+        ops.push(LedgerOp::RemoveComponent {
+            component: keycode::component_key(path.segments()),
+            parent,
+        });
     }
     for id in std::mem::take(&mut *lock(&run.intent_ids)) {
         ops.push(LedgerOp::DeleteIntents { id });
@@ -199,6 +206,7 @@ fn delete_intent(orphan: &Orphan) -> Intent {
         record: None,
         gen: orphan.entry.gen,
         child_gen: orphan.entry.child_gen,
+        container: None,
     }
 }
 

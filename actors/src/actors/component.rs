@@ -7,7 +7,7 @@
 //! not an actix actor because it must run on the user's runtime, where user
 //! code and its resources live.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::FxHashSet as HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
@@ -106,14 +106,14 @@ impl ComponentState {
         Ok(())
     }
 
-    /// Marks the component as waiting for children: it stops counting as
-    /// active and gives back its slot, so children can run.
-    fn suspend(&self) -> bool {
-        let had_slot = lock(&self.permit).take().is_some();
-        self.run.activity.leave();
-        had_slot
+    /// Gives back the component's slot while it waits for its children,
+    /// so they can run. Returns whether it had one.
+    fn release_slot(&self) -> bool {
+        lock(&self.permit).take().is_some()
     }
 
+    /// Takes a slot again after the children are done, and counts as
+    /// active again.
     async fn resume(&self, had_slot: bool) {
         if had_slot {
             if let Ok(p) = Arc::clone(&self.run.inflight).acquire_owned().await {
@@ -126,6 +126,10 @@ impl ComponentState {
 
 /// Runs a component: its code, then its reconciliation and commit.
 /// Failures are recorded in the run and returned.
+///
+/// The caller counts the component as active (`activity.enter()`) before
+/// it is spawned, so that a sink never sees the run idle between the spawn
+/// of a component and its first poll.
 pub(crate) async fn run_component<F, Fut, T>(state: Arc<ComponentState>, f: F) -> Result<T>
 where
     F: FnOnce(crate::ctx::Ctx) -> Fut + Send + 'static,
@@ -133,7 +137,6 @@ where
     T: Send + 'static,
 {
     let run = Arc::clone(&state.run);
-    run.activity.enter();
     run.counters
         .components
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -197,8 +200,11 @@ where
     parent.add_child(&key)?;
     let child = ComponentState::new(Arc::clone(&parent.run), parent.path.child(key));
     let path = child.path.clone();
-    let had_slot = parent.suspend();
-    let joined = parent.run.engine.user.spawn(run_component(child, f)).await;
+    let had_slot = parent.release_slot();
+    parent.run.activity.enter();
+    let joined = parent.run.engine.user.spawn(run_component(child, f));
+    parent.run.activity.leave();
+    let joined = joined.await;
     parent.resume(had_slot).await;
     match joined {
         Ok(r) => r,
@@ -229,7 +235,7 @@ where
         .map(|item| (key_fn(&item).into_stable_key(), item))
         .collect();
     {
-        let mut seen = HashSet::with_capacity(items.len());
+        let mut seen = HashSet::default();
         let children = lock(&parent.children);
         for (k, _) in &items {
             if !seen.insert(k) || children.set.contains(k) {
@@ -245,21 +251,36 @@ where
     }
     let f = Arc::new(f);
     let run = Arc::clone(&parent.run);
-    let had_slot = parent.suspend();
+    let had_slot = parent.release_slot();
     let mut handles = Vec::with_capacity(items.len());
+    let mut parent_active = true;
     for (key, item) in items {
-        let permit = match Arc::clone(&run.inflight).acquire_owned().await {
+        let permit = match Arc::clone(&run.inflight).try_acquire_owned() {
             Ok(p) => p,
-            Err(_) => break,
+            Err(_) => {
+                // Wait for a slot without counting as active.
+                if parent_active {
+                    parent_active = false;
+                    run.activity.leave();
+                }
+                match Arc::clone(&run.inflight).acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => break,
+                }
+            }
         };
         let child = ComponentState::new(Arc::clone(&run), parent.path.child(key));
         *lock(&child.permit) = Some(permit);
         let f = Arc::clone(&f);
+        run.activity.enter();
         handles.push(
             run.engine
                 .user
                 .spawn(run_component(child, move |ctx| f(ctx, item))),
         );
+    }
+    if parent_active {
+        run.activity.leave();
     }
     for h in handles {
         // Failures are recorded in the run by the child itself.
@@ -418,11 +439,11 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                         component: own.clone(),
                         entry: prev.clone(),
                         index_owner: true,
+                        container: container_of(d),
                     });
                     ops.push(LedgerOp::Remove {
                         component: from.clone(),
                         path: d.path.to_vec(),
-                        keep_owner: true,
                     });
                 }
             }
@@ -445,13 +466,13 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                                 component: own.clone(),
                                 entry,
                                 index_owner: r.location.is_none() || moved_from.is_some(),
+                                container: container_of(d),
                             });
                         }
                         if let Some(from) = moved_from {
                             ops.push(LedgerOp::Remove {
                                 component: from.clone(),
                                 path: d.path.to_vec(),
-                                keep_owner: true,
                             });
                         }
                     }
@@ -460,7 +481,6 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                             ops.push(LedgerOp::Remove {
                                 component: loc.clone(),
                                 path: d.path.to_vec(),
-                                keep_owner: false,
                             });
                         }
                         if r.prev.as_ref().is_some_and(|p| p.child_gen.is_some()) {
@@ -493,11 +513,25 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     Ok(())
 }
 
-/// The new child list when it differs from the last run's.
+/// The new child list when it differs from the last run's: the children
+/// mounted now, plus the previous ones no longer mounted, which stay listed
+/// until the end of the run has cleaned them up (a failed cleanup is then
+/// retried by the next run).
 fn children_change(state: &ComponentState, prev: &[StableKey]) -> Option<Vec<StableKey>> {
     let children = lock(&state.children);
-    let same = prev.len() == children.keys.len() && prev.iter().all(|k| children.set.contains(k));
-    (!same).then(|| children.keys.clone())
+    let prev_set: HashSet<&StableKey> = prev.iter().collect();
+    let added: Vec<StableKey> = children
+        .keys
+        .iter()
+        .filter(|k| !prev_set.contains(k))
+        .cloned()
+        .collect();
+    if added.is_empty() {
+        return None;
+    }
+    let mut list = prev.to_vec();
+    list.extend(added);
+    Some(list)
 }
 
 /// After a success: children no longer mounted are removed, and states no
@@ -560,7 +594,12 @@ fn full_intent(state: &ComponentState, d: &Declaration, r: &Reconciled) -> Inten
         record: r.output.as_ref().and_then(|o| o.record.as_deref().map(buf)),
         gen: generation(&d.provider).current,
         child_gen: r.child_gen,
+        container: d.provider.path.container.as_deref().map(buf),
     }
+}
+
+fn container_of(d: &Declaration) -> Option<Vec<u8>> {
+    d.provider.path.container.as_ref().map(|c| c.to_vec())
 }
 
 struct Reconciliation {
@@ -581,7 +620,7 @@ async fn reconcile_waves(
     let shards = &run.engine.shards;
     let n = shards.len();
     let home = shard_of(&state.key, n);
-    let mut paths_by_shard: Vec<HashSet<Arc<[u8]>>> = (0..n).map(|_| HashSet::new()).collect();
+    let mut paths_by_shard: Vec<HashSet<Arc<[u8]>>> = (0..n).map(|_| HashSet::default()).collect();
     for d in decls {
         if let Some(set) = paths_by_shard.get_mut(shard_of(&d.path, n)) {
             set.insert(Arc::clone(&d.path));
@@ -751,7 +790,7 @@ pub(crate) fn resolve_provider(
     handler: Arc<dyn ErasedHandler>,
     generation: ChildGeneration,
 ) -> Result<()> {
-    let mut attachments = HashMap::new();
+    let mut attachments = std::collections::HashMap::new();
     for (name, def) in handler.attachments()? {
         let att = Arc::new(ProviderCore::new(core.path.attachment(&name), run.id));
         resolve_provider(run, &att, def.handler, generation)?;

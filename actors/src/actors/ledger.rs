@@ -136,7 +136,7 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
             results.extend(commits.iter().map(|_| Ok(())));
         } else {
             for (ops, _) in &commits {
-                results.push(ledger.apply(ops));
+                results.push(ledger.apply(ops.iter()));
             }
         }
         let flushed = ledger.flush();

@@ -7,7 +7,7 @@
 //! from another component), calls the handler, and replies with the outcomes
 //! and the states the component no longer declares.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 use actix::{Actor, Context, Handler, Message};
@@ -129,7 +129,7 @@ impl ReconcilerActor {
             index,
             shards,
             ledger,
-            declared: HashMap::new(),
+            declared: HashMap::default(),
         }
     }
 
@@ -166,7 +166,7 @@ impl ReconcilerActor {
             }
         }
         let declared_now = self.declared.entry(msg.run_id).or_default();
-        let mut others: HashMap<Vec<u8>, Option<ComponentEntry>> = HashMap::new();
+        let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
         for d in decls {
             if let Some(first) = declared_now.get(&d.path) {
                 reply.outcomes.push(Outcome {
@@ -184,18 +184,20 @@ impl ReconcilerActor {
             declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
             let (location, prev) = match own.find(&d.path) {
                 Ok(i) => (Some(msg.component.to_vec()), own.states.get(i).cloned()),
-                Err(_) => match lookup_elsewhere(&self.ledger, &d.path, &mut others) {
-                    Ok(found) => found.map_or((None, None), |(c, e)| (Some(c), Some(e))),
-                    Err(e) => {
-                        reply.outcomes.push(Outcome {
-                            idx: d.idx,
-                            location: None,
-                            prev: None,
-                            result: Err(e),
-                        });
-                        continue;
+                Err(_) => {
+                    match lookup_elsewhere(&self.ledger, &msg.component, &d.path, &mut others) {
+                        Ok(found) => found.map_or((None, None), |(c, e)| (Some(c), Some(e))),
+                        Err(e) => {
+                            reply.outcomes.push(Outcome {
+                                idx: d.idx,
+                                location: None,
+                                prev: None,
+                                result: Err(e),
+                            });
+                            continue;
+                        }
                     }
-                },
+                }
             };
             let result = reconcile_declared(&d, prev.as_ref());
             reply.outcomes.push(Outcome {
@@ -212,20 +214,27 @@ impl ReconcilerActor {
 /// Finds a state held by another component, through the owner index.
 fn lookup_elsewhere(
     ledger: &Ledger,
+    own: &[u8],
     path: &[u8],
-    cache: &mut HashMap<Vec<u8>, Option<ComponentEntry>>,
+    cache: &mut HashMap<Arc<[u8]>, Option<ComponentEntry>>,
 ) -> Result<Option<(Vec<u8>, StateEntry)>> {
-    let Some(owner) = ledger.owner(path)? else {
-        return Ok(None);
-    };
-    if !cache.contains_key(&owner) {
-        let entry = ledger.component(&owner)?;
-        cache.insert(owner.clone(), entry);
+    for owner in ledger.owner_candidates(path) {
+        if owner.as_ref() == own {
+            continue;
+        }
+        if !cache.contains_key(&owner) {
+            let entry = ledger.component(&owner)?;
+            cache.insert(Arc::clone(&owner), entry);
+        }
+        let found = cache
+            .get(&owner)
+            .and_then(|e| e.as_ref())
+            .and_then(|e| e.find(path).ok().and_then(|i| e.states.get(i).cloned()));
+        if let Some(state) = found {
+            return Ok(Some((owner.to_vec(), state)));
+        }
     }
-    let entry = cache.get(&owner).and_then(|e| e.as_ref());
-    Ok(entry
-        .and_then(|e| e.find(path).ok().and_then(|i| e.states.get(i).cloned()))
-        .map(|s| (owner, s)))
+    Ok(None)
 }
 
 /// The previous records and "may be missing" flag of a state, after the

@@ -73,7 +73,7 @@ impl SinkGroups {
     /// Sends every group to its sink actor; returns how many actions were sent.
     pub(crate) fn dispatch(self, run: &Run, acks: &UnboundedSender<UnitAck>) -> usize {
         for group in self.groups.into_values() {
-            run.sink(&group.core).do_send(ApplyActions {
+            run.sink(&group.core).send(ApplyActions {
                 unit: UnitRef {
                     acks: acks.clone(),
                     provider: group.provider,
@@ -121,7 +121,6 @@ struct Part {
 
 struct Batch {
     parts: Vec<Part>,
-    intents_written: bool,
 }
 
 /// How many components are still producing declarations or reconciling;
@@ -179,6 +178,20 @@ pub(crate) struct SinkEnv {
     pub intent_ids: Arc<Mutex<Vec<u64>>>,
 }
 
+/// The address of a sink actor, counting the messages on their way to it.
+#[derive(Clone)]
+pub(crate) struct SinkHandle {
+    pub addr: actix::Addr<SinkActor>,
+    pub queued: Arc<AtomicUsize>,
+}
+
+impl SinkHandle {
+    pub(crate) fn send(&self, msg: ApplyActions) {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.addr.do_send(msg);
+    }
+}
+
 /// Apply these actions of a unit.
 pub(crate) struct ApplyActions {
     pub unit: UnitRef,
@@ -199,6 +212,8 @@ impl Message for Flush {
 pub(crate) struct SinkActor {
     core: Arc<SinkCore>,
     env: SinkEnv,
+    /// `ApplyActions` messages sent but not handled yet.
+    queued: Arc<AtomicUsize>,
     pending: VecDeque<Part>,
     pending_actions: usize,
     /// Batches split or due for retry, run before new ones.
@@ -209,10 +224,11 @@ pub(crate) struct SinkActor {
 }
 
 impl SinkActor {
-    pub(crate) fn new(core: Arc<SinkCore>, env: SinkEnv) -> Self {
+    pub(crate) fn new(core: Arc<SinkCore>, env: SinkEnv, queued: Arc<AtomicUsize>) -> Self {
         Self {
             core,
             env,
+            queued,
             pending: VecDeque::new(),
             pending_actions: 0,
             ready: VecDeque::new(),
@@ -238,7 +254,10 @@ impl SinkActor {
             return;
         }
         let full = self.pending_actions >= self.max_actions();
-        if full || self.linger_expired || self.env.activity.idle() {
+        // Idle: no component can produce more, and every message already
+        // sent to this sink has been handled.
+        let idle = self.env.activity.idle() && self.queued.load(Ordering::SeqCst) == 0;
+        if full || self.linger_expired || idle {
             let batch = self.take_batch();
             self.start(batch, ctx);
         } else if !self.linger_armed {
@@ -251,49 +270,38 @@ impl SinkActor {
         }
     }
 
-    /// Takes up to `max_actions` pending actions, whole parts first.
+    /// Takes whole pending parts, up to `max_actions` actions (at least one part).
     fn take_batch(&mut self) -> Batch {
         let max = self.max_actions();
         let mut parts = Vec::new();
-        let mut room = max;
-        while room > 0 {
-            let Some(mut part) = self.pending.pop_front() else {
+        let mut size = 0;
+        while let Some(part) = self.pending.front() {
+            if !parts.is_empty() && size + part.actions.len() > max {
+                break;
+            }
+            let Some(part) = self.pending.pop_front() else {
                 break;
             };
-            if part.actions.len() > room {
-                let rest = part.actions.split_off(room);
-                self.pending.push_front(Part {
-                    unit: part.unit.clone(),
-                    actions: rest,
-                    attempts: 0,
-                });
-            }
-            room -= part.actions.len();
+            size += part.actions.len();
             self.pending_actions -= part.actions.len();
             parts.push(part);
         }
         if self.pending.is_empty() {
             self.linger_expired = false;
         }
-        Batch {
-            parts,
-            intents_written: false,
-        }
+        Batch { parts }
     }
 
-    fn start(&mut self, batch: Batch, ctx: &mut Context<Self>) {
+    fn start(&mut self, mut batch: Batch, ctx: &mut Context<Self>) {
         self.in_flight = true;
         let env = self.env.clone();
         let core = Arc::clone(&self.core);
-        let intents: Vec<Intent> = if batch.intents_written {
-            Vec::new()
-        } else {
-            batch
-                .parts
-                .iter()
-                .flat_map(|p| p.actions.iter().filter_map(|a| a.intent.clone()))
-                .collect()
-        };
+        // Intents are written once, before the first call of a batch.
+        let intents: Vec<Intent> = batch
+            .parts
+            .iter_mut()
+            .flat_map(|p| p.actions.iter_mut().filter_map(|a| a.intent.take()))
+            .collect();
         let actions: Vec<EncodedAction> = batch
             .parts
             .iter()
@@ -307,7 +315,7 @@ impl SinkActor {
                     Err(p) => p.into_inner().push(id),
                 }
             }
-            call_sink(&core, &env, actions).await
+            call_sink(core, &env, actions).await
         };
         ctx.wait(fut.into_actor(self).map(move |res, act, ctx| {
             act.in_flight = false;
@@ -317,7 +325,6 @@ impl SinkActor {
     }
 
     fn finish(&mut self, mut batch: Batch, res: Result<()>, ctx: &mut Context<Self>) {
-        batch.intents_written = true;
         let err = match res {
             Ok(()) => {
                 for part in batch.parts {
@@ -333,10 +340,7 @@ impl SinkActor {
         if batch.parts.len() > 1 {
             // Split along component boundaries and try each half.
             let second = batch.parts.split_off(batch.parts.len() / 2);
-            self.ready.push_front(Batch {
-                parts: second,
-                intents_written: true,
-            });
+            self.ready.push_front(Batch { parts: second });
             self.ready.push_front(batch);
             return;
         }
@@ -348,10 +352,7 @@ impl SinkActor {
         if err.is_retriable() && part.attempts < retry.max_attempts {
             let delay = backoff(retry, part.attempts);
             ctx.run_later(delay, move |act, ctx| {
-                act.ready.push_back(Batch {
-                    parts: vec![part],
-                    intents_written: true,
-                });
+                act.ready.push_back(Batch { parts: vec![part] });
                 act.maybe_flush(ctx);
             });
             return;
@@ -387,9 +388,10 @@ pub(crate) fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     half + half.mul_f64(fastrand::f64())
 }
 
-async fn call_sink(core: &SinkCore, env: &SinkEnv, actions: Vec<EncodedAction>) -> Result<()> {
-    let fut = (core.apply)(actions);
-    let handle = env.user.spawn(fut);
+async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, actions: Vec<EncodedAction>) -> Result<()> {
+    // The user's function runs on the user's runtime, inside the task, so
+    // that even a panic before it returns a future is caught there.
+    let handle = env.user.spawn(async move { (core.apply)(actions).await });
     let abort = handle.abort_handle();
     let joined = match env.retry.call_timeout {
         Some(limit) => match tokio::time::timeout(limit, handle).await {
@@ -427,15 +429,34 @@ impl Handler<ApplyActions> for SinkActor {
     type Result = ();
 
     fn handle(&mut self, msg: ApplyActions, ctx: &mut Context<Self>) {
+        self.queued.fetch_sub(1, Ordering::SeqCst);
         if msg.actions.is_empty() {
+            self.maybe_flush(ctx);
             return;
         }
         self.pending_actions += msg.actions.len();
-        self.pending.push_back(Part {
-            unit: msg.unit,
-            actions: msg.actions,
-            attempts: 0,
-        });
+        // Parts never exceed one call, so batches take whole parts.
+        let max = self.max_actions();
+        if msg.actions.len() <= max {
+            self.pending.push_back(Part {
+                unit: msg.unit,
+                actions: msg.actions,
+                attempts: 0,
+            });
+        } else {
+            let mut actions = msg.actions.into_iter();
+            loop {
+                let chunk: Vec<PlannedAction> = actions.by_ref().take(max).collect();
+                if chunk.is_empty() {
+                    break;
+                }
+                self.pending.push_back(Part {
+                    unit: msg.unit.clone(),
+                    actions: chunk,
+                    attempts: 0,
+                });
+            }
+        }
         self.maybe_flush(ctx);
     }
 }

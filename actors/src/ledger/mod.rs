@@ -10,22 +10,26 @@
 //! | `m`    | `format`                        | the format version, u32 BE     |
 //! | `c`    | encoded component path          | [`ComponentEntry`]: its states |
 //! | `h`    | encoded component path          | its child component keys       |
-//! | `o`    | encoded target-state path       | encoded owning component path  |
+//! | `d`    | container path, component path, u32 BE length of the component path | empty |
 //! | `i`    | intent batch id, u64 BE         | `Vec<Intent>`                  |
 //!
-//! A component's states live in one value, read and written in one go; the
-//! owner index (`o`) finds the component that holds a state when another
-//! component takes it over, and the states below a deleted container.
+//! A component's states live in one value, read and written in one go.
+//! Nothing is written per state besides that value: the owner index (which
+//! component holds a state, for ownership transfer) lives in memory
+//! ([`index::OwnerIndex`]), rebuilt from the entries when the ledger opens,
+//! and `d` records which components hold states below each container, so
+//! that deleting a container drops everything below it.
 //! Intents are the records of actions about to be applied; commit collapses
 //! them, and opening a ledger folds leftovers from a crash into the entries
 //! as possible records.
 
+pub(crate) mod index;
 pub(crate) mod record;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -33,6 +37,7 @@ use serde_bytes::ByteBuf;
 
 use crate::error::{Error, Result};
 use crate::model::StableKey;
+use index::OwnerIndex;
 use record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 
 /// The ledger format this build reads and writes.
@@ -42,7 +47,7 @@ pub const DEFAULT_LEDGER_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 const P_COMPONENT: u8 = b'c';
 const P_CHILDREN: u8 = b'h';
-const P_OWNER: u8 = b'o';
+const P_CONTAINER: u8 = b'd';
 const P_INTENT: u8 = b'i';
 const FORMAT_KEY: &[u8] = b"mformat";
 
@@ -60,7 +65,25 @@ pub(crate) struct Ledger {
     // Field order matters: sled closes before the lock file is released.
     tree: sled::Db,
     dir: Arc<str>,
+    index: Arc<RwLock<OwnerIndex>>,
     _lock: Arc<File>,
+}
+
+fn container_key(container: &[u8], component: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(container.len() + component.len() + 5);
+    k.push(P_CONTAINER);
+    k.extend_from_slice(container);
+    k.extend_from_slice(component);
+    k.extend_from_slice(&(component.len() as u32).to_be_bytes());
+    k
+}
+
+/// Splits a `d` key (without its prefix byte) into container and component.
+fn split_container_key(rest: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (body, len) = rest.split_at_checked(rest.len().checked_sub(4)?)?;
+    let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
+    let (container, component) = body.split_at_checked(body.len().checked_sub(len)?)?;
+    Some((container, component))
 }
 
 impl Ledger {
@@ -84,32 +107,31 @@ impl Ledger {
         }
         let sled_dir: PathBuf = dir.join("sled");
         let existed = sled_dir.exists();
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(&sled_dir)
             .cache_capacity(cache_bytes)
-            .flush_every_ms(None)
-            .open()
-            .map_err(|e| match e {
-                sled::Error::Io(io) if io.kind() != std::io::ErrorKind::PermissionDenied => {
-                    Error::LedgerCorrupt {
-                        path: display.to_string(),
-                        detail: format!("sled cannot open it: {io}"),
-                    }
-                }
-                sled::Error::Corruption { .. } | sled::Error::ReportableBug(_) => {
-                    Error::LedgerCorrupt {
-                        path: display.to_string(),
-                        detail: format!("sled cannot open it: {e}"),
-                    }
-                }
-                other => Error::Storage(other),
-            })?;
+            .flush_every_ms(None);
+        let corrupt = |detail: String| Error::LedgerCorrupt {
+            path: display.to_string(),
+            detail,
+        };
+        // sled may panic on damaged files: that is corruption too.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
+            .map_err(|_| corrupt("sled panicked while reading it".into()))?;
+        let db = opened.map_err(|e| match e {
+            sled::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied => {
+                Error::Io(io)
+            }
+            other => corrupt(format!("sled cannot open it: {other}")),
+        })?;
         let ledger = Ledger {
             tree: db,
             dir: display,
+            index: Arc::new(RwLock::new(OwnerIndex::default())),
             _lock: Arc::new(lock),
         };
         ledger.check_format(existed)?;
+        ledger.build_index()?;
         ledger.recover()?;
         Ok(ledger)
     }
@@ -143,6 +165,36 @@ impl Ledger {
         }
     }
 
+    /// Rebuilds the in-memory owner index from the component entries.
+    fn build_index(&self) -> Result<()> {
+        let mut index = OwnerIndex::default();
+        for item in self.tree.scan_prefix([P_COMPONENT]) {
+            let (k, v) = item?;
+            let entry: ComponentEntry = self.decode(&v, "a component entry")?;
+            let component = k.get(1..).unwrap_or_default();
+            for s in &entry.states {
+                index.add(&s.path, component);
+            }
+        }
+        *self.index_mut() = index;
+        Ok(())
+    }
+
+    fn index_mut(&self) -> std::sync::RwLockWriteGuard<'_, OwnerIndex> {
+        match self.index.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// The components that may hold a state (confirm in their entries).
+    pub(crate) fn owner_candidates(&self, path: &[u8]) -> Vec<Arc<[u8]>> {
+        match self.index.read() {
+            Ok(g) => g.candidates(path),
+            Err(p) => p.into_inner().candidates(path),
+        }
+    }
+
     /// Folds intents left by a crash into the component entries.
     fn recover(&self) -> Result<()> {
         let mut ops = Vec::new();
@@ -159,7 +211,7 @@ impl Ledger {
             });
         }
         if !ops.is_empty() {
-            self.apply(&ops)?;
+            self.apply(ops.iter())?;
             self.tree.flush()?;
         }
         Ok(())
@@ -196,11 +248,6 @@ impl Ledger {
         }
     }
 
-    /// The component that holds a state, if any.
-    pub(crate) fn owner(&self, path: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.tree.get(key(P_OWNER, path))?.map(|v| v.to_vec()))
-    }
-
     /// Writes an intent batch.
     pub(crate) fn put_intents(&self, id: u64, intents: &[Intent]) -> Result<()> {
         self.tree.insert(
@@ -235,13 +282,14 @@ impl Ledger {
     }
 
     /// Applies ops atomically (one sled batch). Does not flush.
-    pub(crate) fn apply(&self, ops: &[LedgerOp]) -> Result<()> {
+    pub(crate) fn apply<'a>(&self, ops: impl IntoIterator<Item = &'a LedgerOp>) -> Result<()> {
         let mut b = BatchBuilder {
             ledger: self,
             entries: HashMap::new(),
-            owners: BTreeMap::new(),
+            index_adds: Vec::new(),
+            index_removes: Vec::new(),
+            containers: HashSet::new(),
             children: HashMap::new(),
-            removed: Vec::new(),
             batch: sled::Batch::default(),
         };
         for op in ops {
@@ -251,31 +299,103 @@ impl Ledger {
     }
 }
 
+/// A component entry being edited: upserts and removals are recorded and
+/// merged in one pass, so a batch costs O(n + m log m), not O(n * m).
+struct EntryEdit {
+    base: ComponentEntry,
+    upserts: BTreeMap<Vec<u8>, StateEntry>,
+    removes: HashSet<Vec<u8>>,
+}
+
+impl EntryEdit {
+    fn new(base: ComponentEntry) -> Self {
+        Self {
+            base,
+            upserts: BTreeMap::new(),
+            removes: HashSet::new(),
+        }
+    }
+
+    fn upsert(&mut self, entry: StateEntry) {
+        self.removes.remove(entry.path.as_slice());
+        self.upserts.insert(entry.path.to_vec(), entry);
+    }
+
+    fn remove(&mut self, path: &[u8]) {
+        self.upserts.remove(path);
+        self.removes.insert(path.to_vec());
+    }
+
+    fn materialize(&mut self) {
+        if self.upserts.is_empty() && self.removes.is_empty() {
+            return;
+        }
+        let upserts = std::mem::take(&mut self.upserts);
+        let removes = std::mem::take(&mut self.removes);
+        let old = std::mem::take(&mut self.base.states);
+        let mut merged = Vec::with_capacity(old.len() + upserts.len());
+        let mut new = upserts.into_values().peekable();
+        for s in old {
+            while let Some(n) = new.next_if(|n| n.path.as_slice() < s.path.as_slice()) {
+                merged.push(n);
+            }
+            if new.peek().is_some_and(|n| n.path == s.path) {
+                continue;
+            }
+            if !removes.contains(s.path.as_slice()) {
+                merged.push(s);
+            }
+        }
+        merged.extend(new);
+        self.base.states = merged;
+    }
+}
+
 struct BatchBuilder<'a> {
     ledger: &'a Ledger,
-    entries: HashMap<Vec<u8>, ComponentEntry>,
-    /// Owner index changes: `Some(component)` sets, `None` removes.
-    owners: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    entries: HashMap<Vec<u8>, EntryEdit>,
+    /// Owner index changes, applied once the batch is written.
+    index_adds: Vec<(Vec<u8>, Vec<u8>)>,
+    index_removes: Vec<(Vec<u8>, Vec<u8>)>,
+    /// `d` keys (container, component) to make sure exist.
+    containers: HashSet<Vec<u8>>,
     children: HashMap<Vec<u8>, Vec<StableKey>>,
-    removed: Vec<Vec<u8>>,
     batch: sled::Batch,
 }
 
 impl BatchBuilder<'_> {
-    fn entry(&mut self, component: &[u8]) -> Result<&mut ComponentEntry> {
+    fn edit(&mut self, component: &[u8]) -> Result<&mut EntryEdit> {
         if !self.entries.contains_key(component) {
             let loaded = self.ledger.component(component)?.unwrap_or_default();
-            self.entries.insert(component.to_vec(), loaded);
+            self.entries
+                .insert(component.to_vec(), EntryEdit::new(loaded));
         }
         self.entries
             .get_mut(component)
             .ok_or_else(|| Error::Shutdown("ledger entry vanished".into()))
     }
 
-    fn current_owner(&self, path: &[u8]) -> Result<Option<Vec<u8>>> {
-        match self.owners.get(path) {
-            Some(o) => Ok(o.clone()),
-            None => self.ledger.owner(path),
+    /// The component's entry with every recorded edit applied.
+    fn entry(&mut self, component: &[u8]) -> Result<&mut ComponentEntry> {
+        let edit = self.edit(component)?;
+        edit.materialize();
+        Ok(&mut edit.base)
+    }
+
+    /// A component's child list as this batch leaves it.
+    fn children_of(&mut self, component: &[u8]) -> Result<&Vec<StableKey>> {
+        if !self.children.contains_key(component) {
+            let list = self.ledger.children(component)?;
+            self.children.insert(component.to_vec(), list);
+        }
+        self.children
+            .get(component)
+            .ok_or_else(|| Error::Shutdown("ledger child list vanished".into()))
+    }
+
+    fn note_container(&mut self, container: Option<&[u8]>, component: &[u8]) {
+        if let Some(c) = container {
+            self.containers.insert(container_key(c, component));
         }
     }
 
@@ -285,25 +405,24 @@ impl BatchBuilder<'_> {
                 component,
                 entry,
                 index_owner,
+                container,
             } => {
                 if *index_owner {
-                    self.owners
-                        .insert(entry.path.to_vec(), Some(component.clone()));
+                    self.index_adds
+                        .push((entry.path.to_vec(), component.clone()));
                 }
-                self.entry(component)?.upsert(entry.clone());
+                self.note_container(container.as_deref(), component);
+                self.edit(component)?.upsert(entry.clone());
             }
-            LedgerOp::Remove {
-                component,
-                path,
-                keep_owner,
-            } => {
-                self.entry(component)?.remove(path);
-                if !keep_owner {
-                    self.owners.insert(path.clone(), None);
-                }
+            LedgerOp::Remove { component, path } => {
+                self.edit(component)?.remove(path);
+                self.index_removes.push((path.clone(), component.clone()));
             }
             LedgerOp::Fold(intent) => {
-                let owner_known = self.current_owner(&intent.path)?.is_some();
+                self.note_container(
+                    intent.container.as_ref().map(|c| c.as_slice()),
+                    &intent.component,
+                );
                 let entry = self.entry(&intent.component)?;
                 match entry.find(&intent.path) {
                     Ok(i) => {
@@ -334,36 +453,48 @@ impl BatchBuilder<'_> {
                                 child_gen: intent.child_gen,
                             },
                         );
-                        if !owner_known {
-                            self.owners
-                                .insert(intent.path.to_vec(), Some(intent.component.to_vec()));
-                        }
+                        self.index_adds
+                            .push((intent.path.to_vec(), intent.component.to_vec()));
                     }
                 }
             }
             LedgerOp::DropDescendants { path } => {
-                let mut found: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-                for item in self.ledger.tree.scan_prefix(key(P_OWNER, path)) {
-                    let (k, v) = item?;
-                    let p = k.get(1..).unwrap_or_default();
-                    if p != path.as_slice() {
-                        found.push((p.to_vec(), v.to_vec()));
+                let mut holders: Vec<Vec<u8>> = Vec::new();
+                for item in self.ledger.tree.scan_prefix(key(P_CONTAINER, path)) {
+                    let (k, _) = item?;
+                    let rest = k.get(1..).unwrap_or_default();
+                    if let Some((_, component)) = split_container_key(rest) {
+                        holders.push(component.to_vec());
                     }
+                    self.batch.remove(k);
                 }
-                for (p, o) in self
-                    .owners
-                    .range(path.clone()..)
-                    .take_while(|(p, _)| p.starts_with(path))
-                {
-                    if p != path {
-                        if let Some(o) = o {
-                            found.push((p.clone(), o.clone()));
+                let pending: Vec<Vec<u8>> = self
+                    .containers
+                    .iter()
+                    .filter(|k| k.get(1..).is_some_and(|r| r.starts_with(path)))
+                    .cloned()
+                    .collect();
+                for k in pending {
+                    if let Some((_, component)) = k.get(1..).and_then(split_container_key) {
+                        holders.push(component.to_vec());
+                    }
+                    self.containers.remove(&k);
+                }
+                holders.sort();
+                holders.dedup();
+                for component in holders {
+                    let entry = self.entry(&component)?;
+                    let mut gone = Vec::new();
+                    entry.states.retain(|s| {
+                        let below = s.path.len() > path.len() && s.path.starts_with(path);
+                        if below {
+                            gone.push(s.path.to_vec());
                         }
+                        !below
+                    });
+                    for p in gone {
+                        self.index_removes.push((p, component.clone()));
                     }
-                }
-                for (p, owner) in found {
-                    self.entry(&owner)?.remove(&p);
-                    self.owners.insert(p, None);
                 }
             }
             LedgerOp::SetChildren {
@@ -373,11 +504,24 @@ impl BatchBuilder<'_> {
                 self.children.insert(component.clone(), children.clone());
             }
             LedgerOp::SetFailure { component, failure } => {
-                self.entry(component)?.failure = failure.clone();
+                self.edit(component)?.base.failure = failure.clone();
             }
-            LedgerOp::RemoveComponent { component } => {
-                self.entry(component)?;
-                self.removed.push(component.clone());
+            LedgerOp::RemoveComponent { component, parent } => {
+                let entry = self.entry(component)?;
+                if !entry.states.is_empty() {
+                    return Ok(());
+                }
+                if !self.children_of(component)?.is_empty() {
+                    return Ok(());
+                }
+                self.edit(component)?.base.failure = None;
+                self.children.insert(component.clone(), Vec::new());
+                if let Some((parent, key)) = parent {
+                    self.children_of(parent)?;
+                    if let Some(list) = self.children.get_mut(parent) {
+                        list.retain(|k| k != key);
+                    }
+                }
             }
             LedgerOp::DeleteIntents { id } => {
                 self.batch.remove(key(P_INTENT, &id.to_be_bytes()));
@@ -387,15 +531,10 @@ impl BatchBuilder<'_> {
     }
 
     fn finish(mut self) -> Result<()> {
-        for component in &self.removed {
-            if let Some(entry) = self.entries.get_mut(component) {
-                if entry.states.is_empty() {
-                    entry.failure = None;
-                    self.children.insert(component.clone(), Vec::new());
-                }
-            }
+        for edit in self.entries.values_mut() {
+            edit.materialize();
         }
-        for (component, entry) in &self.entries {
+        for (component, entry) in self.entries.iter().map(|(c, e)| (c, &e.base)) {
             let k = key(P_COMPONENT, component);
             if entry.is_empty() {
                 self.batch.remove(k);
@@ -411,14 +550,19 @@ impl BatchBuilder<'_> {
                 self.batch.insert(k, encode(children)?);
             }
         }
-        for (path, owner) in &self.owners {
-            let k = key(P_OWNER, path);
-            match owner {
-                Some(o) => self.batch.insert(k, o.as_slice()),
-                None => self.batch.remove(k),
+        for k in &self.containers {
+            if !self.ledger.tree.contains_key(k)? {
+                self.batch.insert(k.as_slice(), &[] as &[u8]);
             }
         }
         self.ledger.tree.apply_batch(self.batch)?;
+        let mut index = self.ledger.index_mut();
+        for (path, component) in &self.index_removes {
+            index.remove(path, component);
+        }
+        for (path, component) in &self.index_adds {
+            index.add(path, component);
+        }
         Ok(())
     }
 }
@@ -430,4 +574,55 @@ fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
 /// Converts raw bytes into the ledger's byte-buffer type.
 pub(crate) fn buf(bytes: &[u8]) -> ByteBuf {
     ByteBuf::from(bytes.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(path: &str, record: &str) -> StateEntry {
+        StateEntry {
+            path: buf(path.as_bytes()),
+            records: vec![buf(record.as_bytes())],
+            ..StateEntry::default()
+        }
+    }
+
+    fn paths(e: &ComponentEntry) -> Vec<String> {
+        e.states
+            .iter()
+            .map(|s| String::from_utf8_lossy(&s.path).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn entry_edits_merge_upserts_and_removals_in_order() {
+        let base = ComponentEntry {
+            states: vec![state("b", "1"), state("d", "1"), state("f", "1")],
+            failure: None,
+        };
+        let mut edit = EntryEdit::new(base);
+        edit.upsert(state("a", "2"));
+        edit.upsert(state("d", "2"));
+        edit.remove(b"f");
+        edit.upsert(state("g", "2"));
+        edit.remove(b"g");
+        edit.remove(b"b");
+        edit.upsert(state("b", "3"));
+        edit.materialize();
+        assert_eq!(paths(&edit.base), vec!["a", "b", "d"]);
+        let d = &edit.base.states[2];
+        assert_eq!(d.records, vec![buf(b"2")]);
+        assert_eq!(edit.base.states[1].records, vec![buf(b"3")]);
+    }
+
+    #[test]
+    fn container_keys_split_back_into_container_and_component() {
+        let k = container_key(b"container\x00path", b"comp");
+        assert_eq!(
+            split_container_key(&k[1..]),
+            Some((&b"container\x00path"[..], &b"comp"[..]))
+        );
+        assert_eq!(split_container_key(b"ab"), None);
+    }
 }

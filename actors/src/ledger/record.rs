@@ -37,17 +37,6 @@ impl ComponentEntry {
             .binary_search_by(|s| s.path.as_slice().cmp(path))
     }
 
-    pub(crate) fn upsert(&mut self, entry: StateEntry) {
-        match self.find(&entry.path) {
-            Ok(i) => self.states[i] = entry,
-            Err(i) => self.states.insert(i, entry),
-        }
-    }
-
-    pub(crate) fn remove(&mut self, path: &[u8]) -> Option<StateEntry> {
-        self.find(path).ok().map(|i| self.states.remove(i))
-    }
-
     pub(crate) fn is_empty(&self) -> bool {
         self.states.is_empty() && self.failure.is_none()
     }
@@ -64,6 +53,8 @@ pub(crate) struct Intent {
     pub record: Option<ByteBuf>,
     pub gen: u64,
     pub child_gen: Option<ChildGeneration>,
+    /// The container the state is below, if any.
+    pub container: Option<ByteBuf>,
 }
 
 /// One change to the ledger. The ledger actor applies a list of them
@@ -74,16 +65,13 @@ pub(crate) enum LedgerOp {
     Put {
         component: Vec<u8>,
         entry: StateEntry,
-        /// Write the owner index too (the state is new here or moved here).
+        /// Index the component as the state's owner (new here or moved here).
         index_owner: bool,
+        /// The container the state is below, if any.
+        container: Option<Vec<u8>>,
     },
-    /// Remove a state from a component's entry (and its owner index entry,
-    /// unless `keep_owner`, when another component took it over).
-    Remove {
-        component: Vec<u8>,
-        path: Vec<u8>,
-        keep_owner: bool,
-    },
+    /// Remove a state from a component's entry.
+    Remove { component: Vec<u8>, path: Vec<u8> },
     /// Merge a possible new record into a state: the state may now be in
     /// either form, or missing.
     Fold(Intent),
@@ -100,8 +88,13 @@ pub(crate) enum LedgerOp {
         component: Vec<u8>,
         failure: Option<String>,
     },
-    /// Forget a component that is no longer mounted, once it owns nothing.
-    RemoveComponent { component: Vec<u8> },
+    /// Forget a component that is no longer mounted, once it holds no
+    /// state and has no children left; then drop it from its parent's
+    /// child list. Apply children before parents.
+    RemoveComponent {
+        component: Vec<u8>,
+        parent: Option<(Vec<u8>, StableKey)>,
+    },
     /// Delete an intent batch whose components are all resolved.
     DeleteIntents { id: u64 },
 }

@@ -17,6 +17,8 @@ use super::keycode;
 pub(crate) struct ProviderPath {
     pub enc: Arc<[u8]>,
     pub name: Arc<str>,
+    /// The path of the container state this provider's states are below.
+    pub container: Option<Arc<[u8]>>,
 }
 
 impl ProviderPath {
@@ -26,6 +28,7 @@ impl ProviderPath {
         Self {
             enc: Arc::from(enc),
             name: Arc::from(name),
+            container: None,
         }
     }
 
@@ -37,8 +40,10 @@ impl ProviderPath {
         name.push_str(&self.name);
         name.push('/');
         name.push_str(&segment_text(key));
+        let enc: Arc<[u8]> = Arc::from(enc);
         Self {
-            enc: Arc::from(enc),
+            container: Some(Arc::clone(&enc)),
+            enc,
             name: Arc::from(name),
         }
     }
@@ -50,6 +55,7 @@ impl ProviderPath {
         Self {
             enc: Arc::from(enc),
             name: Arc::from(format!("{}@{}", self.name, att)),
+            container: self.container.clone(),
         }
     }
 

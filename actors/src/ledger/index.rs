@@ -1,0 +1,111 @@
+//! The in-memory owner index: which component holds each target state.
+//!
+//! It is derived from the component entries (rebuilt when the ledger opens)
+//! and kept up to date by every commit, so the ledger writes nothing per
+//! state to maintain it. It maps a 64-bit hash of each state path to the
+//! components holding a state with that hash; a lookup returns candidates
+//! that the caller confirms in their entries, so hash collisions cost a
+//! read, never a wrong answer. About 40 bytes per state.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::model::keycode::stable_hash;
+
+enum Slot {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+#[derive(Default)]
+pub(crate) struct OwnerIndex {
+    slots: HashMap<u64, Slot>,
+    components: Vec<Arc<[u8]>>,
+    ids: HashMap<Arc<[u8]>, u32>,
+}
+
+impl OwnerIndex {
+    fn intern(&mut self, component: &[u8]) -> u32 {
+        if let Some(id) = self.ids.get(component) {
+            return *id;
+        }
+        let id = self.components.len() as u32;
+        let key: Arc<[u8]> = Arc::from(component);
+        self.components.push(Arc::clone(&key));
+        self.ids.insert(key, id);
+        id
+    }
+
+    pub(crate) fn add(&mut self, path: &[u8], component: &[u8]) {
+        let id = self.intern(component);
+        let h = stable_hash(path);
+        match self.slots.get_mut(&h) {
+            None => {
+                self.slots.insert(h, Slot::One(id));
+            }
+            Some(Slot::One(existing)) => {
+                if *existing != id {
+                    let first = *existing;
+                    self.slots.insert(h, Slot::Many(vec![first, id]));
+                }
+            }
+            Some(Slot::Many(ids)) => {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+    }
+
+    /// Removes one holder of `path`. A colliding path held by the same
+    /// component keeps the slot only if still needed; a stale candidate is
+    /// harmless since lookups confirm in the entry.
+    pub(crate) fn remove(&mut self, path: &[u8], component: &[u8]) {
+        let Some(&id) = self.ids.get(component) else {
+            return;
+        };
+        let h = stable_hash(path);
+        let empty = match self.slots.get_mut(&h) {
+            Some(Slot::One(existing)) => *existing == id,
+            Some(Slot::Many(ids)) => {
+                ids.retain(|i| *i != id);
+                ids.is_empty()
+            }
+            None => false,
+        };
+        if empty {
+            self.slots.remove(&h);
+        }
+    }
+
+    /// The components that may hold `path`.
+    pub(crate) fn candidates(&self, path: &[u8]) -> Vec<Arc<[u8]>> {
+        let ids: &[u32] = match self.slots.get(&stable_hash(path)) {
+            None => &[],
+            Some(Slot::One(id)) => std::slice::from_ref(id),
+            Some(Slot::Many(ids)) => ids,
+        };
+        ids.iter()
+            .filter_map(|id| self.components.get(*id as usize).cloned())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookups_return_the_holders_of_a_path() {
+        let mut index = OwnerIndex::default();
+        index.add(b"p1", b"c1");
+        index.add(b"p2", b"c2");
+        index.add(b"p1", b"c3");
+        let got: Vec<Vec<u8>> = index.candidates(b"p1").iter().map(|c| c.to_vec()).collect();
+        assert_eq!(got, vec![b"c1".to_vec(), b"c3".to_vec()]);
+        index.remove(b"p1", b"c1");
+        index.remove(b"p1", b"c3");
+        assert!(index.candidates(b"p1").is_empty());
+        assert_eq!(index.candidates(b"p2").len(), 1);
+    }
+}
