@@ -6,7 +6,8 @@
 //! actions. Each phase ends with a line
 //! `RESULT engine <shape> <phase> secs=<s> states_per_sec=<n> peak_rss_mb=<m>`.
 //!
-//! `WEIR_BENCH_SHAPES=flat100k,c10kx10` limits the shapes.
+//! `WEIR_BENCH_SHAPES=flat100k,c10kx10` limits the shapes;
+//! `WEIR_BENCH_LAST_PHASE=first` stops after a phase (for profiling).
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -207,6 +208,7 @@ fn run_shape(name: &str, components: usize, per: usize) -> Result<()> {
         let app = App::builder("bench").ledger_path(&ledger).build().await?;
         let counter = Arc::new(AtomicU64::new(0));
         let total = if components == 0 { per } else { components * per };
+        let last = std::env::var("WEIR_BENCH_LAST_PHASE").ok();
         for phase in ["first", "nochange", "change1pct", "delete10pct"] {
             counter.store(0, Ordering::Relaxed);
             reset_peak_rss();
@@ -231,6 +233,9 @@ fn run_shape(name: &str, components: usize, per: usize) -> Result<()> {
             println!(
                 "RESULT engine {name} {phase} secs={secs:.3} states_per_sec={rate:.0} peak_rss_mb={rss:.0}"
             );
+            if last.as_deref() == Some(phase) {
+                break;
+            }
         }
         Ok(())
     })

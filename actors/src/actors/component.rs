@@ -292,7 +292,7 @@ where
 
 /// What reconciliation found for one declaration.
 struct Reconciled {
-    location: Option<Vec<u8>>,
+    location: Option<Arc<[u8]>>,
     prev: Option<StateEntry>,
     output: Option<ErasedOutput>,
     /// For containers: the generation given to the children.
@@ -425,16 +425,13 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         let (Some(r), Some(d)) = (r.as_ref(), decls.get(i)) else {
             continue;
         };
-        let moved_from = r
-            .location
-            .as_ref()
-            .filter(|l| l.as_slice() != own.as_slice());
+        let moved_from = r.location.as_ref().filter(|l| l.as_ref() != own.as_slice());
         match &r.output {
             None => {
                 run.counters
                     .unchanged
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if let (Some(from), Some(prev)) = (moved_from, &r.prev) {
+                if let (Some(from), Some(prev)) = (&moved_from, &r.prev) {
                     ops.push(LedgerOp::Put {
                         component: own.clone(),
                         entry: prev.clone(),
@@ -442,7 +439,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                         container: container_of(d),
                     });
                     ops.push(LedgerOp::Remove {
-                        component: from.clone(),
+                        component: from.to_vec(),
                         path: d.path.to_vec(),
                     });
                 }
@@ -469,9 +466,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                                 container: container_of(d),
                             });
                         }
-                        if let Some(from) = moved_from {
+                        if let Some(from) = &moved_from {
                             ops.push(LedgerOp::Remove {
-                                component: from.clone(),
+                                component: from.to_vec(),
                                 path: d.path.to_vec(),
                             });
                         }
@@ -479,7 +476,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                     None => {
                         if let Some(loc) = &r.location {
                             ops.push(LedgerOp::Remove {
-                                component: loc.clone(),
+                                component: loc.to_vec(),
                                 path: d.path.to_vec(),
                             });
                         }
@@ -587,7 +584,10 @@ fn intent_for(state: &ComponentState, d: &Declaration, r: &Reconciled) -> Option
 }
 
 fn full_intent(state: &ComponentState, d: &Declaration, r: &Reconciled) -> Intent {
-    let component = r.location.clone().unwrap_or_else(|| state.key.to_vec());
+    let component = r
+        .location
+        .as_deref()
+        .map_or_else(|| state.key.to_vec(), <[u8]>::to_vec);
     Intent {
         component: buf(&component),
         path: buf(&d.path),

@@ -125,29 +125,26 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
                 LedgerMsg::Shutdown => shutdown = true,
             }
         }
-        // One batch for all commits; when it fails, find the culprit by
-        // applying them one by one.
-        let all: Vec<LedgerOp> = commits
-            .iter()
-            .flat_map(|(ops, _)| ops.iter().cloned())
-            .collect();
-        let mut results: Vec<Result<()>> = Vec::with_capacity(commits.len());
-        if all.is_empty() || ledger.apply(&all).is_ok() {
-            results.extend(commits.iter().map(|_| Ok(())));
-        } else {
-            for (ops, _) in &commits {
-                results.push(ledger.apply(ops.iter()));
-            }
+        // One sled batch for all commits of the group.
+        let mut ops = Vec::new();
+        let mut replies = Vec::with_capacity(commits.len());
+        for (mut list, reply) in commits {
+            ops.append(&mut list);
+            replies.push(reply);
         }
+        let applied = if ops.is_empty() {
+            Ok(())
+        } else {
+            ledger.apply(ops)
+        };
         let flushed = ledger.flush();
-        for ((_, reply), res) in commits.into_iter().zip(results) {
-            if let Some(reply) = reply {
-                let res = match (&flushed, res) {
-                    (Err(e), Ok(())) => Err(Error::msg(format!("ledger flush failed: {e}"))),
-                    (_, r) => r,
-                };
-                let _ = reply.send(res);
-            }
+        for reply in replies.into_iter().flatten() {
+            let res = match (&applied, &flushed) {
+                (Err(e), _) => Err(Error::msg(format!("ledger write failed: {e}"))),
+                (_, Err(e)) => Err(Error::msg(format!("ledger flush failed: {e}"))),
+                _ => Ok(()),
+            };
+            let _ = reply.send(res);
         }
         for (reply, res) in intent_replies {
             let res = match (&flushed, res) {

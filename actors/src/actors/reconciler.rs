@@ -40,7 +40,7 @@ pub(crate) struct ShardDecl {
 pub(crate) struct Outcome {
     pub idx: usize,
     /// The component whose entry held the state, if any.
-    pub location: Option<Vec<u8>>,
+    pub location: Option<Arc<[u8]>>,
     /// The state's entry as it was.
     pub prev: Option<StateEntry>,
     pub result: Result<Option<ErasedOutput>>,
@@ -135,8 +135,12 @@ impl ReconcilerActor {
 
     fn reconcile(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
         let mut reply = ShardReply::default();
-        let own = if msg.declared_paths.is_some() || !decls.is_empty() {
-            match self.ledger.component(&msg.component) {
+        let mut own = if msg.declared_paths.is_some() || !decls.is_empty() {
+            let (index, shards) = (self.index, self.shards);
+            match self
+                .ledger
+                .component_part(&msg.component, |p| shard_of(p, shards) == index)
+            {
                 Ok(e) => e.unwrap_or_default(),
                 Err(e) => {
                     reply.error = Some(e);
@@ -158,9 +162,7 @@ impl ReconcilerActor {
         }
         if let Some(declared) = &msg.declared_paths {
             for s in &own.states {
-                if shard_of(&s.path, self.shards) == self.index
-                    && !declared.contains(s.path.as_slice())
-                {
+                if !declared.contains(s.path.as_slice()) {
                     reply.orphans.push(s.clone());
                 }
             }
@@ -183,7 +185,11 @@ impl ReconcilerActor {
             }
             declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
             let (location, prev) = match own.find(&d.path) {
-                Ok(i) => (Some(msg.component.to_vec()), own.states.get(i).cloned()),
+                // Each state is declared once per component: move it out.
+                Ok(i) => (
+                    Some(Arc::clone(&msg.component)),
+                    own.states.get_mut(i).map(std::mem::take),
+                ),
                 Err(_) => {
                     match lookup_elsewhere(&self.ledger, &msg.component, &d.path, &mut others) {
                         Ok(found) => found.map_or((None, None), |(c, e)| (Some(c), Some(e))),
@@ -217,7 +223,7 @@ fn lookup_elsewhere(
     own: &[u8],
     path: &[u8],
     cache: &mut HashMap<Arc<[u8]>, Option<ComponentEntry>>,
-) -> Result<Option<(Vec<u8>, StateEntry)>> {
+) -> Result<Option<(Arc<[u8]>, StateEntry)>> {
     for owner in ledger.owner_candidates(path) {
         if owner.as_ref() == own {
             continue;
@@ -231,7 +237,7 @@ fn lookup_elsewhere(
             .and_then(|e| e.as_ref())
             .and_then(|e| e.find(path).ok().and_then(|i| e.states.get(i).cloned()));
         if let Some(state) = found {
-            return Ok(Some((owner.to_vec(), state)));
+            return Ok(Some((owner, state)));
         }
     }
     Ok(None)

@@ -26,12 +26,11 @@
 pub(crate) mod index;
 pub(crate) mod record;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_bytes::ByteBuf;
 
@@ -211,7 +210,7 @@ impl Ledger {
             });
         }
         if !ops.is_empty() {
-            self.apply(ops.iter())?;
+            self.apply(ops)?;
             self.tree.flush()?;
         }
         Ok(())
@@ -228,7 +227,7 @@ impl Ledger {
         }
     }
 
-    fn decode<T: DeserializeOwned>(&self, bytes: &[u8], what: &str) -> Result<T> {
+    fn decode<'a, T: serde::Deserialize<'a>>(&self, bytes: &'a [u8], what: &str) -> Result<T> {
         rmp_serde::from_slice(bytes).map_err(|e| self.corrupt(format!("cannot decode {what}: {e}")))
     }
 
@@ -238,6 +237,28 @@ impl Ledger {
             Some(v) => Ok(Some(self.decode(&v, "a component entry")?)),
             None => Ok(None),
         }
+    }
+
+    /// The entry of a component with only the states `keep` accepts, decoded
+    /// without copying the others.
+    pub(crate) fn component_part(
+        &self,
+        component: &[u8],
+        keep: impl Fn(&[u8]) -> bool,
+    ) -> Result<Option<ComponentEntry>> {
+        let Some(v) = self.tree.get(key(P_COMPONENT, component))? else {
+            return Ok(None);
+        };
+        let full: record::ComponentEntryRef<'_> = self.decode(&v, "a component entry")?;
+        Ok(Some(ComponentEntry {
+            states: full
+                .states
+                .iter()
+                .filter(|s| keep(s.path))
+                .map(record::StateEntryRef::to_entry)
+                .collect(),
+            failure: full.failure,
+        }))
     }
 
     /// The child components a component mounted in its last successful run.
@@ -282,7 +303,7 @@ impl Ledger {
     }
 
     /// Applies ops atomically (one sled batch). Does not flush.
-    pub(crate) fn apply<'a>(&self, ops: impl IntoIterator<Item = &'a LedgerOp>) -> Result<()> {
+    pub(crate) fn apply(&self, ops: Vec<LedgerOp>) -> Result<()> {
         let mut b = BatchBuilder {
             ledger: self,
             entries: HashMap::new(),
@@ -303,38 +324,56 @@ impl Ledger {
 /// merged in one pass, so a batch costs O(n + m log m), not O(n * m).
 struct EntryEdit {
     base: ComponentEntry,
-    upserts: BTreeMap<Vec<u8>, StateEntry>,
-    removes: HashSet<Vec<u8>>,
+    /// Upserts with their sequence number; the last one of a path wins.
+    upserts: Vec<(u64, StateEntry)>,
+    /// Removed paths with the sequence number of the removal.
+    removes: HashMap<Vec<u8>, u64>,
+    seq: u64,
 }
 
 impl EntryEdit {
     fn new(base: ComponentEntry) -> Self {
         Self {
             base,
-            upserts: BTreeMap::new(),
-            removes: HashSet::new(),
+            upserts: Vec::new(),
+            removes: HashMap::new(),
+            seq: 0,
         }
     }
 
     fn upsert(&mut self, entry: StateEntry) {
-        self.removes.remove(entry.path.as_slice());
-        self.upserts.insert(entry.path.to_vec(), entry);
+        self.seq += 1;
+        self.upserts.push((self.seq, entry));
     }
 
     fn remove(&mut self, path: &[u8]) {
-        self.upserts.remove(path);
-        self.removes.insert(path.to_vec());
+        self.seq += 1;
+        self.removes.insert(path.to_vec(), self.seq);
     }
 
     fn materialize(&mut self) {
         if self.upserts.is_empty() && self.removes.is_empty() {
             return;
         }
-        let upserts = std::mem::take(&mut self.upserts);
+        let mut upserts = std::mem::take(&mut self.upserts);
         let removes = std::mem::take(&mut self.removes);
+        // Sort by path, then by sequence: keep the last upsert of each path,
+        // unless a later removal undid it.
+        upserts.sort_by(|a, b| a.1.path.cmp(&b.1.path).then(a.0.cmp(&b.0)));
+        let mut latest: Vec<StateEntry> = Vec::with_capacity(upserts.len());
+        let mut iter = upserts.into_iter().peekable();
+        while let Some((seq, entry)) = iter.next() {
+            if iter.peek().is_some_and(|(_, next)| next.path == entry.path) {
+                continue;
+            }
+            if removes.get(entry.path.as_slice()).is_some_and(|r| *r > seq) {
+                continue;
+            }
+            latest.push(entry);
+        }
         let old = std::mem::take(&mut self.base.states);
-        let mut merged = Vec::with_capacity(old.len() + upserts.len());
-        let mut new = upserts.into_values().peekable();
+        let mut merged = Vec::with_capacity(old.len() + latest.len());
+        let mut new = latest.into_iter().peekable();
         for s in old {
             while let Some(n) = new.next_if(|n| n.path.as_slice() < s.path.as_slice()) {
                 merged.push(n);
@@ -342,7 +381,7 @@ impl EntryEdit {
             if new.peek().is_some_and(|n| n.path == s.path) {
                 continue;
             }
-            if !removes.contains(s.path.as_slice()) {
+            if !removes.contains_key(s.path.as_slice()) {
                 merged.push(s);
             }
         }
@@ -399,7 +438,7 @@ impl BatchBuilder<'_> {
         }
     }
 
-    fn op(&mut self, op: &LedgerOp) -> Result<()> {
+    fn op(&mut self, op: LedgerOp) -> Result<()> {
         match op {
             LedgerOp::Put {
                 component,
@@ -407,16 +446,16 @@ impl BatchBuilder<'_> {
                 index_owner,
                 container,
             } => {
-                if *index_owner {
+                if index_owner {
                     self.index_adds
                         .push((entry.path.to_vec(), component.clone()));
                 }
-                self.note_container(container.as_deref(), component);
-                self.edit(component)?.upsert(entry.clone());
+                self.note_container(container.as_deref(), &component);
+                self.edit(&component)?.upsert(entry);
             }
             LedgerOp::Remove { component, path } => {
-                self.edit(component)?.remove(path);
-                self.index_removes.push((path.clone(), component.clone()));
+                self.edit(&component)?.remove(&path);
+                self.index_removes.push((path, component));
             }
             LedgerOp::Fold(intent) => {
                 self.note_container(
@@ -459,6 +498,7 @@ impl BatchBuilder<'_> {
                 }
             }
             LedgerOp::DropDescendants { path } => {
+                let path = path.as_slice();
                 let mut holders: Vec<Vec<u8>> = Vec::new();
                 for item in self.ledger.tree.scan_prefix(key(P_CONTAINER, path)) {
                     let (k, _) = item?;
@@ -501,25 +541,25 @@ impl BatchBuilder<'_> {
                 component,
                 children,
             } => {
-                self.children.insert(component.clone(), children.clone());
+                self.children.insert(component, children);
             }
             LedgerOp::SetFailure { component, failure } => {
-                self.edit(component)?.base.failure = failure.clone();
+                self.edit(&component)?.base.failure = failure;
             }
             LedgerOp::RemoveComponent { component, parent } => {
-                let entry = self.entry(component)?;
+                let entry = self.entry(&component)?;
                 if !entry.states.is_empty() {
                     return Ok(());
                 }
-                if !self.children_of(component)?.is_empty() {
+                if !self.children_of(&component)?.is_empty() {
                     return Ok(());
                 }
-                self.edit(component)?.base.failure = None;
-                self.children.insert(component.clone(), Vec::new());
+                self.edit(&component)?.base.failure = None;
+                self.children.insert(component, Vec::new());
                 if let Some((parent, key)) = parent {
-                    self.children_of(parent)?;
-                    if let Some(list) = self.children.get_mut(parent) {
-                        list.retain(|k| k != key);
+                    self.children_of(&parent)?;
+                    if let Some(list) = self.children.get_mut(&parent) {
+                        list.retain(|k| *k != key);
                     }
                 }
             }

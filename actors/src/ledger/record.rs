@@ -22,6 +22,42 @@ pub(crate) struct StateEntry {
     pub child_gen: Option<ChildGeneration>,
 }
 
+/// A state entry decoded without copying, borrowing from the stored bytes.
+#[derive(Deserialize)]
+pub(crate) struct StateEntryRef<'a> {
+    #[serde(borrow)]
+    pub path: &'a serde_bytes::Bytes,
+    #[serde(borrow)]
+    pub records: Vec<&'a serde_bytes::Bytes>,
+    pub may_be_missing: bool,
+    pub gen: u64,
+    pub child_gen: Option<ChildGeneration>,
+}
+
+impl StateEntryRef<'_> {
+    pub(crate) fn to_entry(&self) -> StateEntry {
+        StateEntry {
+            path: ByteBuf::from(self.path.to_vec()),
+            records: self
+                .records
+                .iter()
+                .map(|r| ByteBuf::from(r.to_vec()))
+                .collect(),
+            may_be_missing: self.may_be_missing,
+            gen: self.gen,
+            child_gen: self.child_gen,
+        }
+    }
+}
+
+/// A component entry decoded without copying (same layout as [`ComponentEntry`]).
+#[derive(Deserialize)]
+pub(crate) struct ComponentEntryRef<'a> {
+    #[serde(borrow)]
+    pub states: Vec<StateEntryRef<'a>>,
+    pub failure: Option<String>,
+}
+
 /// Everything the ledger keeps for one component, read and written in one go.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct ComponentEntry {
