@@ -619,13 +619,15 @@ async fn reconcile_waves(
     let run = &state.run;
     let shards = &run.engine.shards;
     let n = shards.len();
-    let home = shard_of(&state.key, n);
-    let mut paths_by_shard: Vec<HashSet<Arc<[u8]>>> = (0..n).map(|_| HashSet::default()).collect();
-    for d in decls {
-        if let Some(set) = paths_by_shard.get_mut(shard_of(&d.path, n)) {
-            set.insert(Arc::clone(&d.path));
-        }
-    }
+    // The home shard reads the whole entry once: it finds the states the
+    // component no longer declares and reads its child list. Taking the
+    // shard of the first declaration as home means a component whose states
+    // all live on one shard sends one message.
+    let home = decls
+        .first()
+        .map_or_else(|| shard_of(&state.key, n), |d| shard_of(&d.path, n));
+    let mut all_paths: Option<HashSet<Arc<[u8]>>> =
+        Some(decls.iter().map(|d| Arc::clone(&d.path)).collect());
     let mut done = vec![false; decls.len()];
     let mut out = Reconciliation {
         results: (0..decls.len()).map(|_| None).collect(),
@@ -658,22 +660,19 @@ async fn reconcile_waves(
         }
         let mut replies = Vec::new();
         for (s, batch) in per_shard.into_iter().enumerate() {
-            if !first && batch.is_empty() {
+            let is_home = first && s == home;
+            if batch.is_empty() && !is_home {
                 continue;
             }
             let (tx, rx) = oneshot::channel();
-            let declared_paths = if first {
-                paths_by_shard.get_mut(s).map(std::mem::take)
-            } else {
-                None
-            };
+            let declared_paths = if is_home { all_paths.take() } else { None };
             shards[s].do_send(ReconcileBatch {
                 run_id: run.id,
                 component: Arc::clone(&state.key),
                 component_path: state.path.clone(),
                 decls: batch,
                 declared_paths,
-                home: first && s == home,
+                home: is_home,
                 reply: tx,
             });
             replies.push(rx);

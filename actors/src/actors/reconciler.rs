@@ -52,10 +52,11 @@ pub(crate) struct ReconcileBatch {
     pub component: Arc<[u8]>,
     pub component_path: ComponentPath,
     pub decls: Vec<ShardDecl>,
-    /// On the first wave: every path the component declares on this shard,
-    /// to find the states it no longer declares.
+    /// For the home shard: every path the component declares, to find the
+    /// states it no longer declares (on any shard).
     pub declared_paths: Option<HashSet<Arc<[u8]>>>,
-    /// Whether this shard also reports the component's child list and failure.
+    /// Whether this is the component's home shard in this run: it also
+    /// reports the component's child list, failure and orphans.
     pub home: bool,
     pub reply: oneshot::Sender<ShardReply>,
 }
@@ -135,11 +136,12 @@ impl ReconcilerActor {
 
     fn reconcile(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
         let mut reply = ShardReply::default();
-        let mut own = if msg.declared_paths.is_some() || !decls.is_empty() {
-            let (index, shards) = (self.index, self.shards);
+        let mut own = if msg.home || !decls.is_empty() {
+            // Home needs every state (to find orphans); others only theirs.
+            let (index, shards, home) = (self.index, self.shards, msg.home);
             match self
                 .ledger
-                .component_part(&msg.component, |p| shard_of(p, shards) == index)
+                .component_part(&msg.component, |p| home || shard_of(p, shards) == index)
             {
                 Ok(e) => e.unwrap_or_default(),
                 Err(e) => {

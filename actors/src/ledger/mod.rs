@@ -311,6 +311,7 @@ impl Ledger {
             index_removes: Vec::new(),
             containers: HashSet::new(),
             children: HashMap::new(),
+            child_removals: HashMap::new(),
             batch: sled::Batch::default(),
         };
         for op in ops {
@@ -399,6 +400,8 @@ struct BatchBuilder<'a> {
     /// `d` keys (container, component) to make sure exist.
     containers: HashSet<Vec<u8>>,
     children: HashMap<Vec<u8>, Vec<StableKey>>,
+    /// Children to drop from each parent's list, applied once at the end.
+    child_removals: HashMap<Vec<u8>, HashSet<StableKey>>,
     batch: sled::Batch,
 }
 
@@ -551,16 +554,20 @@ impl BatchBuilder<'_> {
                 if !entry.states.is_empty() {
                     return Ok(());
                 }
-                if !self.children_of(&component)?.is_empty() {
+                self.children_of(&component)?;
+                let pending = self.child_removals.get(&component);
+                let left = self.children.get(&component).is_some_and(|list| {
+                    list.iter().any(|k| !pending.is_some_and(|p| p.contains(k)))
+                });
+                if left {
                     return Ok(());
                 }
                 self.edit(&component)?.base.failure = None;
-                self.children.insert(component, Vec::new());
+                self.children.insert(component.clone(), Vec::new());
+                self.child_removals.remove(&component);
                 if let Some((parent, key)) = parent {
                     self.children_of(&parent)?;
-                    if let Some(list) = self.children.get_mut(&parent) {
-                        list.retain(|k| *k != key);
-                    }
+                    self.child_removals.entry(parent).or_default().insert(key);
                 }
             }
             LedgerOp::DeleteIntents { id } => {
@@ -573,6 +580,11 @@ impl BatchBuilder<'_> {
     fn finish(mut self) -> Result<()> {
         for edit in self.entries.values_mut() {
             edit.materialize();
+        }
+        for (parent, gone) in std::mem::take(&mut self.child_removals) {
+            if let Some(list) = self.children.get_mut(&parent) {
+                list.retain(|k| !gone.contains(k));
+            }
         }
         for (component, entry) in self.entries.iter().map(|(c, e)| (c, &e.base)) {
             let k = key(P_COMPONENT, component);
