@@ -299,6 +299,7 @@ impl App {
         run.activity.enter();
         let result = run_component(root, f).await;
         let cleanup = finish_run(&run).await;
+        run.release_sinks();
         for shard in &engine.shards {
             shard.do_send(EndRun { run_id: run.id });
         }

@@ -11,7 +11,7 @@ use crate::actors::pipeline::Engine;
 use crate::actors::reconciler::Orphan;
 use crate::actors::sink::{Activity, SinkActor, SinkEnv, SinkHandle};
 use crate::error::ComponentFailure;
-use crate::model::provider::ProviderCore;
+use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::sink::SinkCore;
 use crate::model::{ActionKind, ComponentPath, StableKey};
 
@@ -97,6 +97,9 @@ pub(crate) struct Run {
     /// Components no longer mounted by a parent that succeeded.
     pub removed: Mutex<Vec<ComponentPath>>,
     pub preview_actions: Mutex<Vec<PreviewAction>>,
+    /// Containers whose component failed in this run, with the generation
+    /// their children had before: the run's new generation is not trusted.
+    failed_containers: Mutex<HashMap<Arc<[u8]>, ChildGeneration>>,
     pub inflight: Arc<tokio::sync::Semaphore>,
 }
 
@@ -119,6 +122,7 @@ impl Run {
             orphans: Mutex::new(Vec::new()),
             removed: Mutex::new(Vec::new()),
             preview_actions: Mutex::new(Vec::new()),
+            failed_containers: Mutex::new(HashMap::new()),
             inflight,
         })
     }
@@ -148,6 +152,33 @@ impl Run {
         let handle = SinkHandle { addr, queued };
         sinks.insert(id, handle.clone());
         handle
+    }
+
+    pub(crate) fn note_failed_container(&self, path: &Arc<[u8]>, committed: ChildGeneration) {
+        lock(&self.failed_containers).insert(Arc::clone(path), committed);
+    }
+
+    /// The generation to judge the children of `provider` by: its own,
+    /// unless its container failed in this run, in which case the children
+    /// keep their records and only may be missing.
+    pub(crate) fn trusted_generation(&self, provider: &ProviderCore) -> Option<ChildGeneration> {
+        let container = provider.path.container.as_ref()?;
+        let committed = *lock(&self.failed_containers).get(container)?;
+        let current = provider
+            .resolved
+            .get()
+            .map(|r| r.generation)
+            .unwrap_or_default();
+        Some(ChildGeneration {
+            current: committed.current.max(current.current),
+            destructive_floor: committed.destructive_floor,
+        })
+    }
+
+    /// Forgets the run's sink actors, so they stop once idle.
+    pub(crate) fn release_sinks(&self) {
+        lock(&self.sinks).clear();
+        self.activity.clear();
     }
 
     pub(crate) fn fail(&self, failure: ComponentFailure) {

@@ -275,8 +275,9 @@ async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan
         let Some(provider) = run.provider(provider_enc) else {
             continue;
         };
+        let trusted = run.trusted_generation(&provider);
         if let Some(v) = per_shard.get_mut(shard_of(&o.entry.path, n)) {
-            v.push((o, provider, key));
+            v.push((o, provider, key, trusted));
         }
     }
     let mut replies = Vec::new();
@@ -286,7 +287,7 @@ async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan
         }
         let names: Vec<(Arc<str>, StableKey)> = orphans
             .iter()
-            .map(|(_, p, k)| (Arc::clone(&p.path.name), k.clone()))
+            .map(|(_, p, k, _)| (Arc::clone(&p.path.name), k.clone()))
             .collect();
         let (tx, rx) = oneshot::channel();
         shards[s].do_send(ReconcileOrphans { orphans, reply: tx });

@@ -143,7 +143,17 @@ where
     let ctx = crate::ctx::Ctx::from_state(Arc::clone(&state));
     let outcome = AssertUnwindSafe(f(ctx)).catch_unwind().await;
     let result = match outcome {
-        Ok(Ok(value)) => finish(&state).await.map(|()| value),
+        Ok(Ok(value)) => match AssertUnwindSafe(finish(&state)).catch_unwind().await {
+            Ok(done) => done.map(|()| value),
+            Err(panic) => {
+                let e = Error::msg(format!(
+                    "component panicked while committing: {}",
+                    panic_text(&*panic)
+                ));
+                record_failure(&state, &e).await;
+                Err(e)
+            }
+        },
         Ok(Err(e)) => {
             run.activity.leave();
             record_failure(&state, &e).await;
@@ -177,13 +187,24 @@ async fn record_failure(state: &ComponentState, err: &Error) {
     if state.run.preview {
         return;
     }
-    let ops = vec![LedgerOp::SetFailure {
+    let mut ops = vec![LedgerOp::SetFailure {
         component: state.key.to_vec(),
         failure: Some(err.to_string()),
     }];
+    ops.extend(mounted_children_op(state));
     // The failure itself is reported to the caller; a ledger error here
     // only loses the note, which the next run rewrites.
     let _ = state.run.engine.ledger_handle.commit(ops).await;
+}
+
+/// Lists the children mounted in this run in the component's child list,
+/// so that they are found again even when the component fails.
+fn mounted_children_op(state: &ComponentState) -> Option<LedgerOp> {
+    let children = lock(&state.children);
+    (!children.keys.is_empty()).then(|| LedgerOp::AddChildren {
+        component: state.key.to_vec(),
+        children: children.keys.clone(),
+    })
 }
 
 /// Mounts one child component and waits until it has committed.
@@ -273,18 +294,26 @@ where
         *lock(&child.permit) = Some(permit);
         let f = Arc::clone(&f);
         run.activity.enter();
-        handles.push(
+        let path = child.path.clone();
+        handles.push((
+            path,
             run.engine
                 .user
                 .spawn(run_component(child, move |ctx| f(ctx, item))),
-        );
+        ));
     }
     if parent_active {
         run.activity.leave();
     }
-    for h in handles {
-        // Failures are recorded in the run by the child itself.
-        let _ = h.await;
+    for (path, h) in handles {
+        // Failures are recorded in the run by the child itself; a task
+        // that died without reporting is reported here.
+        if let Err(e) = h.await {
+            run.fail(ComponentFailure::new(
+                path,
+                &Error::msg(format!("the component task died: {e}")),
+            ));
+        }
     }
     parent.resume(had_slot).await;
     Ok(())
@@ -414,6 +443,17 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             component: state.key.to_vec(),
             failure: Some(err.to_string()),
         });
+        ops.extend(mounted_children_op(state));
+        for (d, r) in decls.iter().zip(results.iter()) {
+            if let (Some(_), Some(r)) = (&d.child, r) {
+                let committed = r
+                    .prev
+                    .as_ref()
+                    .and_then(|p| p.child_gen)
+                    .unwrap_or_default();
+                run.note_failed_container(&d.path, committed);
+            }
+        }
         run.engine.ledger_handle.commit(ops).await?;
         return Err(err);
     }
@@ -490,9 +530,8 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             }
         }
     }
-    let children = children_change(state, &prev_children);
-    if let Some(children) = children {
-        ops.push(LedgerOp::SetChildren {
+    if let Some(children) = children_change(state, &prev_children) {
+        ops.push(LedgerOp::AddChildren {
             component: own.clone(),
             children,
         });
@@ -510,10 +549,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     Ok(())
 }
 
-/// The new child list when it differs from the last run's: the children
-/// mounted now, plus the previous ones no longer mounted, which stay listed
-/// until the end of the run has cleaned them up (a failed cleanup is then
-/// retried by the next run).
+/// The children mounted now that the last run's list lacks. Children no
+/// longer mounted stay listed until the end of the run has cleaned them up
+/// (a failed cleanup is then retried by the next run).
 fn children_change(state: &ComponentState, prev: &[StableKey]) -> Option<Vec<StableKey>> {
     let children = lock(&state.children);
     let prev_set: HashSet<&StableKey> = prev.iter().collect();
@@ -523,12 +561,7 @@ fn children_change(state: &ComponentState, prev: &[StableKey]) -> Option<Vec<Sta
         .filter(|k| !prev_set.contains(k))
         .cloned()
         .collect();
-    if added.is_empty() {
-        return None;
-    }
-    let mut list = prev.to_vec();
-    list.extend(added);
-    Some(list)
+    (!added.is_empty()).then_some(added)
 }
 
 /// After a success: children no longer mounted are removed, and states no
@@ -761,7 +794,7 @@ fn resolve_child(
             "declared with a child, but its sink has no child handler (use TargetActionSink::from_async_fn_with_child_handler)".into(),
         ))
     })?;
-    let def = factory(&out.action).map_err(wrap)?;
+    let def = guarded(|| factory(&out.action)).map_err(wrap)?;
     let prev = r
         .prev
         .as_ref()
@@ -782,6 +815,17 @@ fn resolve_child(
     Ok(Some(gen))
 }
 
+/// Runs a connector callback, turning a panic into an error.
+pub(crate) fn guarded<T>(call: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(AssertUnwindSafe(call)) {
+        Ok(result) => result,
+        Err(payload) => Err(Error::permanent(format!(
+            "the handler panicked: {}",
+            panic_text(&*payload)
+        ))),
+    }
+}
+
 /// Resolves a provider with its handler and registers its attachments.
 pub(crate) fn resolve_provider(
     run: &Run,
@@ -790,7 +834,7 @@ pub(crate) fn resolve_provider(
     generation: ChildGeneration,
 ) -> Result<()> {
     let mut attachments = std::collections::HashMap::new();
-    for (name, def) in handler.attachments()? {
+    for (name, def) in guarded(|| handler.attachments())? {
         let att = Arc::new(ProviderCore::new(core.path.attachment(&name), run.id));
         resolve_provider(run, &att, def.handler, generation)?;
         attachments.insert(name, att);

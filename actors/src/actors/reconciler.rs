@@ -13,12 +13,13 @@ use std::sync::Arc;
 use actix::{Actor, Context, Handler, Message};
 use tokio::sync::oneshot;
 
+use super::component::guarded;
 use crate::error::{Error, Result};
 use crate::ledger::record::{ComponentEntry, StateEntry};
 use crate::ledger::Ledger;
 use crate::model::erased::ErasedOutput;
 use crate::model::keycode;
-use crate::model::provider::ProviderCore;
+use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::{ComponentPath, StableKey};
 
 /// Which shard owns an encoded state path.
@@ -99,7 +100,14 @@ impl Message for FilterOrphans {
 
 /// Reconciles orphans with `desired = None`.
 pub(crate) struct ReconcileOrphans {
-    pub orphans: Vec<(Orphan, Arc<ProviderCore>, StableKey)>,
+    /// Each orphan with its provider, key, and the generation to judge it
+    /// by when its container failed in this run.
+    pub orphans: Vec<(
+        Orphan,
+        Arc<ProviderCore>,
+        StableKey,
+        Option<ChildGeneration>,
+    )>,
     pub reply: oneshot::Sender<Vec<(Orphan, Result<Option<ErasedOutput>>)>>,
 }
 
@@ -251,15 +259,18 @@ fn lookup_elsewhere(
 pub(crate) fn effective_prev(
     provider: &ProviderCore,
     prev: Option<&StateEntry>,
+    trusted: Option<ChildGeneration>,
 ) -> (Vec<Vec<u8>>, bool) {
     let Some(prev) = prev else {
         return (Vec::new(), false);
     };
-    let gen = provider
-        .resolved
-        .get()
-        .map(|r| r.generation)
-        .unwrap_or_default();
+    let gen = trusted.unwrap_or_else(|| {
+        provider
+            .resolved
+            .get()
+            .map(|r| r.generation)
+            .unwrap_or_default()
+    });
     if prev.gen < gen.destructive_floor {
         return (Vec::new(), false);
     }
@@ -274,15 +285,17 @@ fn reconcile_declared(d: &ShardDecl, prev: Option<&StateEntry>) -> Result<Option
             d.provider.path.name
         )));
     };
-    let (records, missing) = effective_prev(&d.provider, prev);
-    resolved
-        .handler
-        .reconcile(d.key.clone(), Some(&d.value), &records, missing)
-        .map_err(|cause| Error::Reconcile {
-            provider: d.provider.path.name.to_string(),
-            key: d.key.clone(),
-            cause: Box::new(cause),
-        })
+    let (records, missing) = effective_prev(&d.provider, prev, None);
+    guarded(|| {
+        resolved
+            .handler
+            .reconcile(d.key.clone(), Some(&d.value), &records, missing)
+    })
+    .map_err(|cause| Error::Reconcile {
+        provider: d.provider.path.name.to_string(),
+        key: d.key.clone(),
+        cause: Box::new(cause),
+    })
 }
 
 impl Actor for ReconcilerActor {
@@ -320,21 +333,24 @@ impl Handler<ReconcileOrphans> for ReconcilerActor {
         let out = msg
             .orphans
             .into_iter()
-            .map(|(orphan, provider, key)| {
+            .map(|(orphan, provider, key, trusted)| {
                 let result = match provider.resolved.get() {
                     Some(resolved) => {
-                        let (records, missing) = effective_prev(&provider, Some(&orphan.entry));
+                        let (records, missing) =
+                            effective_prev(&provider, Some(&orphan.entry), trusted);
                         if records.is_empty() && !missing {
                             Ok(None)
                         } else {
-                            resolved
-                                .handler
-                                .reconcile(key.clone(), None, &records, missing)
-                                .map_err(|cause| Error::Reconcile {
-                                    provider: provider.path.name.to_string(),
-                                    key,
-                                    cause: Box::new(cause),
-                                })
+                            guarded(|| {
+                                resolved
+                                    .handler
+                                    .reconcile(key.clone(), None, &records, missing)
+                            })
+                            .map_err(|cause| Error::Reconcile {
+                                provider: provider.path.name.to_string(),
+                                key,
+                                cause: Box::new(cause),
+                            })
                         }
                     }
                     None => Ok(None),

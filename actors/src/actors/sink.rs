@@ -158,6 +158,14 @@ impl Activity {
         self.count.load(Ordering::SeqCst) == 0
     }
 
+    /// Drops the sink addresses (at the end of a run).
+    pub(crate) fn clear(&self) {
+        match self.sinks.lock() {
+            Ok(mut s) => s.clear(),
+            Err(p) => p.into_inner().clear(),
+        }
+    }
+
     pub(crate) fn register(&self, sink: actix::Addr<SinkActor>) {
         match self.sinks.lock() {
             Ok(mut s) => s.push(sink),
@@ -309,19 +317,43 @@ impl SinkActor {
             .collect();
         let fut = async move {
             if !intents.is_empty() {
-                let id = env.ledger.write_intents(intents).await?;
-                match env.intent_ids.lock() {
-                    Ok(mut ids) => ids.push(id),
-                    Err(p) => p.into_inner().push(id),
+                match env.ledger.write_intents(intents).await {
+                    Ok(id) => match env.intent_ids.lock() {
+                        Ok(mut ids) => ids.push(id),
+                        Err(p) => p.into_inner().push(id),
+                    },
+                    // Without durable intents, applying could orphan what
+                    // it creates: apply nothing, fail the batch.
+                    Err(e) => return Err((e, false)),
                 }
             }
-            call_sink(core, &env, actions).await
+            call_sink(core, &env, actions).await.map_err(|e| (e, true))
         };
         ctx.wait(fut.into_actor(self).map(move |res, act, ctx| {
             act.in_flight = false;
-            act.finish(batch, res, ctx);
+            match res {
+                Err((e, false)) => act.fail_all(batch, e),
+                other => act.finish(batch, other.map_err(|(e, _)| e), ctx),
+            }
             act.maybe_flush(ctx);
         }));
+    }
+
+    /// Fails every part of a batch without retrying.
+    fn fail_all(&mut self, batch: Batch, err: Error) {
+        for part in batch.parts {
+            let _ = part.unit.acks.send(UnitAck {
+                actions: part.actions.len(),
+                result: Err(Error::Sink {
+                    sink: part.unit.provider.to_string(),
+                    actions: part.actions.len(),
+                    keys: String::new(),
+                    cause: Box::new(Error::msg(format!(
+                        "the ledger could not record the intended changes, nothing was applied: {err}"
+                    ))),
+                }),
+            });
+        }
     }
 
     fn finish(&mut self, mut batch: Batch, res: Result<()>, ctx: &mut Context<Self>) {

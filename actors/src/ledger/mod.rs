@@ -475,12 +475,17 @@ impl BatchBuilder<'_> {
                             }
                         }
                         s.may_be_missing = true;
-                        s.gen = s.gen.min(intent.gen);
+                        // The record may have been written under the newer
+                        // parent generation: never let it fall below a floor.
+                        s.gen = s.gen.max(intent.gen);
                         if let Some(cg) = intent.child_gen {
+                            // The container change may or may not have
+                            // happened: children may be missing (a lossy
+                            // bump), but their records are kept.
                             let old = s.child_gen.unwrap_or_default();
                             s.child_gen = Some(crate::model::provider::ChildGeneration {
                                 current: old.current.max(cg.current),
-                                destructive_floor: old.destructive_floor.max(cg.destructive_floor),
+                                destructive_floor: old.destructive_floor,
                             });
                         }
                     }
@@ -540,11 +545,15 @@ impl BatchBuilder<'_> {
                     }
                 }
             }
-            LedgerOp::SetChildren {
+            LedgerOp::AddChildren {
                 component,
                 children,
             } => {
-                self.children.insert(component, children);
+                self.children_of(&component)?;
+                if let Some(list) = self.children.get_mut(&component) {
+                    let known: HashSet<StableKey> = list.iter().cloned().collect();
+                    list.extend(children.into_iter().filter(|k| !known.contains(k)));
+                }
             }
             LedgerOp::SetFailure { component, failure } => {
                 self.edit(&component)?.base.failure = failure;

@@ -114,8 +114,9 @@ pub(crate) enum LedgerOp {
     /// Remove every state below a container (its children and attachments),
     /// wherever they are owned.
     DropDescendants { path: Vec<u8> },
-    /// Set the list of a component's child components.
-    SetChildren {
+    /// Add child components to a component's list (those not listed yet).
+    /// Children leave the list only through `RemoveComponent`, once cleaned.
+    AddChildren {
         component: Vec<u8>,
         children: Vec<StableKey>,
     },
