@@ -9,6 +9,13 @@
 //! `WEIR_BENCH_SHAPES=flat100k,c10kx10` limits the shapes;
 //! `WEIR_BENCH_LAST_PHASE=first` stops after a phase (for profiling).
 
+// weir allocates across many threads; glibc malloc costs it about a third
+// of its CPU time. Binaries built on weir should use mimalloc or jemalloc,
+// as this benchmark does (`--features bench-system-allocator` to compare).
+#[cfg(not(feature = "bench-system-allocator"))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
