@@ -1,9 +1,10 @@
 //! Engine throughput and memory, per workload shape and phase.
 //!
 //! `cargo bench --bench engine` runs every shape in its own process (so the
-//! peak RSS is that shape's own), each through the phases `first`,
-//! `nochange`, `change1pct` and `delete10pct`, with a sink that only counts
-//! actions. Each phase ends with a line
+//! peak RSS is that shape's own), three times (`WEIR_BENCH_REPEAT`), each
+//! through the phases `first`, `nochange`, `change1pct` and `delete10pct`,
+//! with a sink that only counts actions. Each run prints a line per phase;
+//! then each phase ends with a line of medians
 //! `RESULT engine <shape> <phase> secs=<s> states_per_sec=<n> peak_rss_mb=<m>`.
 //!
 //! `WEIR_BENCH_SHAPES=flat100k,c10kx10` limits the shapes;
@@ -237,15 +238,25 @@ fn run_shape(name: &str, components: usize, per: usize) -> Result<()> {
                 counter.load(Ordering::Relaxed),
                 bytes as f64 / 1e6
             );
-            println!(
-                "RESULT engine {name} {phase} secs={secs:.3} states_per_sec={rate:.0} peak_rss_mb={rss:.0}"
-            );
+            println!("SAMPLE {name} {phase} {secs:.4} {rss:.1}");
             if last.as_deref() == Some(phase) {
                 break;
             }
         }
         Ok(())
     })
+}
+
+/// One phase's measurements over the repeated runs of a shape.
+#[derive(Default)]
+struct Samples {
+    secs: Vec<f64>,
+    rss: Vec<f64>,
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn main() -> Result<()> {
@@ -258,16 +269,61 @@ fn main() -> Result<()> {
         return run_shape(name, c, p);
     }
     let only = std::env::var("WEIR_BENCH_SHAPES").ok();
+    let repeat: usize = std::env::var("WEIR_BENCH_REPEAT")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let exe = std::env::current_exe()?;
-    for (name, _, _) in SHAPES {
+    println!("each shape runs {repeat} times in its own process; RESULT lines give the median");
+    for (name, c, p) in SHAPES {
         if let Some(only) = &only {
             if !only.split(',').any(|s| s == *name) {
                 continue;
             }
         }
-        let status = Command::new(&exe).env("WEIR_BENCH_CHILD", name).status()?;
-        if !status.success() {
-            return Err(Error::msg(format!("shape {name} failed: {status}")));
+        let total = if *c == 0 { *p } else { c * p };
+        let mut phases: Vec<(String, Samples)> = Vec::new();
+        for _ in 0..repeat {
+            let out = Command::new(&exe).env("WEIR_BENCH_CHILD", name).output()?;
+            if !out.status.success() {
+                return Err(Error::msg(format!(
+                    "shape {name} failed: {}\n{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                )));
+            }
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let mut fields = line.split_whitespace();
+                if fields.next() != Some("SAMPLE") {
+                    println!("{line}");
+                    continue;
+                }
+                let (Some(_), Some(phase), Some(secs), Some(rss)) =
+                    (fields.next(), fields.next(), fields.next(), fields.next())
+                else {
+                    continue;
+                };
+                let idx = match phases.iter().position(|(p, _)| p == phase) {
+                    Some(i) => i,
+                    None => {
+                        phases.push((phase.to_string(), Samples::default()));
+                        phases.len() - 1
+                    }
+                };
+                if let Some((_, s)) = phases.get_mut(idx) {
+                    s.secs.push(secs.parse().unwrap_or(f64::NAN));
+                    s.rss.push(rss.parse().unwrap_or(f64::NAN));
+                }
+            }
+        }
+        for (phase, mut s) in phases {
+            let secs = median(&mut s.secs);
+            let rss = median(&mut s.rss);
+            println!(
+                "RESULT engine {name} {phase} secs={secs:.3} states_per_sec={:.0} peak_rss_mb={rss:.0}",
+                total as f64 / secs
+            );
         }
     }
     Ok(())

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use super::component::guarded;
 use crate::error::{Error, Result};
-use crate::ledger::record::{ComponentEntry, StateEntry};
+use crate::ledger::record::{ComponentEntry, PrevView, StateEntry, StateEntryRef};
 use crate::ledger::Ledger;
 use crate::model::erased::ErasedOutput;
 use crate::model::keycode;
@@ -125,18 +125,14 @@ impl Message for EndRun {
 }
 
 pub(crate) struct ReconcilerActor {
-    index: usize,
-    shards: usize,
     ledger: Ledger,
     /// Per run: each declared path and the component that declared it.
     declared: HashMap<u64, HashMap<Arc<[u8]>, ComponentPath>>,
 }
 
 impl ReconcilerActor {
-    pub(crate) fn new(index: usize, shards: usize, ledger: Ledger) -> Self {
+    pub(crate) fn new(ledger: Ledger) -> Self {
         Self {
-            index,
-            shards,
             ledger,
             declared: HashMap::default(),
         }
@@ -144,22 +140,31 @@ impl ReconcilerActor {
 
     fn reconcile(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
         let mut reply = ShardReply::default();
-        let mut own = if msg.home || !decls.is_empty() {
-            // Home needs every state (to find orphans); others only theirs.
-            let (index, shards, home) = (self.index, self.shards, msg.home);
-            match self
-                .ledger
-                .component_part(&msg.component, |p| home || shard_of(p, shards) == index)
-            {
-                Ok(e) => e.unwrap_or_default(),
+        // The component's entry, decoded without copying: only what the
+        // component needs back (orphans, changed states) is copied.
+        let raw = if msg.home || !decls.is_empty() {
+            match self.ledger.component_raw(&msg.component) {
+                Ok(raw) => raw,
                 Err(e) => {
                     reply.error = Some(e);
                     return reply;
                 }
             }
         } else {
-            ComponentEntry::default()
+            None
         };
+        let own = match raw
+            .as_deref()
+            .map(|r| self.ledger.decode_entry(r))
+            .transpose()
+        {
+            Ok(own) => own,
+            Err(e) => {
+                reply.error = Some(e);
+                return reply;
+            }
+        };
+        let own_states: &[StateEntryRef<'_>] = own.as_ref().map_or(&[], |o| &o.states);
         if msg.home {
             match self.ledger.children(&msg.component) {
                 Ok(c) => reply.prev_children = c,
@@ -168,12 +173,12 @@ impl ReconcilerActor {
                     return reply;
                 }
             }
-            reply.prev_failure = own.failure.clone();
+            reply.prev_failure = own.as_ref().and_then(|o| o.failure.clone());
         }
         if let Some(declared) = &msg.declared_paths {
-            for s in &own.states {
-                if !declared.contains(s.path.as_slice()) {
-                    reply.orphans.push(s.clone());
+            for s in own_states {
+                if !declared.contains(s.path.as_ref()) {
+                    reply.orphans.push(s.to_entry());
                 }
             }
         }
@@ -194,34 +199,45 @@ impl ReconcilerActor {
                 continue;
             }
             declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
-            let (location, prev) = match own.find(&d.path) {
-                // Each state is declared once per component: move it out.
-                Ok(i) => (
-                    Some(Arc::clone(&msg.component)),
-                    own.states.get_mut(i).map(std::mem::take),
-                ),
+            let found = own_states.binary_search_by(|s| s.path.as_ref().cmp(d.path.as_ref()));
+            let outcome = match found {
+                Ok(i) => {
+                    let Some(state) = own_states.get(i) else {
+                        continue;
+                    };
+                    let result = reconcile_declared(&d, Some(PrevView::from(state)));
+                    // The component needs the previous entry only to commit a change.
+                    let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry());
+                    Outcome {
+                        idx: d.idx,
+                        location: Some(Arc::clone(&msg.component)),
+                        prev,
+                        result,
+                    }
+                }
                 Err(_) => {
                     match lookup_elsewhere(&self.ledger, &msg.component, &d.path, &mut others) {
-                        Ok(found) => found.map_or((None, None), |(c, e)| (Some(c), Some(e))),
-                        Err(e) => {
-                            reply.outcomes.push(Outcome {
+                        Ok(found) => {
+                            let (location, prev) =
+                                found.map_or((None, None), |(c, e)| (Some(c), Some(e)));
+                            let result = reconcile_declared(&d, prev.as_ref().map(PrevView::from));
+                            Outcome {
                                 idx: d.idx,
-                                location: None,
-                                prev: None,
-                                result: Err(e),
-                            });
-                            continue;
+                                location,
+                                prev,
+                                result,
+                            }
                         }
+                        Err(e) => Outcome {
+                            idx: d.idx,
+                            location: None,
+                            prev: None,
+                            result: Err(e),
+                        },
                     }
                 }
             };
-            let result = reconcile_declared(&d, prev.as_ref());
-            reply.outcomes.push(Outcome {
-                idx: d.idx,
-                location,
-                prev,
-                result,
-            });
+            reply.outcomes.push(outcome);
         }
         reply
     }
@@ -256,11 +272,11 @@ fn lookup_elsewhere(
 /// The previous records and "may be missing" flag of a state, after the
 /// container generation rules: records written before a destructive
 /// invalidation are gone; records written before a lossy one may be missing.
-pub(crate) fn effective_prev(
+pub(crate) fn effective_prev<'a>(
     provider: &ProviderCore,
-    prev: Option<&StateEntry>,
+    prev: Option<PrevView<'a>>,
     trusted: Option<ChildGeneration>,
-) -> (Vec<Vec<u8>>, bool) {
+) -> (Vec<&'a [u8]>, bool) {
     let Some(prev) = prev else {
         return (Vec::new(), false);
     };
@@ -274,11 +290,11 @@ pub(crate) fn effective_prev(
     if prev.gen < gen.destructive_floor {
         return (Vec::new(), false);
     }
-    let records = prev.records.iter().map(|r| r.to_vec()).collect();
-    (records, prev.may_be_missing || prev.gen < gen.current)
+    let missing = prev.may_be_missing || prev.gen < gen.current;
+    (prev.records, missing)
 }
 
-fn reconcile_declared(d: &ShardDecl, prev: Option<&StateEntry>) -> Result<Option<ErasedOutput>> {
+fn reconcile_declared(d: &ShardDecl, prev: Option<PrevView<'_>>) -> Result<Option<ErasedOutput>> {
     let Some(resolved) = d.provider.resolved.get() else {
         return Err(Error::Usage(format!(
             "provider {} is not resolved: its container produced no action",
@@ -337,7 +353,7 @@ impl Handler<ReconcileOrphans> for ReconcilerActor {
                 let result = match provider.resolved.get() {
                     Some(resolved) => {
                         let (records, missing) =
-                            effective_prev(&provider, Some(&orphan.entry), trusted);
+                            effective_prev(&provider, Some(PrevView::from(&orphan.entry)), trusted);
                         if records.is_empty() && !missing {
                             Ok(None)
                         } else {

@@ -239,26 +239,15 @@ impl Ledger {
         }
     }
 
-    /// The entry of a component with only the states `keep` accepts, decoded
-    /// without copying the others.
-    pub(crate) fn component_part(
-        &self,
-        component: &[u8],
-        keep: impl Fn(&[u8]) -> bool,
-    ) -> Result<Option<ComponentEntry>> {
-        let Some(v) = self.tree.get(key(P_COMPONENT, component))? else {
-            return Ok(None);
-        };
-        let full: record::ComponentEntryRef<'_> = self.decode(&v, "a component entry")?;
-        Ok(Some(ComponentEntry {
-            states: full
-                .states
-                .iter()
-                .filter(|s| keep(s.path))
-                .map(record::StateEntryRef::to_entry)
-                .collect(),
-            failure: full.failure,
-        }))
+    /// The stored bytes of a component's entry, to decode without copying
+    /// with [`Ledger::decode_entry`].
+    pub(crate) fn component_raw(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
+        Ok(self.tree.get(key(P_COMPONENT, component))?)
+    }
+
+    /// Decodes an entry read with [`Ledger::component_raw`], borrowing from it.
+    pub(crate) fn decode_entry<'a>(&self, raw: &'a [u8]) -> Result<record::ComponentEntryRef<'a>> {
+        self.decode(raw, "a component entry")
     }
 
     /// The child components a component mounted in its last successful run.

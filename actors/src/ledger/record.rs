@@ -34,6 +34,40 @@ pub(crate) struct StateEntryRef<'a> {
     pub child_gen: Option<ChildGeneration>,
 }
 
+/// What reconcile needs of a state's previous entry, borrowed.
+pub(crate) struct PrevView<'a> {
+    pub records: Vec<&'a [u8]>,
+    pub may_be_missing: bool,
+    pub gen: u64,
+}
+
+impl<'a> From<&'a StateEntry> for PrevView<'a> {
+    fn from(s: &'a StateEntry) -> Self {
+        PrevView {
+            records: s.records.iter().map(|r| r.as_slice()).collect(),
+            may_be_missing: s.may_be_missing,
+            gen: s.gen,
+        }
+    }
+}
+
+impl<'a> From<&StateEntryRef<'a>> for PrevView<'a> {
+    fn from(s: &StateEntryRef<'a>) -> Self {
+        PrevView {
+            records: s
+                .records
+                .iter()
+                .map(|r| -> &'a [u8] {
+                    let bytes: &'a serde_bytes::Bytes = r;
+                    bytes
+                })
+                .collect(),
+            may_be_missing: s.may_be_missing,
+            gen: s.gen,
+        }
+    }
+}
+
 impl StateEntryRef<'_> {
     pub(crate) fn to_entry(&self) -> StateEntry {
         StateEntry {

@@ -27,7 +27,7 @@ pub(crate) trait ErasedHandler: Send + Sync {
         &self,
         key: StableKey,
         desired: Option<&[u8]>,
-        prev: &[Vec<u8>],
+        prev: &[&[u8]],
         prev_may_be_missing: bool,
     ) -> Result<Option<ErasedOutput>>;
 
@@ -60,7 +60,7 @@ where
         &self,
         key: StableKey,
         desired: Option<&[u8]>,
-        prev: &[Vec<u8>],
+        prev: &[&[u8]],
         prev_may_be_missing: bool,
     ) -> Result<Option<ErasedOutput>> {
         let desired: Option<V> = desired.map(rmp_serde::from_slice).transpose()?;
