@@ -10,10 +10,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::reconciler::{shard_of, FilterOrphans, Orphan, ReconcileOrphans};
-use super::sink::{await_acks, PlannedAction, SinkGroups, UnitAck};
+use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::record::{Intent, LedgerOp};
 use crate::ledger::{buf, Ledger};
@@ -105,7 +105,7 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
         if unit.error.is_some() {
             continue;
         }
-        let (tx, rx) = mpsc::unbounded_channel::<UnitAck>();
+        let waiter = UnitWaiter::new();
         let mut groups = SinkGroups::default();
         for (orphan, provider, key, out) in &unit.items {
             let Some(out) = out else { continue };
@@ -119,14 +119,14 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
             };
             groups.add(&out.sink, provider, planned);
         }
-        let total = groups.dispatch(run, &tx);
-        waiting.push((component.clone(), total, rx));
+        groups.dispatch(run, &waiter);
+        waiting.push((component.clone(), waiter));
     }
     run.activity.leave();
 
     let mut results: HashMap<Vec<u8>, Option<Error>> = HashMap::new();
-    for (component, total, mut rx) in waiting {
-        let failure = await_acks(&mut rx, total).await;
+    for (component, waiter) in waiting {
+        let failure = waiter.wait().await;
         results.insert(component, failure);
     }
 

@@ -12,10 +12,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::reconciler::{shard_of, Orphan, ReconcileBatch, ShardDecl};
-use super::sink::{await_acks, PlannedAction, SinkGroups, UnitAck};
+use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::buf;
 use crate::ledger::record::{Intent, LedgerOp, StateEntry};
@@ -398,7 +398,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     }
 
     // Apply wave by wave: containers before their children.
-    let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<UnitAck>();
+    let waiter = UnitWaiter::new();
     let mut attempted: Vec<usize> = Vec::new();
     let mut failure: Option<Error> = None;
     for wave in &waves {
@@ -419,9 +419,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             groups.add(&out.sink, &d.provider.path.name, planned);
             attempted.push(i);
         }
-        let total = groups.dispatch(run, &ack_tx);
+        groups.dispatch(run, &waiter);
         active.leave();
-        failure = await_acks(&mut ack_rx, total).await;
+        failure = waiter.wait().await;
         if failure.is_some() {
             break;
         }

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::actors::ledger::LedgerHandle;
 use crate::config::{BatchPolicy, RetryPolicy};
@@ -29,18 +28,108 @@ pub(crate) struct PlannedAction {
     pub intent: Option<Intent>,
 }
 
-/// The acknowledgement of some of a unit's actions.
-pub(crate) struct UnitAck {
-    pub actions: usize,
-    pub result: Result<()>,
+/// Waits for the acknowledgements of a unit's actions (one component's
+/// wave, or its orphan deletes), from any number of sink actors.
+pub(crate) struct UnitWaiter(Arc<Waiter>);
+
+struct Waiter {
+    /// Actions dispatched and not acknowledged yet.
+    pending: AtomicUsize,
+    /// Live `UnitRef`s: when none is left, nothing more can be acknowledged.
+    senders: AtomicUsize,
+    failure: Mutex<Option<Error>>,
+    notify: tokio::sync::Notify,
 }
 
-/// A unit of commit: one component's actions of one wave (or its orphan deletes).
-#[derive(Clone)]
+impl UnitWaiter {
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(Waiter {
+            pending: AtomicUsize::new(0),
+            senders: AtomicUsize::new(0),
+            failure: Mutex::new(None),
+            notify: tokio::sync::Notify::new(),
+        }))
+    }
+
+    fn unit(&self, provider: Arc<str>) -> UnitRef {
+        self.0.senders.fetch_add(1, Ordering::SeqCst);
+        UnitRef {
+            waiter: Arc::clone(&self.0),
+            provider,
+        }
+    }
+
+    /// Waits until every dispatched action is acknowledged; returns the
+    /// first failure (or a shutdown error if a sink stopped without answering).
+    pub(crate) async fn wait(&self) -> Option<Error> {
+        loop {
+            let notified = self.0.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.0.pending.load(Ordering::SeqCst) == 0 {
+                return take(&self.0.failure);
+            }
+            if self.0.senders.load(Ordering::SeqCst) == 0 {
+                return Some(
+                    take(&self.0.failure)
+                        .unwrap_or_else(|| Error::Shutdown("a sink actor stopped".into())),
+                );
+            }
+            notified.await;
+        }
+    }
+}
+
+fn take(m: &Mutex<Option<Error>>) -> Option<Error> {
+    match m.lock() {
+        Ok(mut g) => g.take(),
+        Err(p) => p.into_inner().take(),
+    }
+}
+
+/// A unit's handle in the sinks, to acknowledge its actions.
 pub(crate) struct UnitRef {
-    pub acks: UnboundedSender<UnitAck>,
+    waiter: Arc<Waiter>,
     /// The provider whose actions these are, to name in errors.
     pub provider: Arc<str>,
+}
+
+impl UnitRef {
+    /// Acknowledges `actions` of the unit's actions with their result.
+    pub(crate) fn ack(&self, actions: usize, result: Result<()>) {
+        if let Err(e) = result {
+            match self.waiter.failure.lock() {
+                Ok(mut f) => {
+                    f.get_or_insert(e);
+                }
+                Err(p) => {
+                    p.into_inner().get_or_insert(e);
+                }
+            }
+        }
+        let before = self.waiter.pending.fetch_sub(actions, Ordering::SeqCst);
+        if before <= actions {
+            self.waiter.notify.notify_waiters();
+        }
+    }
+}
+
+impl Clone for UnitRef {
+    fn clone(&self) -> Self {
+        self.waiter.senders.fetch_add(1, Ordering::SeqCst);
+        Self {
+            waiter: Arc::clone(&self.waiter),
+            provider: Arc::clone(&self.provider),
+        }
+    }
+}
+
+impl Drop for UnitRef {
+    fn drop(&mut self) {
+        if self.waiter.senders.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.waiter.notify.notify_waiters();
+        }
+    }
 }
 
 /// The actions of one unit, grouped by sink identity, ready to dispatch.
@@ -70,44 +159,16 @@ impl SinkGroups {
             .push(action);
     }
 
-    /// Sends every group to its sink actor; returns how many actions were sent.
-    pub(crate) fn dispatch(self, run: &Run, acks: &UnboundedSender<UnitAck>) -> usize {
+    /// Sends every group to its sink actor, to be acknowledged to `waiter`.
+    pub(crate) fn dispatch(self, run: &Run, waiter: &UnitWaiter) {
+        waiter.0.pending.fetch_add(self.total, Ordering::SeqCst);
         for group in self.groups.into_values() {
             run.sink(&group.core).send(ApplyActions {
-                unit: UnitRef {
-                    acks: acks.clone(),
-                    provider: group.provider,
-                },
+                unit: waiter.unit(group.provider),
                 actions: group.actions,
             });
         }
-        self.total
     }
-}
-
-/// Waits for `total` actions of a unit to be acknowledged; returns the
-/// first failure.
-pub(crate) async fn await_acks(
-    acks: &mut UnboundedReceiver<UnitAck>,
-    total: usize,
-) -> Option<Error> {
-    let mut acked = 0usize;
-    let mut failure = None;
-    while acked < total {
-        match acks.recv().await {
-            Some(ack) => {
-                acked += ack.actions;
-                if let Err(e) = ack.result {
-                    failure.get_or_insert(e);
-                }
-            }
-            None => {
-                failure.get_or_insert(Error::Shutdown("a sink actor stopped".into()));
-                break;
-            }
-        }
-    }
-    failure
 }
 
 /// One unit's actions in a sink.
@@ -342,9 +403,9 @@ impl SinkActor {
     /// Fails every part of a batch without retrying.
     fn fail_all(&mut self, batch: Batch, err: Error) {
         for part in batch.parts {
-            let _ = part.unit.acks.send(UnitAck {
-                actions: part.actions.len(),
-                result: Err(Error::Sink {
+            part.unit.ack(
+                part.actions.len(),
+                Err(Error::Sink {
                     sink: part.unit.provider.to_string(),
                     actions: part.actions.len(),
                     keys: String::new(),
@@ -352,7 +413,7 @@ impl SinkActor {
                         "the ledger could not record the intended changes, nothing was applied: {err}"
                     ))),
                 }),
-            });
+            );
         }
     }
 
@@ -360,10 +421,7 @@ impl SinkActor {
         let err = match res {
             Ok(()) => {
                 for part in batch.parts {
-                    let _ = part.unit.acks.send(UnitAck {
-                        actions: part.actions.len(),
-                        result: Ok(()),
-                    });
+                    part.unit.ack(part.actions.len(), Ok(()));
                 }
                 return;
             }
@@ -397,15 +455,15 @@ impl SinkActor {
             .collect::<Vec<_>>()
             .join(", ");
         let more = if part.actions.len() > 3 { ", ..." } else { "" };
-        let _ = part.unit.acks.send(UnitAck {
-            actions: part.actions.len(),
-            result: Err(Error::Sink {
+        part.unit.ack(
+            part.actions.len(),
+            Err(Error::Sink {
                 sink: part.unit.provider.to_string(),
                 actions: part.actions.len(),
                 keys: format!("{keys}{more}"),
                 cause: Box::new(err),
             }),
-        });
+        );
     }
 }
 
