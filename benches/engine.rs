@@ -8,7 +8,8 @@
 //! `RESULT engine <shape> <phase> secs=<s> states_per_sec=<n> peak_rss_mb=<m>`.
 //!
 //! `WEIR_BENCH_SHAPES=flat100k,c10kx10` limits the shapes;
-//! `WEIR_BENCH_LAST_PHASE=first` stops after a phase (for profiling).
+//! `WEIR_BENCH_LAST_PHASE=first` stops after a phase (for profiling);
+//! `WEIR_BENCH_SHARDS=n` sets the shard count (default: cores).
 
 // weir allocates across many threads; glibc malloc costs it about a third
 // of its CPU time. Binaries built on weir should use mimalloc or jemalloc,
@@ -213,7 +214,11 @@ fn run_shape(name: &str, components: usize, per: usize) -> Result<()> {
     rt.block_on(async {
         let dir = tempfile::tempdir()?;
         let ledger = dir.path().join("ledger");
-        let app = App::builder("bench").ledger_path(&ledger).build().await?;
+        let mut builder = App::builder("bench").ledger_path(&ledger);
+        if let Some(n) = std::env::var("WEIR_BENCH_SHARDS").ok().and_then(|n| n.parse().ok()) {
+            builder = builder.shards(n);
+        }
+        let app = builder.build().await?;
         let counter = Arc::new(AtomicU64::new(0));
         let total = if components == 0 { per } else { components * per };
         let last = std::env::var("WEIR_BENCH_LAST_PHASE").ok();

@@ -18,7 +18,7 @@ use super::reconciler::{shard_of, Orphan, ReconcileBatch, ShardDecl};
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::buf;
-use crate::ledger::record::{Intent, LedgerOp, StateEntry};
+use crate::ledger::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 use crate::model::erased::{ErasedHandler, ErasedOutput};
 use crate::model::provider::{ChildGeneration, ProviderCore, Resolved};
 use crate::model::sink::EncodedAction;
@@ -377,6 +377,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         orphans,
         prev_children,
         prev_failure,
+        fresh,
     } = reconciled;
 
     if run.preview {
@@ -530,6 +531,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             }
         }
     }
+    if fresh {
+        ops = whole_entry(&own, ops)?;
+    }
     if let Some(children) = children_change(state, &prev_children) {
         ops.push(LedgerOp::AddChildren {
             component: own.clone(),
@@ -547,6 +551,50 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     }
     note_children_and_orphans(state, &prev_children, orphans);
     Ok(())
+}
+
+/// For a component with no entry yet: replaces its per-state puts with one
+/// entry encoded here, so the ledger actor only stores bytes.
+fn whole_entry(own: &[u8], ops: Vec<LedgerOp>) -> Result<Vec<LedgerOp>> {
+    let mut states = Vec::new();
+    let mut indexed = Vec::new();
+    let mut containers = Vec::new();
+    let mut rest = Vec::new();
+    for op in ops {
+        match op {
+            LedgerOp::Put {
+                component,
+                entry,
+                container,
+                ..
+            } if component == own => {
+                indexed.push(entry.path.to_vec());
+                if let Some(c) = container {
+                    containers.push(c);
+                }
+                states.push(entry);
+            }
+            other => rest.push(other),
+        }
+    }
+    if states.is_empty() {
+        return Ok(rest);
+    }
+    states.sort_by(|a, b| a.path.cmp(&b.path));
+    states.dedup_by(|a, b| a.path == b.path);
+    containers.sort();
+    containers.dedup();
+    let entry = ComponentEntry {
+        states,
+        failure: None,
+    };
+    rest.push(LedgerOp::PutEntry {
+        component: own.to_vec(),
+        encoded: rmp_serde::to_vec(&entry)?,
+        indexed,
+        containers,
+    });
+    Ok(rest)
 }
 
 /// The children mounted now that the last run's list lacks. Children no
@@ -641,6 +689,8 @@ struct Reconciliation {
     orphans: Vec<StateEntry>,
     prev_children: Vec<StableKey>,
     prev_failure: Option<String>,
+    /// The component has no ledger entry yet.
+    fresh: bool,
 }
 
 /// Reconciles declarations in waves: first those whose provider is
@@ -668,6 +718,7 @@ async fn reconcile_waves(
         orphans: Vec::new(),
         prev_children: Vec::new(),
         prev_failure: None,
+        fresh: false,
     };
     let mut first = true;
     loop {
@@ -708,10 +759,10 @@ async fn reconcile_waves(
                 home: is_home,
                 reply: tx,
             });
-            replies.push(rx);
+            replies.push((is_home, rx));
         }
         let mut errors: Vec<Error> = Vec::new();
-        for rx in replies {
+        for (is_home, rx) in replies {
             let reply = rx
                 .await
                 .map_err(|_| Error::Shutdown("a reconciler shard stopped".into()))?;
@@ -725,6 +776,9 @@ async fn reconcile_waves(
                 }
                 if reply.prev_failure.is_some() {
                     out.prev_failure = reply.prev_failure;
+                }
+                if is_home {
+                    out.fresh = !reply.entry_exists;
                 }
             }
             for o in reply.outcomes {

@@ -16,6 +16,11 @@ use crate::ledger::Ledger;
 
 type CommitReply = Option<oneshot::Sender<Result<()>>>;
 
+/// A queue at least this long means the ledger is the bottleneck.
+const BUSY_GROUP: usize = 32;
+/// How long a busy ledger waits for more messages before writing.
+const GROUP_WINDOW: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// The most messages folded into one sled batch.
 const MAX_GROUP: usize = 4096;
 
@@ -108,6 +113,17 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
             match rx.try_recv() {
                 Ok(m) => msgs.push(m),
                 Err(_) => break,
+            }
+        }
+        // Under load (a long queue), wait a moment for more, so that one
+        // flush serves more commits; a lone commit is written at once.
+        if msgs.len() >= BUSY_GROUP {
+            let deadline = std::time::Instant::now() + GROUP_WINDOW;
+            while msgs.len() < MAX_GROUP {
+                match rx.recv_deadline(deadline) {
+                    Ok(m) => msgs.push(m),
+                    Err(_) => break,
+                }
             }
         }
         let mut shutdown = false;

@@ -75,6 +75,8 @@ pub(crate) struct ShardReply {
     /// The home shard's view of the component: its children and failure.
     pub prev_children: Vec<StableKey>,
     pub prev_failure: Option<String>,
+    /// The home shard found an entry for the component.
+    pub entry_exists: bool,
     /// A ledger read failed: the component cannot be reconciled.
     pub error: Option<Error>,
 }
@@ -174,6 +176,7 @@ impl ReconcilerActor {
                 }
             }
             reply.prev_failure = own.as_ref().and_then(|o| o.failure.clone());
+            reply.entry_exists = own.is_some();
         }
         if let Some(declared) = &msg.declared_paths {
             for s in own_states {

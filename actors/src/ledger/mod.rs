@@ -301,6 +301,7 @@ impl Ledger {
             containers: HashSet::new(),
             children: HashMap::new(),
             child_removals: HashMap::new(),
+            raw_puts: HashMap::new(),
             batch: sled::Batch::default(),
         };
         for op in ops {
@@ -391,13 +392,18 @@ struct BatchBuilder<'a> {
     children: HashMap<Vec<u8>, Vec<StableKey>>,
     /// Children to drop from each parent's list, applied once at the end.
     child_removals: HashMap<Vec<u8>, HashSet<StableKey>>,
+    /// Whole entries already encoded by their component, stored as given.
+    raw_puts: HashMap<Vec<u8>, Vec<u8>>,
     batch: sled::Batch,
 }
 
 impl BatchBuilder<'_> {
     fn edit(&mut self, component: &[u8]) -> Result<&mut EntryEdit> {
         if !self.entries.contains_key(component) {
-            let loaded = self.ledger.component(component)?.unwrap_or_default();
+            let loaded = match self.raw_puts.remove(component) {
+                Some(raw) => self.ledger.decode(&raw, "a component entry")?,
+                None => self.ledger.component(component)?.unwrap_or_default(),
+            };
             self.entries
                 .insert(component.to_vec(), EntryEdit::new(loaded));
         }
@@ -444,6 +450,30 @@ impl BatchBuilder<'_> {
                 }
                 self.note_container(container.as_deref(), &component);
                 self.edit(&component)?.upsert(entry);
+            }
+            LedgerOp::PutEntry {
+                component,
+                encoded,
+                indexed,
+                containers,
+            } => {
+                for path in indexed {
+                    self.index_adds.push((path, component.clone()));
+                }
+                for c in containers {
+                    self.note_container(Some(&c), &component);
+                }
+                if self.entries.contains_key(&component) {
+                    // Edited earlier in this batch: merge instead.
+                    let entry: ComponentEntry =
+                        self.ledger.decode(&encoded, "a component entry")?;
+                    let edit = self.edit(&component)?;
+                    for s in entry.states {
+                        edit.upsert(s);
+                    }
+                } else {
+                    self.raw_puts.insert(component, encoded);
+                }
             }
             LedgerOp::Remove { component, path } => {
                 self.edit(&component)?.remove(&path);
@@ -583,6 +613,9 @@ impl BatchBuilder<'_> {
             if let Some(list) = self.children.get_mut(&parent) {
                 list.retain(|k| !gone.contains(k));
             }
+        }
+        for (component, raw) in std::mem::take(&mut self.raw_puts) {
+            self.batch.insert(key(P_COMPONENT, &component), raw);
         }
         for (component, entry) in self.entries.iter().map(|(c, e)| (c, &e.base)) {
             let k = key(P_COMPONENT, component);

@@ -140,6 +140,15 @@ pub(crate) enum LedgerOp {
         /// The container the state is below, if any.
         container: Option<Vec<u8>>,
     },
+    /// Set the whole entry of a component that had none, already encoded.
+    PutEntry {
+        component: Vec<u8>,
+        encoded: Vec<u8>,
+        /// The paths of its states, to index.
+        indexed: Vec<Vec<u8>>,
+        /// The containers its states are below.
+        containers: Vec<Vec<u8>>,
+    },
     /// Remove a state from a component's entry.
     Remove { component: Vec<u8>, path: Vec<u8> },
     /// Merge a possible new record into a state: the state may now be in
