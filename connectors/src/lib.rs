@@ -4,3 +4,6 @@
 //! [`TargetHandler`](weir_actors::TargetHandler) per kind of target state
 //! and a [`TargetActionSink`](weir_actors::TargetActionSink) per external
 //! resource.
+
+#[cfg(feature = "sql")]
+pub mod sql;

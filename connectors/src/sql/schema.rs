@@ -1,0 +1,320 @@
+//! Table schemas and how they change.
+
+use serde::{Deserialize, Serialize};
+use weir_actors::{Error, Result, TargetChildInvalidation};
+
+use super::ident::validate_identifier;
+
+/// The type of a column, mapped to each database's own types.
+///
+/// | type | PostgreSQL | SQLite |
+/// | --- | --- | --- |
+/// | `Text` | `text` | `TEXT` |
+/// | `SmallInt`, `Integer`, `BigInt` | `smallint`, `integer`, `bigint` | `INTEGER` |
+/// | `Real`, `Double` | `real`, `double precision` | `REAL` |
+/// | `Boolean` | `boolean` | `INTEGER` (0/1) |
+/// | `Bytes` | `bytea` | `BLOB` |
+/// | `Json` | `jsonb` | `TEXT` (JSON) |
+/// | `Timestamp` | `timestamptz` | `TEXT` (RFC 3339, UTC) |
+/// | `Uuid` | `uuid` | `TEXT` |
+/// | `Array(t)` | `t[]` | `TEXT` (JSON array) |
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ColumnType {
+    /// UTF-8 text without NUL bytes.
+    Text,
+    /// A 16-bit integer.
+    SmallInt,
+    /// A 32-bit integer.
+    Integer,
+    /// A 64-bit integer.
+    BigInt,
+    /// A 32-bit float (finite).
+    Real,
+    /// A 64-bit float (finite).
+    Double,
+    /// A boolean.
+    Boolean,
+    /// Raw bytes.
+    Bytes,
+    /// Any serde value, stored as JSON.
+    Json,
+    /// A point in time (an RFC 3339 string or seconds since the epoch).
+    Timestamp,
+    /// A UUID (its string form or 16 bytes).
+    Uuid,
+    /// An array of another type.
+    Array(Box<ColumnType>),
+}
+
+/// One column of a table.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Column {
+    /// The column's name (a validated identifier).
+    pub name: String,
+    /// Its type.
+    pub ty: ColumnType,
+    /// Whether it may hold NULL (primary key columns may not).
+    pub nullable: bool,
+}
+
+/// The schema of a table: its columns and its (possibly composite) primary key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TableSchema {
+    columns: Vec<Column>,
+    primary_key: Vec<String>,
+}
+
+/// Builds a [`TableSchema`]; validated by [`TableSchemaBuilder::build`].
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct TableSchemaBuilder {
+    columns: Vec<Column>,
+    primary_key: Vec<String>,
+}
+
+impl TableSchemaBuilder {
+    /// A column that may not be NULL.
+    pub fn column(mut self, name: &str, ty: ColumnType) -> Self {
+        self.columns.push(Column {
+            name: name.to_string(),
+            ty,
+            nullable: false,
+        });
+        self
+    }
+
+    /// A column that may be NULL (a missing or `None` field stores NULL).
+    pub fn nullable_column(mut self, name: &str, ty: ColumnType) -> Self {
+        self.columns.push(Column {
+            name: name.to_string(),
+            ty,
+            nullable: true,
+        });
+        self
+    }
+
+    /// The primary key: one or more of the columns, in order.
+    pub fn primary_key<I, S>(mut self, columns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.primary_key = columns.into_iter().map(|c| c.as_ref().to_string()).collect();
+        self
+    }
+
+    /// Validates the schema.
+    ///
+    /// # Errors
+    /// When a name is not a valid identifier, a column is listed twice, the
+    /// primary key is empty, names an unknown column, or a nullable one.
+    pub fn build(self) -> Result<TableSchema> {
+        if self.columns.is_empty() {
+            return Err(Error::permanent("a table schema needs at least one column"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for c in &self.columns {
+            validate_identifier("column", &c.name)?;
+            if !seen.insert(c.name.to_ascii_lowercase()) {
+                return Err(Error::permanent(format!("column {:?} is listed twice", c.name)));
+            }
+        }
+        if self.primary_key.is_empty() {
+            return Err(Error::permanent("a table schema needs a primary key"));
+        }
+        for k in &self.primary_key {
+            match self.columns.iter().find(|c| &c.name == k) {
+                None => {
+                    return Err(Error::permanent(format!(
+                        "primary key column {k:?} is not a column of the table"
+                    )))
+                }
+                Some(c) if c.nullable => {
+                    return Err(Error::permanent(format!(
+                        "primary key column {k:?} must not be nullable"
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(TableSchema {
+            columns: self.columns,
+            primary_key: self.primary_key,
+        })
+    }
+}
+
+/// How a table must change to go from one schema to another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SchemaChange {
+    /// Nothing to change.
+    Same,
+    /// Only nullable columns added: altered in place, rows keep their data.
+    AddNullable(Vec<Column>),
+    /// Columns dropped, retyped, or added as NOT NULL: altered in place, but
+    /// rows may have lost data, so every row is written again (`Lossy`).
+    Alter {
+        /// Columns to add.
+        add: Vec<Column>,
+        /// Columns to drop.
+        drop: Vec<String>,
+        /// Columns whose type or nullability changed (dropped and added again).
+        retype: Vec<Column>,
+    },
+    /// The primary key changed: the table is dropped and created again
+    /// (`Destructive`: every row is created again).
+    Rebuild,
+}
+
+impl SchemaChange {
+    /// How the change affects the table's rows.
+    pub fn child_invalidation(&self) -> Option<TargetChildInvalidation> {
+        match self {
+            SchemaChange::Same | SchemaChange::AddNullable(_) => None,
+            SchemaChange::Alter { .. } => Some(TargetChildInvalidation::Lossy),
+            SchemaChange::Rebuild => Some(TargetChildInvalidation::Destructive),
+        }
+    }
+}
+
+impl TableSchema {
+    /// A builder.
+    pub fn builder() -> TableSchemaBuilder {
+        TableSchemaBuilder::default()
+    }
+
+    /// The columns, in order.
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// The primary key columns, in order.
+    pub fn primary_key(&self) -> &[String] {
+        &self.primary_key
+    }
+
+    /// A column by name.
+    pub fn column(&self, name: &str) -> Option<&Column> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+
+    /// Whether `name` is part of the primary key.
+    pub fn is_key(&self, name: &str) -> bool {
+        self.primary_key.iter().any(|k| k == name)
+    }
+
+    /// What must change to go from `self` (what exists) to `new`.
+    pub fn diff(&self, new: &TableSchema) -> SchemaChange {
+        if self == new {
+            return SchemaChange::Same;
+        }
+        let key_types = |s: &TableSchema| -> Vec<(String, ColumnType)> {
+            s.primary_key
+                .iter()
+                .map(|k| (k.clone(), s.column(k).map(|c| c.ty.clone()).unwrap_or(ColumnType::Text)))
+                .collect()
+        };
+        if key_types(self) != key_types(new) {
+            return SchemaChange::Rebuild;
+        }
+        let mut add = Vec::new();
+        let mut retype = Vec::new();
+        for c in &new.columns {
+            match self.column(&c.name) {
+                None => add.push(c.clone()),
+                Some(old) if old != c => retype.push(c.clone()),
+                Some(_) => {}
+            }
+        }
+        let drop: Vec<String> = self
+            .columns
+            .iter()
+            .filter(|c| new.column(&c.name).is_none())
+            .map(|c| c.name.clone())
+            .collect();
+        if drop.is_empty() && retype.is_empty() && add.iter().all(|c| c.nullable) {
+            if add.is_empty() {
+                // Only the column order changed: nothing to do in place.
+                return SchemaChange::Same;
+            }
+            return SchemaChange::AddNullable(add);
+        }
+        SchemaChange::Alter { add, drop, retype }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Result<TableSchema> {
+        TableSchema::builder()
+            .column("id", ColumnType::Text)
+            .nullable_column("body", ColumnType::Text)
+            .primary_key(["id"])
+            .build()
+    }
+
+    #[test]
+    fn bad_schemas_are_rejected_with_a_reason() {
+        let no_key = TableSchema::builder().column("id", ColumnType::Text).build();
+        assert!(no_key.is_err());
+        let unknown = TableSchema::builder()
+            .column("id", ColumnType::Text)
+            .primary_key(["nope"])
+            .build();
+        assert!(unknown.err().map(|e| e.to_string()).unwrap_or_default().contains("nope"));
+        let injected = TableSchema::builder()
+            .column("id; DROP TABLE x", ColumnType::Text)
+            .primary_key(["id; DROP TABLE x"])
+            .build();
+        assert!(injected.is_err());
+        let nullable_key = TableSchema::builder()
+            .nullable_column("id", ColumnType::Text)
+            .primary_key(["id"])
+            .build();
+        assert!(nullable_key.is_err());
+    }
+
+    #[test]
+    fn schema_changes_are_classified_by_their_effect_on_rows() -> Result<()> {
+        let old = base()?;
+        assert_eq!(old.diff(&old), SchemaChange::Same);
+        let added = TableSchema::builder()
+            .column("id", ColumnType::Text)
+            .nullable_column("body", ColumnType::Text)
+            .nullable_column("extra", ColumnType::BigInt)
+            .primary_key(["id"])
+            .build()?;
+        assert!(matches!(old.diff(&added), SchemaChange::AddNullable(_)));
+        assert_eq!(old.diff(&added).child_invalidation(), None);
+        let dropped = TableSchema::builder()
+            .column("id", ColumnType::Text)
+            .primary_key(["id"])
+            .build()?;
+        assert_eq!(
+            old.diff(&dropped).child_invalidation(),
+            Some(TargetChildInvalidation::Lossy)
+        );
+        let retyped = TableSchema::builder()
+            .column("id", ColumnType::Text)
+            .nullable_column("body", ColumnType::Json)
+            .primary_key(["id"])
+            .build()?;
+        assert_eq!(
+            old.diff(&retyped).child_invalidation(),
+            Some(TargetChildInvalidation::Lossy)
+        );
+        let rekeyed = TableSchema::builder()
+            .column("id", ColumnType::BigInt)
+            .nullable_column("body", ColumnType::Text)
+            .primary_key(["id"])
+            .build()?;
+        assert_eq!(old.diff(&rekeyed), SchemaChange::Rebuild);
+        assert_eq!(
+            old.diff(&rekeyed).child_invalidation(),
+            Some(TargetChildInvalidation::Destructive)
+        );
+        Ok(())
+    }
+}
