@@ -12,7 +12,11 @@ pub const MAX_IDENTIFIER_LEN: usize = 63;
 /// # Errors
 /// A permanent error naming the identifier and what is wrong with it.
 pub fn validate_identifier(what: &str, name: &str) -> Result<()> {
-    let bad = |why: &str| Err(Error::permanent(format!("invalid {what} name {name:?}: {why}")));
+    let bad = |why: &str| {
+        Err(Error::permanent(format!(
+            "invalid {what} name {name:?}: {why}"
+        )))
+    };
     let Some(first) = name.chars().next() else {
         return bad("it is empty");
     };
@@ -22,7 +26,10 @@ pub fn validate_identifier(what: &str, name: &str) -> Result<()> {
     if !(first.is_ascii_alphabetic() || first == '_') {
         return bad("it must start with a letter or an underscore");
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_')) {
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_'))
+    {
         return bad(&format!(
             "{c:?} is not allowed (use letters, digits and underscores)"
         ));

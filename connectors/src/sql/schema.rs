@@ -99,7 +99,10 @@ impl TableSchemaBuilder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.primary_key = columns.into_iter().map(|c| c.as_ref().to_string()).collect();
+        self.primary_key = columns
+            .into_iter()
+            .map(|c| c.as_ref().to_string())
+            .collect();
         self
     }
 
@@ -116,7 +119,10 @@ impl TableSchemaBuilder {
         for c in &self.columns {
             validate_identifier("column", &c.name)?;
             if !seen.insert(c.name.to_ascii_lowercase()) {
-                return Err(Error::permanent(format!("column {:?} is listed twice", c.name)));
+                return Err(Error::permanent(format!(
+                    "column {:?} is listed twice",
+                    c.name
+                )));
             }
         }
         if self.primary_key.is_empty() {
@@ -211,7 +217,14 @@ impl TableSchema {
         let key_types = |s: &TableSchema| -> Vec<(String, ColumnType)> {
             s.primary_key
                 .iter()
-                .map(|k| (k.clone(), s.column(k).map(|c| c.ty.clone()).unwrap_or(ColumnType::Text)))
+                .map(|k| {
+                    (
+                        k.clone(),
+                        s.column(k)
+                            .map(|c| c.ty.clone())
+                            .unwrap_or(ColumnType::Text),
+                    )
+                })
                 .collect()
         };
         if key_types(self) != key_types(new) {
@@ -257,13 +270,19 @@ mod tests {
 
     #[test]
     fn bad_schemas_are_rejected_with_a_reason() {
-        let no_key = TableSchema::builder().column("id", ColumnType::Text).build();
+        let no_key = TableSchema::builder()
+            .column("id", ColumnType::Text)
+            .build();
         assert!(no_key.is_err());
         let unknown = TableSchema::builder()
             .column("id", ColumnType::Text)
             .primary_key(["nope"])
             .build();
-        assert!(unknown.err().map(|e| e.to_string()).unwrap_or_default().contains("nope"));
+        assert!(unknown
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+            .contains("nope"));
         let injected = TableSchema::builder()
             .column("id; DROP TABLE x", ColumnType::Text)
             .primary_key(["id; DROP TABLE x"])

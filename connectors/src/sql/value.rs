@@ -121,9 +121,13 @@ impl SqlValue {
             SqlValue::Json(j) => StableKey::Str(j.to_string().into()),
             SqlValue::Timestamp(t) => StableKey::Str(t.to_rfc3339().into()),
             SqlValue::Uuid(u) => StableKey::Uuid(*u),
-            SqlValue::Array(items) => {
-                StableKey::Array(items.iter().map(SqlValue::to_key).collect::<Vec<_>>().into())
-            }
+            SqlValue::Array(items) => StableKey::Array(
+                items
+                    .iter()
+                    .map(SqlValue::to_key)
+                    .collect::<Vec<_>>()
+                    .into(),
+            ),
         }
     }
 }
@@ -168,7 +172,9 @@ fn convert(v: &Value, ty: &ColumnType) -> std::result::Result<SqlValue, String> 
             Value::String(s) => SqlValue::Text(text(s)?.to_string()),
             other => return Err(format!("expected text, got {other}")),
         },
-        ColumnType::SmallInt => SqlValue::Int(integer(v, i64::from(i16::MIN), i64::from(i16::MAX))?),
+        ColumnType::SmallInt => {
+            SqlValue::Int(integer(v, i64::from(i16::MIN), i64::from(i16::MAX))?)
+        }
         ColumnType::Integer => SqlValue::Int(integer(v, i64::from(i32::MIN), i64::from(i32::MAX))?),
         ColumnType::BigInt => SqlValue::Int(integer(v, i64::MIN, i64::MAX)?),
         ColumnType::Real => {
@@ -207,8 +213,12 @@ fn convert(v: &Value, ty: &ColumnType) -> std::result::Result<SqlValue, String> 
             other => return Err(format!("expected a timestamp, got {other}")),
         }),
         ColumnType::Uuid => SqlValue::Uuid(match v {
-            Value::String(s) => uuid::Uuid::parse_str(text(s)?).map_err(|e| format!("{s} is not a UUID: {e}"))?,
-            Value::Binary(b) => uuid::Uuid::from_slice(b).map_err(|e| format!("not a UUID: {e}"))?,
+            Value::String(s) => {
+                uuid::Uuid::parse_str(text(s)?).map_err(|e| format!("{s} is not a UUID: {e}"))?
+            }
+            Value::Binary(b) => {
+                uuid::Uuid::from_slice(b).map_err(|e| format!("not a UUID: {e}"))?
+            }
             other => return Err(format!("expected a UUID, got {other}")),
         }),
         ColumnType::Array(inner) => match v {
@@ -239,11 +249,18 @@ fn json(v: &Value) -> std::result::Result<serde_json::Value, String> {
         },
         Value::F32(_) | Value::F64(_) => {
             let f = float(v)?;
-            serde_json::Number::from_f64(f).map(J::Number).ok_or("not a finite number")?
+            serde_json::Number::from_f64(f)
+                .map(J::Number)
+                .ok_or("not a finite number")?
         }
         Value::String(s) => J::String(text(s)?.to_string()),
         Value::Binary(b) => J::Array(b.iter().map(|x| J::from(*x)).collect()),
-        Value::Array(items) => J::Array(items.iter().map(json).collect::<std::result::Result<_, _>>()?),
+        Value::Array(items) => J::Array(
+            items
+                .iter()
+                .map(json)
+                .collect::<std::result::Result<_, _>>()?,
+        ),
         Value::Map(entries) => {
             let mut map = serde_json::Map::with_capacity(entries.len());
             for (k, val) in entries {
@@ -303,7 +320,10 @@ mod tests {
         assert_eq!(row.values[1], SqlValue::Int(7));
         assert_eq!(row.values[2], SqlValue::Float(0.5));
         assert_eq!(row.values[3], SqlValue::Json(serde_json::json!({"x": 1.5})));
-        assert_eq!(row.values[4], SqlValue::Array(vec![SqlValue::Text("t".into())]));
+        assert_eq!(
+            row.values[4],
+            SqlValue::Array(vec![SqlValue::Text("t".into())])
+        );
         assert_eq!(row.values[5], SqlValue::Null);
         assert_eq!(row.key(&schema()?), StableKey::Str("a".into()));
         Ok(())
@@ -336,7 +356,10 @@ mod tests {
             .primary_key(["id"])
             .build()?;
         let ok = BTreeMap::from([("id", 5)]);
-        assert_eq!(Row::from_serialize("t", &s, &ok)?.values, vec![SqlValue::Int(5)]);
+        assert_eq!(
+            Row::from_serialize("t", &s, &ok)?.values,
+            vec![SqlValue::Int(5)]
+        );
         let big = BTreeMap::from([("id", 70_000)]);
         assert!(Row::from_serialize("t", &s, &big).is_err());
         let missing: BTreeMap<&str, i32> = BTreeMap::new();
