@@ -7,3 +7,7 @@
 
 #[cfg(feature = "sql")]
 pub mod sql;
+
+#[cfg(feature = "localfs")]
+pub mod localfs;
+
