@@ -10,4 +10,3 @@ pub mod sql;
 
 #[cfg(feature = "localfs")]
 pub mod localfs;
-
