@@ -132,6 +132,7 @@ impl AppBuilder {
     /// or when the ledger cannot be opened: it is locked by another `App` or
     /// process, of an unknown format version, or corrupt.
     pub async fn build(self) -> Result<App> {
+        crate::metrics::describe_once();
         let user = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Usage("App::build must be called inside a tokio runtime".into()))?;
         let shards = match self.shards {
@@ -317,6 +318,13 @@ impl App {
             components: load(&c.components),
         };
         let preview = std::mem::take(&mut *lock(&run.preview_actions));
+        let outcome = if failures.is_empty() && result.is_ok() {
+            "ok"
+        } else {
+            "failed"
+        };
+        metrics::counter!(crate::metrics::UPDATE_RUNS, "outcome" => outcome).increment(1);
+        metrics::histogram!(crate::metrics::UPDATE_DURATION).record(stats.elapsed.as_secs_f64());
         if !failures.is_empty() {
             return Err(Error::ComponentsFailed(failures));
         }

@@ -13,6 +13,7 @@
 //!
 //! Users depend on the `weir` facade crate, which re-exports all of this.
 
+pub mod metrics;
 pub mod model;
 
 mod actors;

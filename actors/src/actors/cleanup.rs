@@ -19,6 +19,7 @@ use crate::ledger::record::{Intent, LedgerOp};
 use crate::ledger::{buf, Ledger};
 use crate::model::erased::ErasedOutput;
 use crate::model::keycode;
+use crate::model::provider::ProviderPath;
 use crate::model::sink::EncodedAction;
 use crate::model::{ComponentPath, StableKey};
 use crate::run::{lock, PreviewAction, Run};
@@ -72,7 +73,7 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
         for (orphan, provider, key, result) in &outcomes {
             if let Ok(Some(out)) = result {
                 preview.push(PreviewAction {
-                    provider: provider.to_string(),
+                    provider: provider.name.to_string(),
                     key: key.clone(),
                     kind: out.kind,
                     component: orphan.component_path.clone(),
@@ -117,7 +118,7 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
                 key: key.clone(),
                 intent: (!orphan.entry.may_be_missing).then(|| delete_intent(orphan)),
             };
-            groups.add(&out.sink, provider, planned);
+            groups.add(&out.sink, &provider.name, &provider.root, planned);
         }
         groups.dispatch(run, &waiter);
         waiting.push((component.clone(), waiter));
@@ -191,11 +192,16 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
     Ok(())
 }
 
-type OrphanOutcome = (Orphan, Arc<str>, StableKey, Result<Option<ErasedOutput>>);
+type OrphanOutcome = (
+    Orphan,
+    ProviderPath,
+    StableKey,
+    Result<Option<ErasedOutput>>,
+);
 
 struct Unit {
     path: ComponentPath,
-    items: Vec<(Orphan, Arc<str>, StableKey, Option<ErasedOutput>)>,
+    items: Vec<(Orphan, ProviderPath, StableKey, Option<ErasedOutput>)>,
     error: Option<Error>,
 }
 
@@ -285,9 +291,9 @@ async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan
         if orphans.is_empty() {
             continue;
         }
-        let names: Vec<(Arc<str>, StableKey)> = orphans
+        let names: Vec<(ProviderPath, StableKey)> = orphans
             .iter()
-            .map(|(_, p, k, _)| (Arc::clone(&p.path.name), k.clone()))
+            .map(|(_, p, k, _)| (p.path.clone(), k.clone()))
             .collect();
         let (tx, rx) = oneshot::channel();
         shards[s].do_send(ReconcileOrphans { orphans, reply: tx });

@@ -140,6 +140,8 @@ where
     run.counters
         .components
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let inflight = metrics::gauge!(crate::metrics::COMPONENTS_INFLIGHT);
+    inflight.increment(1.0);
     let ctx = crate::ctx::Ctx::from_state(Arc::clone(&state));
     let outcome = AssertUnwindSafe(f(ctx)).catch_unwind().await;
     let result = match outcome {
@@ -167,6 +169,13 @@ where
         }
     };
     lock(&state.permit).take();
+    inflight.decrement(1.0);
+    let outcome = if result.is_ok() {
+        "succeeded"
+    } else {
+        "failed"
+    };
+    metrics::counter!(crate::metrics::COMPONENT_RUNS, "outcome" => outcome).increment(1);
     if let Err(e) = &result {
         run.fail(ComponentFailure::new(state.path.clone(), e));
     }
@@ -357,6 +366,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         let mut d = lock(&state.decls);
         (std::mem::take(&mut d.list), std::mem::take(&mut d.errors))
     };
+    metrics::counter!(crate::metrics::DECLARATIONS).increment(decls.len() as u64);
     if let Some(first) = errors.first() {
         let e = Error::Usage(first.clone());
         active.leave();
@@ -417,7 +427,12 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                 key: d.key.clone(),
                 intent: intent_for(state, d, r),
             };
-            groups.add(&out.sink, &d.provider.path.name, planned);
+            groups.add(
+                &out.sink,
+                &d.provider.path.name,
+                &d.provider.path.root,
+                planned,
+            );
             attempted.push(i);
         }
         groups.dispatch(run, &waiter);
@@ -750,6 +765,8 @@ async fn reconcile_waves(
             }
             let (tx, rx) = oneshot::channel();
             let declared_paths = if is_home { all_paths.take() } else { None };
+            metrics::gauge!(crate::metrics::RECONCILE_QUEUE_DEPTH, "shard" => s.to_string())
+                .increment(1.0);
             shards[s].do_send(ReconcileBatch {
                 run_id: run.id,
                 component: Arc::clone(&state.key),

@@ -126,6 +126,7 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
                 }
             }
         }
+        let group_started = std::time::Instant::now();
         let mut shutdown = false;
         let mut intent_replies = Vec::new();
         let mut commits: Vec<(Vec<LedgerOp>, CommitReply)> = Vec::new();
@@ -154,6 +155,9 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
             ledger.apply(ops)
         };
         let flushed = ledger.flush();
+        metrics::counter!(crate::metrics::LEDGER_COMMITS).increment(1);
+        metrics::histogram!(crate::metrics::LEDGER_COMMIT_DURATION)
+            .record(group_started.elapsed().as_secs_f64());
         for reply in replies.into_iter().flatten() {
             let res = match (&applied, &flushed) {
                 (Err(e), _) => Err(Error::msg(format!("ledger write failed: {e}"))),

@@ -76,12 +76,12 @@ impl Engine {
                 sys.block_on(async move {
                     let mut arbiters = Vec::with_capacity(shard_count + 1);
                     let mut shards = Vec::with_capacity(shard_count);
-                    for _ in 0..shard_count {
+                    for i in 0..shard_count {
                         let arbiter = Arbiter::new();
                         let ledger = shard_ledger.clone();
                         shards.push(ReconcilerActor::start_in_arbiter(
                             &arbiter.handle(),
-                            move |_| ReconcilerActor::new(ledger),
+                            move |_| ReconcilerActor::new(i, ledger),
                         ));
                         arbiters.push(arbiter);
                     }

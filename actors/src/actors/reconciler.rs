@@ -127,14 +127,17 @@ impl Message for EndRun {
 }
 
 pub(crate) struct ReconcilerActor {
+    /// The shard index, as a metrics label.
+    label: String,
     ledger: Ledger,
     /// Per run: each declared path and the component that declared it.
     declared: HashMap<u64, HashMap<Arc<[u8]>, ComponentPath>>,
 }
 
 impl ReconcilerActor {
-    pub(crate) fn new(ledger: Ledger) -> Self {
+    pub(crate) fn new(index: usize, ledger: Ledger) -> Self {
         Self {
+            label: index.to_string(),
             ledger,
             declared: HashMap::default(),
         }
@@ -325,8 +328,17 @@ impl Handler<ReconcileBatch> for ReconcilerActor {
     type Result = ();
 
     fn handle(&mut self, mut msg: ReconcileBatch, _ctx: &mut Context<Self>) {
+        let started = std::time::Instant::now();
         let decls = std::mem::take(&mut msg.decls);
+        let calls = decls.len() as u64;
         let reply = self.reconcile(&msg, decls);
+        let shard = self.label.clone();
+        metrics::gauge!(crate::metrics::RECONCILE_QUEUE_DEPTH, "shard" => shard.clone())
+            .decrement(1.0);
+        metrics::counter!(crate::metrics::RECONCILE_CALLS, "shard" => shard.clone())
+            .increment(calls);
+        metrics::histogram!(crate::metrics::RECONCILE_BATCH_DURATION, "shard" => shard)
+            .record(started.elapsed().as_secs_f64());
         let _ = msg.reply.send(reply);
     }
 }

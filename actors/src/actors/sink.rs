@@ -15,7 +15,7 @@ use crate::config::{BatchPolicy, RetryPolicy};
 use crate::error::{Error, Result};
 use crate::ledger::record::Intent;
 use crate::model::sink::{panic_error, EncodedAction, SinkCore};
-use crate::model::StableKey;
+use crate::model::{ActionKind, StableKey};
 use crate::run::Run;
 
 /// An action on its way to a sink, with what the ledger needs to know.
@@ -51,11 +51,12 @@ impl UnitWaiter {
         }))
     }
 
-    fn unit(&self, provider: Arc<str>) -> UnitRef {
+    fn unit(&self, provider: Arc<str>, label: Arc<str>) -> UnitRef {
         self.0.senders.fetch_add(1, Ordering::SeqCst);
         UnitRef {
             waiter: Arc::clone(&self.0),
             provider,
+            label,
         }
     }
 
@@ -92,6 +93,8 @@ pub(crate) struct UnitRef {
     waiter: Arc<Waiter>,
     /// The provider whose actions these are, to name in errors.
     pub provider: Arc<str>,
+    /// Its root provider's name, the metrics label.
+    pub label: Arc<str>,
 }
 
 impl UnitRef {
@@ -120,6 +123,7 @@ impl Clone for UnitRef {
         Self {
             waiter: Arc::clone(&self.waiter),
             provider: Arc::clone(&self.provider),
+            label: Arc::clone(&self.label),
         }
     }
 }
@@ -142,17 +146,25 @@ pub(crate) struct SinkGroups {
 struct SinkGroup {
     core: Arc<SinkCore>,
     provider: Arc<str>,
+    label: Arc<str>,
     actions: Vec<PlannedAction>,
 }
 
 impl SinkGroups {
-    pub(crate) fn add(&mut self, core: &Arc<SinkCore>, provider: &Arc<str>, action: PlannedAction) {
+    pub(crate) fn add(
+        &mut self,
+        core: &Arc<SinkCore>,
+        provider: &Arc<str>,
+        label: &Arc<str>,
+        action: PlannedAction,
+    ) {
         self.total += 1;
         self.groups
             .entry(core.id)
             .or_insert_with(|| SinkGroup {
                 core: Arc::clone(core),
                 provider: Arc::clone(provider),
+                label: Arc::clone(label),
                 actions: Vec::new(),
             })
             .actions
@@ -164,7 +176,7 @@ impl SinkGroups {
         waiter.0.pending.fetch_add(self.total, Ordering::SeqCst);
         for group in self.groups.into_values() {
             run.sink(&group.core).send(ApplyActions {
-                unit: waiter.unit(group.provider),
+                unit: waiter.unit(group.provider, group.label),
                 actions: group.actions,
             });
         }
@@ -376,6 +388,9 @@ impl SinkActor {
             .iter()
             .flat_map(|p| p.actions.iter().map(|a| a.action.clone()))
             .collect();
+        let label = self.label(&batch);
+        metrics::histogram!(crate::metrics::SINK_BATCH_SIZE, "sink" => label.clone())
+            .record(actions.len() as f64);
         let fut = async move {
             if !intents.is_empty() {
                 match env.ledger.write_intents(intents).await {
@@ -388,7 +403,14 @@ impl SinkActor {
                     Err(e) => return Err((e, false)),
                 }
             }
-            call_sink(core, &env, actions).await.map_err(|e| (e, true))
+            let started = std::time::Instant::now();
+            let res = call_sink(core, &env, actions).await;
+            metrics::histogram!(crate::metrics::SINK_APPLY_DURATION, "sink" => label.clone())
+                .record(started.elapsed().as_secs_f64());
+            let outcome = if res.is_ok() { "ok" } else { "failed" };
+            metrics::counter!(crate::metrics::SINK_CALLS, "sink" => label, "outcome" => outcome)
+                .increment(1);
+            res.map_err(|e| (e, true))
         };
         ctx.wait(fut.into_actor(self).map(move |res, act, ctx| {
             act.in_flight = false;
@@ -417,9 +439,33 @@ impl SinkActor {
         }
     }
 
+    /// The metrics label of a batch: its first unit's root provider.
+    fn label(&self, batch: &Batch) -> String {
+        batch
+            .parts
+            .first()
+            .map_or_else(String::new, |p| p.unit.label.to_string())
+    }
+
     fn finish(&mut self, mut batch: Batch, res: Result<()>, ctx: &mut Context<Self>) {
+        let label = self.label(&batch);
         let err = match res {
             Ok(()) => {
+                let mut kinds = [0u64; 3];
+                for part in &batch.parts {
+                    for a in &part.actions {
+                        kinds[a.action.kind as usize] += 1;
+                    }
+                }
+                for (kind, n) in [ActionKind::Create, ActionKind::Update, ActionKind::Delete]
+                    .into_iter()
+                    .zip(kinds)
+                {
+                    if n > 0 {
+                        metrics::counter!(crate::metrics::ACTIONS, "provider" => label.clone(), "kind" => kind.as_str())
+                            .increment(n);
+                    }
+                }
                 for part in batch.parts {
                     part.unit.ack(part.actions.len(), Ok(()));
                 }
@@ -428,6 +474,7 @@ impl SinkActor {
             Err(e) => e,
         };
         if batch.parts.len() > 1 {
+            metrics::counter!(crate::metrics::SINK_SPLITS, "sink" => label).increment(1);
             // Split along component boundaries and try each half.
             let second = batch.parts.split_off(batch.parts.len() / 2);
             self.ready.push_front(Batch { parts: second });
@@ -440,6 +487,7 @@ impl SinkActor {
         part.attempts += 1;
         let retry = &self.env.retry;
         if err.is_retriable() && part.attempts < retry.max_attempts {
+            metrics::counter!(crate::metrics::SINK_RETRIES, "sink" => label).increment(1);
             let delay = backoff(retry, part.attempts);
             ctx.run_later(delay, move |act, ctx| {
                 act.ready.push_back(Batch { parts: vec![part] });
@@ -455,6 +503,7 @@ impl SinkActor {
             .collect::<Vec<_>>()
             .join(", ");
         let more = if part.actions.len() > 3 { ", ..." } else { "" };
+        metrics::counter!(crate::metrics::SINK_FAILURES, "sink" => label).increment(1);
         part.unit.ack(
             part.actions.len(),
             Err(Error::Sink {

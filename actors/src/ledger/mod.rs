@@ -302,6 +302,8 @@ impl Ledger {
             children: HashMap::new(),
             child_removals: HashMap::new(),
             raw_puts: HashMap::new(),
+            keys: 0,
+            bytes: 0,
             batch: sled::Batch::default(),
         };
         for op in ops {
@@ -394,6 +396,9 @@ struct BatchBuilder<'a> {
     child_removals: HashMap<Vec<u8>, HashSet<StableKey>>,
     /// Whole entries already encoded by their component, stored as given.
     raw_puts: HashMap<Vec<u8>, Vec<u8>>,
+    /// Keys written or removed, and bytes written, for metrics.
+    keys: u64,
+    bytes: u64,
     batch: sled::Batch,
 }
 
@@ -428,6 +433,17 @@ impl BatchBuilder<'_> {
         self.children
             .get(component)
             .ok_or_else(|| Error::Shutdown("ledger child list vanished".into()))
+    }
+
+    fn put(&mut self, k: Vec<u8>, v: Vec<u8>) {
+        self.keys += 1;
+        self.bytes += (k.len() + v.len()) as u64;
+        self.batch.insert(k, v);
+    }
+
+    fn del(&mut self, k: impl Into<sled::IVec>) {
+        self.keys += 1;
+        self.batch.remove(k);
     }
 
     fn note_container(&mut self, container: Option<&[u8]>, component: &[u8]) {
@@ -533,7 +549,7 @@ impl BatchBuilder<'_> {
                     if let Some((_, component)) = split_container_key(rest) {
                         holders.push(component.to_vec());
                     }
-                    self.batch.remove(k);
+                    self.del(k);
                 }
                 let pending: Vec<Vec<u8>> = self
                     .containers
@@ -599,7 +615,7 @@ impl BatchBuilder<'_> {
                 }
             }
             LedgerOp::DeleteIntents { id } => {
-                self.batch.remove(key(P_INTENT, &id.to_be_bytes()));
+                self.del(key(P_INTENT, &id.to_be_bytes()));
             }
         }
         Ok(())
@@ -615,30 +631,35 @@ impl BatchBuilder<'_> {
             }
         }
         for (component, raw) in std::mem::take(&mut self.raw_puts) {
-            self.batch.insert(key(P_COMPONENT, &component), raw);
+            self.put(key(P_COMPONENT, &component), raw);
         }
-        for (component, entry) in self.entries.iter().map(|(c, e)| (c, &e.base)) {
+        let entries = std::mem::take(&mut self.entries);
+        for (component, entry) in entries.iter().map(|(c, e)| (c, &e.base)) {
             let k = key(P_COMPONENT, component);
             if entry.is_empty() {
-                self.batch.remove(k);
+                self.del(k);
             } else {
-                self.batch.insert(k, encode(entry)?);
+                self.put(k, encode(entry)?);
             }
         }
-        for (component, children) in &self.children {
+        let children = std::mem::take(&mut self.children);
+        for (component, children) in &children {
             let k = key(P_CHILDREN, component);
             if children.is_empty() {
-                self.batch.remove(k);
+                self.del(k);
             } else {
-                self.batch.insert(k, encode(children)?);
+                self.put(k, encode(children)?);
             }
         }
-        for k in &self.containers {
-            if !self.ledger.tree.contains_key(k)? {
-                self.batch.insert(k.as_slice(), &[] as &[u8]);
+        let containers = std::mem::take(&mut self.containers);
+        for k in containers {
+            if !self.ledger.tree.contains_key(&k)? {
+                self.put(k, Vec::new());
             }
         }
         self.ledger.tree.apply_batch(self.batch)?;
+        metrics::counter!(crate::metrics::LEDGER_RECORDS).increment(self.keys);
+        metrics::counter!(crate::metrics::LEDGER_WRITTEN_BYTES).increment(self.bytes);
         let mut index = self.ledger.index_mut();
         for (path, component) in &self.index_removes {
             index.remove(path, component);

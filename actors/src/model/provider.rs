@@ -19,6 +19,8 @@ pub(crate) struct ProviderPath {
     pub name: Arc<str>,
     /// The path of the container state this provider's states are below.
     pub container: Option<Arc<[u8]>>,
+    /// The root provider's name: a bounded label for metrics.
+    pub root: Arc<str>,
 }
 
 impl ProviderPath {
@@ -29,6 +31,7 @@ impl ProviderPath {
             enc: Arc::from(enc),
             name: Arc::from(name),
             container: None,
+            root: Arc::from(name),
         }
     }
 
@@ -45,6 +48,7 @@ impl ProviderPath {
             container: Some(Arc::clone(&enc)),
             enc,
             name: Arc::from(name),
+            root: Arc::clone(&self.root),
         }
     }
 
@@ -56,6 +60,7 @@ impl ProviderPath {
             enc: Arc::from(enc),
             name: Arc::from(format!("{}@{}", self.name, att)),
             container: self.container.clone(),
+            root: Arc::clone(&self.root),
         }
     }
 

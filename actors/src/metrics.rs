@@ -1,0 +1,271 @@
+//! The catalogue of weir's metrics: every metric is named and described
+//! here once, and recorded through the `metrics` facade.
+//!
+//! weir never installs a recorder by itself: call [`install_prometheus`]
+//! (or install any `metrics` recorder) to collect them. Names follow
+//! `weir_<subsystem>_<noun>_<unit>[_total]`; labels are bounded (the root
+//! provider name, the shard index, an outcome, an action kind), never a key
+//! or a path. Metrics are recorded once per batch or per component, never
+//! per target state.
+
+use std::net::SocketAddr;
+use std::sync::Once;
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::error::{Error, Result};
+
+/// Update runs, by `outcome` (`ok`, `failed`).
+pub const UPDATE_RUNS: &str = "weir_update_runs_total";
+/// How long update runs take.
+pub const UPDATE_DURATION: &str = "weir_update_duration_seconds";
+/// Components run, by `outcome` (`succeeded`, `failed`).
+pub const COMPONENT_RUNS: &str = "weir_component_runs_total";
+/// Components running now.
+pub const COMPONENTS_INFLIGHT: &str = "weir_component_inflight";
+/// Target states declared by components.
+pub const DECLARATIONS: &str = "weir_component_declarations_total";
+/// Handler `reconcile` calls, by `shard`.
+pub const RECONCILE_CALLS: &str = "weir_reconcile_calls_total";
+/// How long a shard takes to reconcile one component's batch, by `shard`.
+pub const RECONCILE_BATCH_DURATION: &str = "weir_reconcile_batch_duration_seconds";
+/// Batches waiting for a shard, by `shard`.
+pub const RECONCILE_QUEUE_DEPTH: &str = "weir_reconcile_queue_depth";
+/// Actions applied, by `provider` (root provider name) and `kind`.
+pub const ACTIONS: &str = "weir_actions_applied_total";
+/// Sink calls, by `sink` (root provider name) and `outcome` (`ok`, `failed`).
+pub const SINK_CALLS: &str = "weir_sink_calls_total";
+/// Actions per sink call, by `sink`.
+pub const SINK_BATCH_SIZE: &str = "weir_sink_batch_size_actions";
+/// How long sink calls take, by `sink`.
+pub const SINK_APPLY_DURATION: &str = "weir_sink_apply_duration_seconds";
+/// Failed batches split along component boundaries, by `sink`.
+pub const SINK_SPLITS: &str = "weir_sink_splits_total";
+/// Calls retried after a backoff, by `sink` (a retry is not a failure).
+pub const SINK_RETRIES: &str = "weir_sink_retries_total";
+/// Components whose actions failed for good in a sink, by `sink`.
+pub const SINK_FAILURES: &str = "weir_sink_failures_total";
+/// Ledger group commits (one sled batch and flush each).
+pub const LEDGER_COMMITS: &str = "weir_ledger_commits_total";
+/// How long a ledger group commit takes, flush included.
+pub const LEDGER_COMMIT_DURATION: &str = "weir_ledger_commit_duration_seconds";
+/// Bytes written to the ledger.
+pub const LEDGER_WRITTEN_BYTES: &str = "weir_ledger_written_bytes_total";
+/// Ledger keys written or removed.
+pub const LEDGER_RECORDS: &str = "weir_ledger_records_written_total";
+
+/// Every metric of the catalogue: name, kind, unit, description.
+pub const CATALOGUE: &[(&str, MetricKind, Unit, &str)] = &[
+    (
+        UPDATE_RUNS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Update runs, by outcome.",
+    ),
+    (
+        UPDATE_DURATION,
+        MetricKind::Histogram,
+        Unit::Seconds,
+        "How long update runs take.",
+    ),
+    (
+        COMPONENT_RUNS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Components run, by outcome.",
+    ),
+    (
+        COMPONENTS_INFLIGHT,
+        MetricKind::Gauge,
+        Unit::Count,
+        "Components running now.",
+    ),
+    (
+        DECLARATIONS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Target states declared by components.",
+    ),
+    (
+        RECONCILE_CALLS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Handler reconcile calls, by shard.",
+    ),
+    (
+        RECONCILE_BATCH_DURATION,
+        MetricKind::Histogram,
+        Unit::Seconds,
+        "Time to reconcile one component's batch on a shard.",
+    ),
+    (
+        RECONCILE_QUEUE_DEPTH,
+        MetricKind::Gauge,
+        Unit::Count,
+        "Batches waiting for a reconciler shard.",
+    ),
+    (
+        ACTIONS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Actions applied, by provider and kind.",
+    ),
+    (
+        SINK_CALLS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Sink calls, by sink and outcome.",
+    ),
+    (
+        SINK_BATCH_SIZE,
+        MetricKind::Histogram,
+        Unit::Count,
+        "Actions per sink call.",
+    ),
+    (
+        SINK_APPLY_DURATION,
+        MetricKind::Histogram,
+        Unit::Seconds,
+        "How long sink calls take.",
+    ),
+    (
+        SINK_SPLITS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Failed batches split along component boundaries.",
+    ),
+    (
+        SINK_RETRIES,
+        MetricKind::Counter,
+        Unit::Count,
+        "Sink calls retried after a backoff.",
+    ),
+    (
+        SINK_FAILURES,
+        MetricKind::Counter,
+        Unit::Count,
+        "Components whose actions failed for good in a sink.",
+    ),
+    (
+        LEDGER_COMMITS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Ledger group commits.",
+    ),
+    (
+        LEDGER_COMMIT_DURATION,
+        MetricKind::Histogram,
+        Unit::Seconds,
+        "How long a ledger group commit takes.",
+    ),
+    (
+        LEDGER_WRITTEN_BYTES,
+        MetricKind::Counter,
+        Unit::Bytes,
+        "Bytes written to the ledger.",
+    ),
+    (
+        LEDGER_RECORDS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Ledger keys written or removed.",
+    ),
+];
+
+/// The kind of a metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A distribution (exported with explicit buckets).
+    Histogram,
+}
+
+/// Histogram buckets for durations, in seconds.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0,
+];
+/// Histogram buckets for batch sizes, in actions.
+pub const SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
+];
+
+/// Registers the descriptions of every metric with the current recorder.
+/// Called by [`install_prometheus`] and when an `App` is built.
+pub fn describe() {
+    for (name, kind, unit, help) in CATALOGUE {
+        match kind {
+            MetricKind::Counter => describe_counter!(*name, *unit, *help),
+            MetricKind::Gauge => describe_gauge!(*name, *unit, *help),
+            MetricKind::Histogram => describe_histogram!(*name, *unit, *help),
+        }
+    }
+}
+
+static DESCRIBE: Once = Once::new();
+
+pub(crate) fn describe_once() {
+    DESCRIBE.call_once(describe);
+}
+
+/// Installs a Prometheus exporter serving `/metrics` on `addr` (use a
+/// loopback address unless you mean to expose it), as the global `metrics`
+/// recorder. The exporter runs on a thread of its own. Returns a handle
+/// that can also render the metrics as text.
+///
+/// # Errors
+/// When the address cannot be bound, or a global recorder is already set.
+pub fn install_prometheus(addr: SocketAddr) -> Result<PrometheusHandle> {
+    let builder = PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_actions".into()), SIZE_BUCKETS))
+        .map_err(|e| Error::Usage(format!("cannot configure the Prometheus exporter: {e}")))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (recorder, exporter) = {
+        let _guard = runtime.enter();
+        builder.build().map_err(|e| {
+            Error::Usage(format!(
+                "cannot start the Prometheus exporter on {addr}: {e}"
+            ))
+        })?
+    };
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder)
+        .map_err(|_| Error::Usage("a global metrics recorder is already installed".into()))?;
+    std::thread::Builder::new()
+        .name("weir-metrics".into())
+        .spawn(move || {
+            // The exporter serves until the process ends.
+            let _ = runtime.block_on(exporter);
+        })?;
+    describe();
+    Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalogue_names_follow_the_naming_rule_and_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for (name, kind, unit, _) in CATALOGUE {
+            assert!(seen.insert(*name), "{name} listed twice");
+            assert!(name.starts_with("weir_"), "{name}");
+            match kind {
+                MetricKind::Counter => assert!(name.ends_with("_total"), "{name}"),
+                MetricKind::Histogram if *unit == Unit::Seconds => {
+                    assert!(name.ends_with("_seconds"), "{name}")
+                }
+                _ => assert!(!name.ends_with("_total"), "{name}"),
+            }
+        }
+    }
+}

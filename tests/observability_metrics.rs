@@ -1,0 +1,95 @@
+//! Every metric of the catalogue is emitted during an ordinary run, under
+//! its catalogue name only. Runs in its own process: it installs a global
+//! recorder.
+
+mod support;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use support::*;
+use weir::prelude::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()> {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    if recorder.install().is_err() {
+        return Err(Error::msg("a global recorder was already installed"));
+    }
+
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    // The first call fails (a retry of a lone component), and every call
+    // holding "poison" fails (a split, then a failed component).
+    let rig = Rig::failing(std::sync::Arc::new(|n, keys: &[String]| {
+        if n == 0 || keys.iter().any(|k| k == "poison") {
+            Some("induced failure".to_string())
+        } else {
+            None
+        }
+    }));
+    let handler = rig.handler();
+    let first = app
+        .run(move |ctx| async move {
+            let rows = register_root_target_states_provider(&ctx, "test/row", handler)?;
+            let keys = vec!["a", "b", "poison"];
+            ctx.mount_each(
+                keys,
+                |k| k.to_string(),
+                move |ctx, k| {
+                    let rows = rows.clone();
+                    async move { declare_target_state(&ctx, rows.target_state(k, "v".to_string())) }
+                },
+            )
+            .await
+        })
+        .await;
+    assert!(first.is_err(), "the poisoned component should fail");
+    // A second run deletes a and b (and poison, which was never created).
+    let healthy = Rig::new().handler();
+    app.run(move |ctx| async move {
+        register_root_target_states_provider(&ctx, "test/row", healthy)?;
+        Ok(())
+    })
+    .await?;
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    let seen: std::collections::BTreeSet<String> = snapshot
+        .iter()
+        .map(|(key, _, _, _)| key.key().name().to_string())
+        .collect();
+    for (name, _, _, _) in weir::metrics::CATALOGUE {
+        assert!(
+            seen.contains(*name),
+            "{name} was never emitted; seen: {seen:?}"
+        );
+    }
+    for name in &seen {
+        assert!(
+            weir::metrics::CATALOGUE
+                .iter()
+                .any(|(n, _, _, _)| n == name),
+            "{name} is not in the catalogue"
+        );
+    }
+    // Labels are bounded: never a key.
+    for (key, _, _, _) in &snapshot {
+        for label in key.key().labels() {
+            assert!(
+                !["a", "b", "poison"].contains(&label.value()),
+                "{} carries a key as a label: {label:?}",
+                key.key().name()
+            );
+        }
+    }
+    // Retries were counted, and a retry is not a failure of its own.
+    let retries: u64 = snapshot
+        .iter()
+        .filter(|(k, _, _, _)| k.key().name() == weir::metrics::SINK_RETRIES)
+        .map(|(_, _, _, v)| match v {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert!(retries >= 1, "retries: {retries}");
+    Ok(())
+}
