@@ -31,32 +31,14 @@ async fn bounded<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
 
 /// Declares `rows` through the `ROWS` provider (registering it) in `ctx`.
 fn declare_all(ctx: &Ctx, handler: &RowHandler, rows: &[(String, String)]) -> Result<()> {
-    let provider = register_root_target_states_provider(ctx, ROWS, handler.clone())?;
-    for (k, v) in rows {
-        declare_target_state(ctx, provider.target_state(k.as_str(), v.clone()))?;
-    }
-    Ok(())
+    declare_each(ctx, ROWS, handler.clone(), rows.iter().cloned())
 }
 
 /// The error of an update that should have failed.
 fn update_error<T: std::fmt::Debug>(result: Result<T>) -> Result<Error> {
-    match result {
-        Ok(v) => Err(Error::msg(format!(
-            "the update succeeded ({v:?}) but was expected to fail"
-        ))),
-        Err(e) => Ok(e),
-    }
-}
-
-/// The failed components of an error, as sorted path strings.
-fn failed_paths(err: &Error) -> Vec<String> {
-    let mut paths: Vec<String> = err
-        .failed_components()
-        .iter()
-        .map(|f| f.path.to_string())
-        .collect();
-    paths.sort();
-    paths
+    err_or(result, |v| {
+        format!("the update succeeded ({v:?}) but was expected to fail")
+    })
 }
 
 /// The cause reported for the failed component at `path`.
@@ -65,10 +47,6 @@ fn cause_of(err: &Error, path: &str) -> Option<String> {
         .iter()
         .find(|f| f.path.to_string() == path)
         .map(|f| f.cause.clone())
-}
-
-fn strings(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| s.to_string()).collect()
 }
 
 /// A component in a tree of components: its rows, its children (mounted

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use support::*;
 use weir::prelude::*;
 
@@ -52,14 +51,6 @@ impl Timeline {
     }
 }
 
-fn verb_of<A>(action: &TargetAction<A>) -> &'static str {
-    match action {
-        TargetAction::Create(_) => "create",
-        TargetAction::Update(_) => "update",
-        TargetAction::Delete(_) => "delete",
-    }
-}
-
 /// A row sink like `support::recording_sink` that also writes each applied
 /// action to `timeline` as `"row <verb> <key>[=<value>]"`.
 fn row_sink(log: Log, store: Store, timeline: Timeline) -> TargetActionSink<RowAction> {
@@ -68,129 +59,11 @@ fn row_sink(log: Log, store: Store, timeline: Timeline) -> TargetActionSink<RowA
         let store = store.clone();
         let timeline = timeline.clone();
         async move {
-            let mut entries = Vec::new();
-            {
-                let mut rows = store.rows.lock().map_err(|_| Error::msg("poisoned"))?;
-                for action in actions {
-                    let verb = verb_of(&action);
-                    let row = action.into_inner();
-                    let entry = match &row.value {
-                        Some(v) => {
-                            rows.insert(row.key.clone(), v.clone());
-                            format!("{verb} {}={v}", row.key)
-                        }
-                        None => {
-                            rows.remove(&row.key);
-                            format!("{verb} {}", row.key)
-                        }
-                    };
-                    timeline.push(format!("row {entry}"))?;
-                    entries.push(entry);
-                }
-            }
-            log.calls
-                .lock()
-                .map_err(|_| Error::msg("poisoned"))?
-                .push(entries);
-            Ok(())
+            apply_rows_observed(&log, &store, actions, |entry| {
+                timeline.push(format!("row {entry}"))
+            })
         }
     })
-}
-
-/// What a child row handler saw in one reconcile call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Seen {
-    key: String,
-    desired: bool,
-    prev_records: usize,
-    prev_may_be_missing: bool,
-}
-
-/// A `RowHandler` that records the arguments of every reconcile call.
-struct ProbeRowHandler {
-    inner: RowHandler,
-    seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-impl TargetHandler<String> for ProbeRowHandler {
-    type TrackingRecord = String;
-    type Action = RowAction;
-
-    fn reconcile(
-        &self,
-        key: StableKey,
-        desired: Option<String>,
-        prev: Vec<String>,
-        prev_may_be_missing: bool,
-    ) -> Result<Option<TargetReconcileOutput<RowAction, String>>> {
-        self.seen
-            .lock()
-            .map_err(|_| Error::msg("poisoned"))?
-            .push(Seen {
-                key: key_str(&key),
-                desired: desired.is_some(),
-                prev_records: prev.len(),
-                prev_may_be_missing,
-            });
-        self.inner
-            .reconcile(key, desired, prev, prev_may_be_missing)
-    }
-}
-
-/// A table's tracking record: the declared spec itself.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-struct TableSpec {
-    generation: String,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-struct TableAction {
-    name: String,
-    drop: bool,
-}
-
-/// The reference design's container handler: always an action while
-/// declared; `invalidation` when the spec changed; a destructive delete.
-struct TableHandler {
-    sink: TargetActionSink<TableAction>,
-    invalidation: Option<TargetChildInvalidation>,
-}
-
-impl TargetHandler<TableSpec> for TableHandler {
-    type TrackingRecord = TableSpec;
-    type Action = TableAction;
-
-    fn reconcile(
-        &self,
-        key: StableKey,
-        desired: Option<TableSpec>,
-        prev: Vec<TableSpec>,
-        _prev_may_be_missing: bool,
-    ) -> Result<Option<TargetReconcileOutput<TableAction, TableSpec>>> {
-        let name = key_str(&key);
-        match desired {
-            Some(spec) => {
-                let changed = !prev.is_empty() && !prev.contains(&spec);
-                let action = if prev.is_empty() {
-                    TargetAction::Create(TableAction { name, drop: false })
-                } else {
-                    TargetAction::Update(TableAction { name, drop: false })
-                };
-                Ok(Some(TargetReconcileOutput {
-                    action,
-                    sink: self.sink.clone(),
-                    tracking_record: Some(spec),
-                    child_invalidation: changed.then_some(self.invalidation).flatten(),
-                }))
-            }
-            None => Ok(Some(TargetReconcileOutput {
-                action: TargetAction::Delete(TableAction { name, drop: true }),
-                sink: self.sink.clone(),
-                tracking_record: None,
-                child_invalidation: Some(TargetChildInvalidation::Destructive),
-            })),
-        }
-    }
 }
 
 /// Everything a container test records: the table sink's log, the rows'
@@ -240,29 +113,21 @@ impl TableRig {
                         timeline.push(format!("table {entry}"))?;
                         entries.push(entry);
                     }
-                    table_log
-                        .calls
-                        .lock()
-                        .map_err(|_| Error::msg("poisoned"))?
-                        .push(entries);
-                    Ok(())
+                    table_log.push_call(entries)
                 }
             },
             move |_: &TableAction| {
                 factory_calls.fetch_add(1, Ordering::SeqCst);
-                Ok(ChildTargetDef::new::<String, _>(ProbeRowHandler {
-                    inner: RowHandler::new(rows.clone()),
-                    seen: Arc::clone(&seen),
-                }))
+                Ok(ChildTargetDef::new::<String, _>(RowHandler::watched_into(
+                    rows.clone(),
+                    &seen,
+                )))
             },
         )
     }
 
     fn handler(&self, invalidation: Option<TargetChildInvalidation>) -> TableHandler {
-        TableHandler {
-            sink: self.table_sink(),
-            invalidation,
-        }
+        TableHandler::new(self.table_sink(), invalidation)
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -306,12 +171,6 @@ impl Snapshot {
     }
 }
 
-fn spec(generation: &str) -> TableSpec {
-    TableSpec {
-        generation: generation.to_string(),
-    }
-}
-
 /// Registers "test/table", mounts the container "docs" with `generation`,
 /// declares `rows` in it, and returns the child provider's memo key.
 async fn sync_table(
@@ -328,9 +187,7 @@ async fn sync_table(
         let table = register_root_target_states_provider(&ctx, "test/table", handler)?;
         let child: TargetStateProvider<String> =
             mount_target(&ctx, table.target_state("docs", spec)).await?;
-        for (k, v) in rows {
-            declare_target_state(&ctx, child.target_state(k, v))?;
-        }
+        declare_into(&ctx, &child, rows)?;
         Ok(child.memo_key())
     }))
     .await
@@ -344,10 +201,6 @@ async fn sync_no_table(app: &App, rig: &TableRig) -> Result<UpdateStats> {
         Ok(())
     }))
     .await
-}
-
-fn strings(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| s.to_string()).collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -420,7 +273,7 @@ async fn invalidation_scenario(invalidation: Option<TargetChildInvalidation>) ->
     assert!(
         rig.seen()
             .iter()
-            .all(|s| !s.prev_may_be_missing && s.prev_records == 1),
+            .all(|s| !s.prev_may_be_missing && s.prev.len() == 1),
         "third run: {:?}",
         rig.seen()
     );
@@ -436,7 +289,7 @@ async fn a_changed_container_without_invalidation_leaves_its_rows_alone() -> Res
     assert!(
         run2.seen
             .iter()
-            .all(|s| !s.prev_may_be_missing && s.prev_records == 1),
+            .all(|s| !s.prev_may_be_missing && s.prev.len() == 1),
         "seen: {:?}",
         run2.seen
     );
@@ -452,7 +305,7 @@ async fn a_destructive_invalidation_drops_the_rows_records_so_they_are_created_a
     let seen = &run2.seen;
     assert_eq!(seen.len(), 2, "seen: {seen:?}");
     assert!(
-        seen.iter().all(|s| s.prev_records == 0),
+        seen.iter().all(|s| s.prev.is_empty()),
         "the children's records were not dropped: {seen:?}"
     );
     let table_at = run2.position("table ensure docs");
@@ -469,7 +322,7 @@ async fn a_lossy_invalidation_marks_the_rows_maybe_missing_so_they_are_updated()
     assert_eq!(seen.len(), 2, "seen: {seen:?}");
     assert!(
         seen.iter()
-            .all(|s| s.prev_may_be_missing && s.prev_records == 1),
+            .all(|s| s.prev_may_be_missing && s.prev.len() == 1),
         "rows were not marked maybe-missing with their records kept: {seen:?}"
     );
     Ok(())
@@ -490,10 +343,7 @@ async fn sync_table_in_one_component(
         let table = register_root_target_states_provider(&ctx, "test/table", handler)?;
         let child: TargetStateProvider<String> =
             declare_target_state_with_child(&ctx, table.target_state("docs", spec("g1")))?;
-        for (k, v) in rows {
-            declare_target_state(&ctx, child.target_state(k, v))?;
-        }
-        Ok(())
+        declare_into(&ctx, &child, rows)
     }))
     .await
 }
@@ -572,7 +422,7 @@ async fn a_container_no_longer_declared_is_dropped_alone_and_its_rows_are_forgot
         strings(&["create a=1", "create b=2"])
     );
     assert!(
-        rig.seen().iter().all(|s| s.prev_records == 0),
+        rig.seen().iter().all(|s| s.prev.is_empty()),
         "seen: {:?}",
         rig.seen()
     );
@@ -589,6 +439,16 @@ struct MainHandler {
     sink: TargetActionSink<RowAction>,
     att_log: Log,
     att_store: Store,
+}
+
+impl MainHandler {
+    fn new(main: &Rig, att: &Rig) -> Self {
+        Self {
+            sink: recording_sink(main.log.clone(), main.store.clone(), None),
+            att_log: att.log.clone(),
+            att_store: att.store.clone(),
+        }
+    }
 }
 
 impl TargetHandler<String> for MainHandler {
@@ -623,11 +483,7 @@ async fn sync_main(
     att: &Rig,
     declare_attachment: bool,
 ) -> Result<UpdateStats> {
-    let handler = MainHandler {
-        sink: recording_sink(main.log.clone(), main.store.clone(), None),
-        att_log: att.log.clone(),
-        att_store: att.store.clone(),
-    };
+    let handler = MainHandler::new(main, att);
     bounded(app.run(move |ctx| async move {
         let provider = register_root_target_states_provider(&ctx, "test/main", handler)?;
         declare_target_state(&ctx, provider.target_state("row", "v1".to_string()))?;
@@ -671,11 +527,7 @@ async fn asking_for_an_unknown_attachment_type_is_an_error_naming_it() -> Result
     let app = app(dir.path()).await?;
     let main = Rig::new();
     let att = Rig::new();
-    let handler = MainHandler {
-        sink: recording_sink(main.log.clone(), main.store.clone(), None),
-        att_log: att.log.clone(),
-        att_store: att.store.clone(),
-    };
+    let handler = MainHandler::new(&main, &att);
     let (unknown, wrong_type) = bounded(app.update(move |ctx| async move {
         let provider = register_root_target_states_provider(&ctx, "test/main", handler)?;
         let unknown = provider
@@ -741,15 +593,7 @@ fn flat_rows(
     rows: Vec<(String, String)>,
 ) -> impl FnOnce(Ctx) -> std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send + 'static
 {
-    move |ctx| {
-        Box::pin(async move {
-            let provider = register_root_target_states_provider(&ctx, "test/row", handler)?;
-            for (k, v) in rows {
-                declare_target_state(&ctx, provider.target_state(k, v))?;
-            }
-            Ok(())
-        })
-    }
+    move |ctx| Box::pin(async move { declare_each(&ctx, "test/row", handler, rows) })
 }
 
 /// `(provider, key, kind)` of each preview action, sorted.
@@ -1048,6 +892,7 @@ impl TargetHandler<TableSpec> for BadTableHandler {
             BadAnswer::Delete => Ok(Some(TargetReconcileOutput {
                 action: TargetAction::Delete(TableAction {
                     name: key_str(&key),
+                    recreate: false,
                     drop: true,
                 }),
                 sink: self.sink.clone(),

@@ -8,7 +8,7 @@ mod support;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -35,23 +35,7 @@ async fn within<F: Future>(limit: Duration, fut: F) -> Result<F::Output> {
 
 /// The error of `r`, or an error saying that `what` unexpectedly succeeded.
 fn expect_err<T: std::fmt::Debug>(r: Result<T>, what: &str) -> Result<Error> {
-    match r {
-        Ok(v) => Err(Error::msg(format!(
-            "{what}: expected an error, got Ok({v:?})"
-        ))),
-        Err(e) => Ok(e),
-    }
-}
-
-/// The paths of the failed components of an error, sorted.
-fn failed_paths(err: &Error) -> Vec<String> {
-    let mut paths: Vec<String> = err
-        .failed_components()
-        .iter()
-        .map(|f| f.path.to_string())
-        .collect();
-    paths.sort();
-    paths
+    err_or(r, |v| format!("{what}: expected an error, got Ok({v:?})"))
 }
 
 /// Child components by key, each with the rows it declares.
@@ -70,12 +54,7 @@ where
             |(key, _): &(String, Vec<(String, String)>)| key.clone(),
             move |c, (_, rows)| {
                 let provider = provider.clone();
-                async move {
-                    for (k, v) in rows {
-                        declare_target_state(&c, provider.target_state(k, v))?;
-                    }
-                    Ok(())
-                }
+                async move { declare_into(&c, &provider, rows) }
             },
         )
         .await
@@ -89,13 +68,7 @@ where
     H: TargetHandler<String, TrackingRecord = String, Action = RowAction>,
 {
     let rows = owned(rows);
-    let run = app.run(move |ctx| async move {
-        let provider = register_root_target_states_provider::<String, H>(&ctx, PROVIDER, handler)?;
-        for (k, v) in rows {
-            declare_target_state(&ctx, provider.target_state(k, v))?;
-        }
-        Ok(())
-    });
+    let run = app.run(move |ctx| async move { declare_each(&ctx, PROVIDER, handler, rows) });
     within(LIMIT, run).await?
 }
 
@@ -155,95 +128,6 @@ fn scripted_sink(
             }
         }
     })
-}
-
-/// Applies row actions to `store` and logs them as `support::recording_sink` does.
-fn apply_rows(log: &Log, store: &Store, actions: Vec<TargetAction<RowAction>>) -> Result<()> {
-    let mut entries = Vec::new();
-    let mut rows = store.rows.lock().map_err(|_| Error::msg("poisoned"))?;
-    for action in actions {
-        let (verb, row) = match action {
-            TargetAction::Create(r) => ("create", r),
-            TargetAction::Update(r) => ("update", r),
-            TargetAction::Delete(r) => ("delete", r),
-        };
-        match &row.value {
-            Some(v) => {
-                rows.insert(row.key.clone(), v.clone());
-                entries.push(format!("{verb} {}={v}", row.key));
-            }
-            None => {
-                rows.remove(&row.key);
-                entries.push(format!("{verb} {}", row.key));
-            }
-        }
-    }
-    drop(rows);
-    log.calls
-        .lock()
-        .map_err(|_| Error::msg("poisoned"))?
-        .push(entries);
-    Ok(())
-}
-
-/// What one `reconcile` call received.
-#[derive(Clone, Debug)]
-struct Seen {
-    key: String,
-    desired: Option<String>,
-    prev: Vec<String>,
-    may_be_missing: bool,
-}
-
-/// A [`RowHandler`] that remembers what each `reconcile` call received.
-#[derive(Clone)]
-struct WatchedHandler {
-    inner: RowHandler,
-    seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-impl WatchedHandler {
-    fn new(sink: TargetActionSink<RowAction>) -> Self {
-        Self {
-            inner: RowHandler::new(sink),
-            seen: Arc::new(Mutex::new(Vec::new())),
-        }
-    }
-
-    /// The reconcile calls for `key`.
-    fn seen(&self, key: &str) -> Vec<Seen> {
-        self.seen
-            .lock()
-            .map(|s| s.iter().filter(|x| x.key == key).cloned().collect())
-            .unwrap_or_default()
-    }
-}
-
-impl TargetHandler<String> for WatchedHandler {
-    type TrackingRecord = String;
-    type Action = RowAction;
-
-    fn reconcile(
-        &self,
-        key: StableKey,
-        desired: Option<String>,
-        prev: Vec<String>,
-        prev_may_be_missing: bool,
-    ) -> Result<Option<TargetReconcileOutput<RowAction, String>>> {
-        let mut sorted = prev.clone();
-        sorted.sort();
-        self.seen
-            .lock()
-            .map_err(|_| Error::msg("poisoned"))?
-            .push(Seen {
-                key: key_str(&key),
-                desired: desired.clone(),
-                prev: sorted,
-                may_be_missing: prev_may_be_missing,
-            });
-        self.inner
-            .reconcile(key, desired, prev, prev_may_be_missing)
-    }
 }
 
 /// How many log entries name `key` (as `"<verb> <key>"` or `"<verb> <key>=..."`).
@@ -503,17 +387,13 @@ async fn a_failed_update_leaves_old_and_new_records_as_possible() -> Result<()> 
     assert_eq!(failed_paths(&err), vec!["/"], "{err}");
 
     let healthy = Rig::new();
-    let handler = WatchedHandler::new(recording_sink(
-        healthy.log.clone(),
-        healthy.store.clone(),
-        None,
-    ));
+    let handler = RowHandler::watched(healthy.sink());
     run_rows(&app, handler.clone(), &[("a", "2")]).await?;
     let seen = handler.seen("a");
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].desired.as_deref(), Some("2"));
     assert_eq!(seen[0].prev, vec!["1", "2"], "{seen:?}");
-    assert!(seen[0].may_be_missing, "{seen:?}");
+    assert!(seen[0].prev_may_be_missing, "{seen:?}");
     assert_eq!(healthy.log.entries(), vec!["update a=2"]);
 
     let again = Rig::new();
@@ -615,7 +495,7 @@ async fn a_crash_between_apply_and_commit_leaves_old_and_attempted_records() -> 
     // Run 3: the same ledger; a=2 is declared again, b is not declared.
     let app = app(dir.path()).await?;
     let rig = Rig::new();
-    let handler = WatchedHandler::new(recording_sink(rig.log.clone(), rig.store.clone(), None));
+    let handler = RowHandler::watched(rig.sink());
     run_rows(&app, handler.clone(), &[("a", "2")]).await?;
 
     let a = handler.seen("a");
@@ -625,7 +505,7 @@ async fn a_crash_between_apply_and_commit_leaves_old_and_attempted_records() -> 
         vec!["1", "2"],
         "both records are possible: {a:?}"
     );
-    assert!(a[0].may_be_missing, "{a:?}");
+    assert!(a[0].prev_may_be_missing, "{a:?}");
 
     let b = handler.seen("b");
     assert_eq!(
@@ -635,7 +515,7 @@ async fn a_crash_between_apply_and_commit_leaves_old_and_attempted_records() -> 
     );
     assert_eq!(b[0].desired, None, "{b:?}");
     assert!(
-        b[0].prev.iter().any(|r| r == "new") || b[0].may_be_missing,
+        b[0].prev.iter().any(|r| r == "new") || b[0].prev_may_be_missing,
         "{b:?}"
     );
     assert_eq!(
@@ -728,15 +608,11 @@ async fn a_removed_component_that_comes_back_after_failed_deletions_is_applied_a
         store: rig.store.clone(),
         ..Rig::new()
     };
-    let handler = WatchedHandler::new(recording_sink(
-        healthy.log.clone(),
-        healthy.store.clone(),
-        None,
-    ));
+    let handler = RowHandler::watched(healthy.sink());
     run_components(&app, handler.clone(), one_row_each(&["x", "y"])).await?;
     let y = handler.seen("row-y");
     assert_eq!(y.len(), 1, "{y:?}");
-    assert!(y[0].may_be_missing, "{y:?}");
+    assert!(y[0].prev_may_be_missing, "{y:?}");
     let entries = healthy.log.entries();
     assert!(
         entries == vec!["update row-y=v"] || entries == vec!["create row-y=v"],

@@ -7,14 +7,8 @@ use weir::prelude::*;
 
 async fn sync(app: &App, rig: &Rig, rows: Vec<(String, String)>) -> Result<UpdateStats> {
     let handler = rig.handler();
-    app.run(move |ctx| async move {
-        let provider = register_root_target_states_provider(&ctx, "test/row", handler)?;
-        for (k, v) in rows {
-            declare_target_state(&ctx, provider.target_state(k, v))?;
-        }
-        Ok(())
-    })
-    .await
+    app.run(move |ctx| async move { declare_each(&ctx, "test/row", handler, rows) })
+        .await
 }
 
 #[tokio::test]

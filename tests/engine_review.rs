@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use support::*;
 use weir::prelude::*;
 
@@ -19,16 +18,6 @@ async fn bounded<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::time::timeout(Duration::from_secs(60), fut)
         .await
         .map_err(|_| Error::msg("timed out after 60s: the engine hung"))?
-}
-
-fn failed_paths(err: &Error) -> Vec<String> {
-    let mut p: Vec<String> = err
-        .failed_components()
-        .iter()
-        .map(|f| f.path.to_string())
-        .collect();
-    p.sort();
-    p
 }
 
 // ---------------------------------------------------------------------------
@@ -148,69 +137,6 @@ async fn a_child_mounted_by_a_parent_whose_sink_failed_is_deleted_once_no_longer
 // Containers whose table sink really drops the rows on a destructive change
 // ---------------------------------------------------------------------------
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-struct Spec {
-    generation: String,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-struct TableAction {
-    name: String,
-    /// Drop and create again: the rows are gone.
-    recreate: bool,
-    drop: bool,
-}
-
-/// The reference design's TableHandler, Destructive on a changed spec.
-struct Table {
-    sink: TargetActionSink<TableAction>,
-}
-
-impl TargetHandler<Spec> for Table {
-    type TrackingRecord = Spec;
-    type Action = TableAction;
-
-    fn reconcile(
-        &self,
-        key: StableKey,
-        desired: Option<Spec>,
-        prev: Vec<Spec>,
-        _missing: bool,
-    ) -> Result<Option<TargetReconcileOutput<TableAction, Spec>>> {
-        let name = key_str(&key);
-        Ok(Some(match desired {
-            Some(spec) => {
-                let changed = !prev.is_empty() && !prev.contains(&spec);
-                let a = TableAction {
-                    name,
-                    recreate: changed,
-                    drop: false,
-                };
-                TargetReconcileOutput {
-                    action: if prev.is_empty() {
-                        TargetAction::Create(a)
-                    } else {
-                        TargetAction::Update(a)
-                    },
-                    sink: self.sink.clone(),
-                    tracking_record: Some(spec),
-                    child_invalidation: changed.then_some(TargetChildInvalidation::Destructive),
-                }
-            }
-            None => TargetReconcileOutput {
-                action: TargetAction::Delete(TableAction {
-                    name,
-                    recreate: false,
-                    drop: true,
-                }),
-                sink: self.sink.clone(),
-                tracking_record: None,
-                child_invalidation: Some(TargetChildInvalidation::Destructive),
-            },
-        }))
-    }
-}
-
 /// A table whose rows live in `store`: dropping or recreating the table
 /// clears them. Switches make the table sink fail (applying nothing) or
 /// the row sink apply and then fail (as a call that times out after the
@@ -237,11 +163,7 @@ impl TableWorld {
                 {
                     let mut rows = store.rows.lock().map_err(|_| Error::msg("poisoned"))?;
                     for a in actions {
-                        let verb = match &a {
-                            TargetAction::Create(_) => "create",
-                            TargetAction::Update(_) => "update",
-                            TargetAction::Delete(_) => "delete",
-                        };
+                        let verb = verb_of(&a);
                         let row = a.into_inner();
                         match &row.value {
                             Some(v) => {
@@ -265,11 +187,12 @@ impl TableWorld {
         })
     }
 
-    fn table(&self) -> Table {
+    /// The reference design's TableHandler, Destructive on a changed spec.
+    fn table(&self) -> TableHandler {
         let store = self.store.clone();
         let fails = Arc::clone(&self.table_fails);
         let rows = self.row_sink();
-        Table {
+        TableHandler {
             sink: TargetActionSink::from_async_fn_with_child_handler(
                 move |actions: Vec<TargetAction<TableAction>>| {
                     let store = store.clone();
@@ -295,24 +218,20 @@ impl TableWorld {
                     )))
                 },
             ),
+            invalidation: Some(TargetChildInvalidation::Destructive),
         }
     }
 
     /// One run: mount table "t" with `generation` and declare `rows` in it.
     async fn sync(&self, app: &App, generation: &str, rows: &[(&str, &str)]) -> Result<()> {
         let table = self.table();
-        let spec = Spec {
-            generation: generation.to_string(),
-        };
+        let spec = spec(generation);
         let rows = owned(rows);
         bounded(app.run(move |ctx| async move {
             let p = register_root_target_states_provider(&ctx, "test/table", table)?;
             let child: TargetStateProvider<String> =
                 mount_target(&ctx, p.target_state("t", spec)).await?;
-            for (k, v) in rows {
-                declare_target_state(&ctx, child.target_state(k, v))?;
-            }
-            Ok(())
+            declare_into(&ctx, &child, rows)
         }))
         .await
         .map(|_| ())
@@ -398,10 +317,9 @@ async fn rows_no_longer_declared_under_a_container_whose_destructive_call_failed
     let table = w.table();
     let r = bounded(app.run(move |ctx| async move {
         let p = register_root_target_states_provider(&ctx, "test/table", table)?;
-        let spec = Spec {
-            generation: "g2".into(),
-        };
-        if let Ok(child) = mount_target::<Spec, String>(&ctx, p.target_state("t", spec)).await {
+        let spec = spec("g2");
+        if let Ok(child) = mount_target::<TableSpec, String>(&ctx, p.target_state("t", spec)).await
+        {
             declare_target_state(&ctx, child.target_state("r", "v".to_string()))?;
         }
         Ok(())
@@ -495,9 +413,9 @@ async fn a_handler_panic_fails_its_component_and_later_runs_still_work() -> Resu
 }
 
 /// A container sink whose child-handler factory panics for table "boom".
-fn panicking_factory_table() -> Table {
+fn panicking_factory_table() -> TableHandler {
     let rows = recording_sink(Log::default(), Store::default(), None);
-    Table {
+    TableHandler {
         sink: TargetActionSink::from_async_fn_with_child_handler(
             |_: Vec<TargetAction<TableAction>>| async { Ok(()) },
             move |a: &TableAction| {
@@ -511,6 +429,7 @@ fn panicking_factory_table() -> Table {
                 )))
             },
         ),
+        invalidation: Some(TargetChildInvalidation::Destructive),
     }
 }
 
@@ -529,15 +448,8 @@ async fn a_mount_each_child_that_panics_while_committing_is_reported_as_failed()
             move |c, k| {
                 let p = p.clone();
                 async move {
-                    let _child: TargetStateProvider<String> = declare_target_state_with_child(
-                        &c,
-                        p.target_state(
-                            k,
-                            Spec {
-                                generation: "g".into(),
-                            },
-                        ),
-                    )?;
+                    let _child: TargetStateProvider<String> =
+                        declare_target_state_with_child(&c, p.target_state(k, spec("g")))?;
                     Ok(())
                 }
             },

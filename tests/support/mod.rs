@@ -1,7 +1,12 @@
 //! Shared helpers for the integration tests: a recording row handler in
-//! the shape of the reference design's test connector, and app builders.
+//! the shape of the reference design's test connector, the reference
+//! design's container handler, app builders, declaring helpers and small
+//! assertion helpers. Logs, stores and recording sinks are in `record`,
+//! re-exported here.
 
 #![allow(dead_code)]
+
+mod record;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,37 +16,13 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use weir::prelude::*;
 
+pub use record::*;
+
 /// One row mutation. `value: None` is a delete.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RowAction {
     pub key: String,
     pub value: Option<String>,
-}
-
-/// What a recording sink saw: one entry per call, each a list of
-/// `"<verb> <key>[=<value>]"`.
-#[derive(Clone, Default)]
-pub struct Log {
-    pub calls: Arc<Mutex<Vec<Vec<String>>>>,
-}
-
-impl Log {
-    pub fn calls(&self) -> Vec<Vec<String>> {
-        self.calls.lock().map(|c| c.clone()).unwrap_or_default()
-    }
-    pub fn entries(&self) -> Vec<String> {
-        let mut all: Vec<String> = self.calls().into_iter().flatten().collect();
-        all.sort();
-        all
-    }
-    pub fn call_count(&self) -> usize {
-        self.calls().len()
-    }
-    pub fn clear(&self) {
-        if let Ok(mut c) = self.calls.lock() {
-            c.clear();
-        }
-    }
 }
 
 pub fn key_str(key: &StableKey) -> String {
@@ -51,73 +32,14 @@ pub fn key_str(key: &StableKey) -> String {
     }
 }
 
-/// A store that a recording sink writes to: the external system.
-#[derive(Clone, Default)]
-pub struct Store {
-    pub rows: Arc<Mutex<BTreeMap<String, String>>>,
-}
-
-impl Store {
-    pub fn snapshot(&self) -> BTreeMap<String, String> {
-        self.rows.lock().map(|r| r.clone()).unwrap_or_default()
-    }
-}
-
-/// Decides whether a call fails: given the call number (from 0) and the
-/// keys in it.
-pub type FailFn = Arc<dyn Fn(usize, &[String]) -> Option<String> + Send + Sync>;
-
-/// A sink that logs each call, applies it to `store`, and fails calls for
-/// which `fail` returns a message (applying nothing of that call).
-pub fn recording_sink(log: Log, store: Store, fail: Option<FailFn>) -> TargetActionSink<RowAction> {
-    let counter = Arc::new(AtomicUsize::new(0));
-    TargetActionSink::from_async_fn(move |actions: Vec<TargetAction<RowAction>>| {
-        let log = log.clone();
-        let store = store.clone();
-        let fail = fail.clone();
-        let n = counter.fetch_add(1, Ordering::SeqCst);
-        async move {
-            let keys: Vec<String> = actions.iter().map(|a| a.inner().key.clone()).collect();
-            if let Some(f) = &fail {
-                if let Some(msg) = f(n, &keys) {
-                    return Err(Error::msg(msg));
-                }
-            }
-            let mut entries = Vec::new();
-            let mut rows = store.rows.lock().map_err(|_| Error::msg("poisoned"))?;
-            for action in actions {
-                let (verb, row) = match action {
-                    TargetAction::Create(r) => ("create", r),
-                    TargetAction::Update(r) => ("update", r),
-                    TargetAction::Delete(r) => ("delete", r),
-                };
-                match &row.value {
-                    Some(v) => {
-                        rows.insert(row.key.clone(), v.clone());
-                        entries.push(format!("{verb} {}={v}", row.key));
-                    }
-                    None => {
-                        rows.remove(&row.key);
-                        entries.push(format!("{verb} {}", row.key));
-                    }
-                }
-            }
-            drop(rows);
-            log.calls
-                .lock()
-                .map_err(|_| Error::msg("poisoned"))?
-                .push(entries);
-            Ok(())
-        }
-    })
-}
-
 /// A flat row handler with full CRUD and no-change detection; the tracking
-/// record is the row value itself.
+/// record is the row value itself. A watched one also remembers what each
+/// `reconcile` call received, in `seen` (which several handlers may share).
 #[derive(Clone)]
 pub struct RowHandler {
     pub sink: TargetActionSink<RowAction>,
     pub reconcile_calls: Arc<AtomicUsize>,
+    pub seen: Option<Arc<Mutex<Vec<Seen>>>>,
 }
 
 impl RowHandler {
@@ -125,7 +47,54 @@ impl RowHandler {
         Self {
             sink,
             reconcile_calls: Arc::new(AtomicUsize::new(0)),
+            seen: None,
         }
+    }
+
+    /// A handler that records its reconcile calls in a list of its own.
+    pub fn watched(sink: TargetActionSink<RowAction>) -> Self {
+        Self::watched_into(sink, &Arc::default())
+    }
+
+    /// A handler that records its reconcile calls in `seen`.
+    pub fn watched_into(sink: TargetActionSink<RowAction>, seen: &Arc<Mutex<Vec<Seen>>>) -> Self {
+        Self {
+            seen: Some(Arc::clone(seen)),
+            ..Self::new(sink)
+        }
+    }
+
+    /// The recorded reconcile calls for `key`.
+    pub fn seen(&self, key: &str) -> Vec<Seen> {
+        self.seen
+            .as_ref()
+            .and_then(|seen| {
+                seen.lock()
+                    .map(|s| s.iter().filter(|x| x.key == key).cloned().collect())
+                    .ok()
+            })
+            .unwrap_or_default()
+    }
+
+    fn record(
+        &self,
+        key: &StableKey,
+        desired: &Option<String>,
+        prev: &[String],
+        prev_may_be_missing: bool,
+    ) -> Result<()> {
+        let Some(seen) = &self.seen else {
+            return Ok(());
+        };
+        let mut sorted = prev.to_vec();
+        sorted.sort();
+        seen.lock().map_err(|_| Error::msg("poisoned"))?.push(Seen {
+            key: key_str(key),
+            desired: desired.clone(),
+            prev: sorted,
+            prev_may_be_missing,
+        });
+        Ok(())
     }
 }
 
@@ -140,6 +109,7 @@ impl TargetHandler<String> for RowHandler {
         prev: Vec<String>,
         prev_may_be_missing: bool,
     ) -> Result<Option<TargetReconcileOutput<RowAction, String>>> {
+        self.record(&key, &desired, &prev, prev_may_be_missing)?;
         self.reconcile_calls.fetch_add(1, Ordering::SeqCst);
         let k = key_str(&key);
         match desired {
@@ -204,12 +174,96 @@ impl Rig {
             ..Self::default()
         }
     }
+    /// A recording sink over this rig's log and store.
+    pub fn sink(&self) -> TargetActionSink<RowAction> {
+        recording_sink(self.log.clone(), self.store.clone(), self.fail.clone())
+    }
     pub fn handler(&self) -> RowHandler {
-        RowHandler::new(recording_sink(
-            self.log.clone(),
-            self.store.clone(),
-            self.fail.clone(),
-        ))
+        RowHandler::new(self.sink())
+    }
+}
+
+/// A table's tracking record: the declared spec itself.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TableSpec {
+    pub generation: String,
+}
+
+pub fn spec(generation: &str) -> TableSpec {
+    TableSpec {
+        generation: generation.to_string(),
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TableAction {
+    pub name: String,
+    /// Drop and create again: the rows are gone.
+    pub recreate: bool,
+    pub drop: bool,
+}
+
+/// The reference design's container handler: always an action while
+/// declared; `invalidation` when the spec changed (a destructive one
+/// recreates the table); a destructive delete.
+pub struct TableHandler {
+    pub sink: TargetActionSink<TableAction>,
+    pub invalidation: Option<TargetChildInvalidation>,
+}
+
+impl TableHandler {
+    pub fn new(
+        sink: TargetActionSink<TableAction>,
+        invalidation: Option<TargetChildInvalidation>,
+    ) -> Self {
+        Self { sink, invalidation }
+    }
+}
+
+impl TargetHandler<TableSpec> for TableHandler {
+    type TrackingRecord = TableSpec;
+    type Action = TableAction;
+
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<TableSpec>,
+        prev: Vec<TableSpec>,
+        _prev_may_be_missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<TableAction, TableSpec>>> {
+        let name = key_str(&key);
+        match desired {
+            Some(spec) => {
+                let changed = !prev.is_empty() && !prev.contains(&spec);
+                let invalidation = changed.then_some(self.invalidation).flatten();
+                let table = TableAction {
+                    name,
+                    recreate: invalidation == Some(TargetChildInvalidation::Destructive),
+                    drop: false,
+                };
+                let action = if prev.is_empty() {
+                    TargetAction::Create(table)
+                } else {
+                    TargetAction::Update(table)
+                };
+                Ok(Some(TargetReconcileOutput {
+                    action,
+                    sink: self.sink.clone(),
+                    tracking_record: Some(spec),
+                    child_invalidation: invalidation,
+                }))
+            }
+            None => Ok(Some(TargetReconcileOutput {
+                action: TargetAction::Delete(TableAction {
+                    name,
+                    recreate: false,
+                    drop: true,
+                }),
+                sink: self.sink.clone(),
+                tracking_record: None,
+                child_invalidation: Some(TargetChildInvalidation::Destructive),
+            })),
+        }
     }
 }
 
@@ -231,18 +285,47 @@ pub async fn app_with(dir: &Path, f: impl FnOnce(AppBuilder) -> AppBuilder) -> R
     f(builder).build().await
 }
 
+/// Declares each `(key, value)` of `rows` through `provider` in `ctx`.
+pub fn declare_into<K, V>(
+    ctx: &Ctx,
+    provider: &TargetStateProvider<String>,
+    rows: impl IntoIterator<Item = (K, V)>,
+) -> Result<()>
+where
+    K: IntoStableKey,
+    V: Into<String>,
+{
+    for (k, v) in rows {
+        declare_target_state(ctx, provider.target_state(k, v.into()))?;
+    }
+    Ok(())
+}
+
+/// Registers the provider `name` with `handler` in `ctx` and declares each
+/// `(key, value)` of `rows` through it.
+pub fn declare_each<H, K, V>(
+    ctx: &Ctx,
+    name: &str,
+    handler: H,
+    rows: impl IntoIterator<Item = (K, V)>,
+) -> Result<()>
+where
+    H: TargetHandler<String>,
+    K: IntoStableKey,
+    V: Into<String>,
+{
+    let provider = register_root_target_states_provider::<String, H>(ctx, name, handler)?;
+    declare_into(ctx, &provider, rows)
+}
+
 /// Declares `rows` as flat states of provider `name` in the component `ctx`.
 pub fn declare_rows(
     ctx: &Ctx,
     name: &str,
-    handler: RowHandler,
+    handler: impl TargetHandler<String>,
     rows: &[(&str, &str)],
 ) -> Result<()> {
-    let provider = register_root_target_states_provider(ctx, name, handler)?;
-    for (k, v) in rows {
-        declare_target_state(ctx, provider.target_state(*k, v.to_string()))?;
-    }
-    Ok(())
+    declare_each(ctx, name, handler, rows.iter().copied())
 }
 
 pub fn owned(rows: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -255,4 +338,28 @@ pub fn map(rows: &[(&str, &str)]) -> BTreeMap<String, String> {
     rows.iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+pub fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// The paths of the failed components of an error, sorted.
+pub fn failed_paths(err: &Error) -> Vec<String> {
+    let mut paths: Vec<String> = err
+        .failed_components()
+        .iter()
+        .map(|f| f.path.to_string())
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// The error of `result`; if it succeeded, an error whose message
+/// `unexpected` makes from the value.
+pub fn err_or<T>(result: Result<T>, unexpected: impl FnOnce(T) -> String) -> Result<Error> {
+    match result {
+        Ok(v) => Err(Error::msg(unexpected(v))),
+        Err(e) => Ok(e),
+    }
 }
