@@ -12,6 +12,7 @@
 //! | `h`    | encoded component path          | its child component keys       |
 //! | `d`    | container path, component path, u32 BE length of the component path | empty |
 //! | `i`    | intent batch id, u64 BE         | `Vec<Intent>`                  |
+//! | `k`    | pack id, u64 BE                 | new components' entries, packed (see [`pack`]) |
 //!
 //! A component's states live in one value, read and written in one go.
 //! Nothing is written per state besides that value: the owner index (which
@@ -24,6 +25,7 @@
 //! as possible records.
 
 pub(crate) mod index;
+pub(crate) mod pack;
 pub(crate) mod record;
 
 use std::collections::{HashMap, HashSet};
@@ -47,6 +49,9 @@ pub const DEFAULT_LEDGER_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 const P_COMPONENT: u8 = b'c';
 const P_CHILDREN: u8 = b'h';
 const P_CONTAINER: u8 = b'd';
+const P_PACK: u8 = b'k';
+/// Fewest new component entries in one batch that are packed together.
+const PACK_MIN: usize = 4;
 const P_INTENT: u8 = b'i';
 const FORMAT_KEY: &[u8] = b"mformat";
 
@@ -65,6 +70,7 @@ pub(crate) struct Ledger {
     tree: sled::Db,
     dir: Arc<str>,
     index: Arc<RwLock<OwnerIndex>>,
+    packs: Arc<RwLock<pack::PackIndex>>,
     _lock: Arc<File>,
 }
 
@@ -127,9 +133,11 @@ impl Ledger {
             tree: db,
             dir: display,
             index: Arc::new(RwLock::new(OwnerIndex::default())),
+            packs: Arc::new(RwLock::new(pack::PackIndex::default())),
             _lock: Arc::new(lock),
         };
         ledger.check_format(existed)?;
+        ledger.load_packs()?;
         ledger.build_index()?;
         ledger.recover()?;
         Ok(ledger)
@@ -164,15 +172,106 @@ impl Ledger {
         }
     }
 
+    /// Finds the live members of every pack: those with no key of their
+    /// own, or only a tombstone older than the pack. Deletes packs with no
+    /// live member and tombstones that hide nothing.
+    fn load_packs(&self) -> Result<()> {
+        let mut index = pack::PackIndex::default();
+        let mut contained: HashSet<Vec<u8>> = HashSet::new();
+        let mut gc = sled::Batch::default();
+        let mut dirty = false;
+        for item in self.tree.scan_prefix([P_PACK]) {
+            let (k, v) = item?;
+            let raw: [u8; 8] = k
+                .get(1..)
+                .and_then(|s| s.try_into().ok())
+                .ok_or_else(|| self.corrupt("a pack key is malformed"))?;
+            let id = u64::from_be_bytes(raw);
+            index.next_id = index.next_id.max(id + 1);
+            let mut live = 0;
+            let members: Vec<Vec<u8>> = pack::records(&v).map(|(c, _, _)| c.to_vec()).collect();
+            for component in &members {
+                let own = self.tree.get(key(P_COMPONENT, component))?;
+                let hidden = match &own {
+                    None => false,
+                    Some(value) => pack::tombstone_generation(value).is_none_or(|t| t > id),
+                };
+                if !hidden {
+                    index.members.insert(component.clone(), id);
+                    live += 1;
+                }
+            }
+            if live == 0 {
+                gc.remove(k);
+                dirty = true;
+            } else {
+                index.live.insert(id, live);
+                contained.extend(members);
+            }
+        }
+        for item in self.tree.scan_prefix([P_COMPONENT]) {
+            let (k, v) = item?;
+            let Some(generation) = pack::tombstone_generation(&v) else {
+                continue;
+            };
+            index.next_id = index.next_id.max(generation + 1);
+            let component = k.get(1..).unwrap_or_default();
+            if !contained.contains(component) {
+                gc.remove(k);
+                dirty = true;
+            }
+        }
+        if dirty {
+            self.tree.apply_batch(gc)?;
+            self.tree.flush()?;
+        }
+        *self.packs_mut() = index;
+        Ok(())
+    }
+
+    fn packs_mut(&self) -> std::sync::RwLockWriteGuard<'_, pack::PackIndex> {
+        match self.packs.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn pack_of(&self, component: &[u8]) -> Option<u64> {
+        match self.packs.read() {
+            Ok(g) => g.members.get(component).copied(),
+            Err(p) => p.into_inner().members.get(component).copied(),
+        }
+    }
+
+    /// Every component entry: own keys and live pack members.
+    fn all_entries(&self) -> Result<Vec<(Vec<u8>, ComponentEntry)>> {
+        let mut out = Vec::new();
+        for item in self.tree.scan_prefix([P_COMPONENT]) {
+            let (k, v) = item?;
+            if pack::tombstone_generation(&v).is_some() {
+                continue;
+            }
+            let entry: ComponentEntry = self.decode(&v, "a component entry")?;
+            out.push((k.get(1..).unwrap_or_default().to_vec(), entry));
+        }
+        let members: Vec<Vec<u8>> = match self.packs.read() {
+            Ok(g) => g.members.keys().cloned().collect(),
+            Err(p) => p.into_inner().members.keys().cloned().collect(),
+        };
+        for component in members {
+            if let Some(entry) = self.component(&component)? {
+                out.push((component, entry));
+            }
+        }
+        Ok(out)
+    }
+
     /// Rebuilds the in-memory owner index from the component entries.
     fn build_index(&self) -> Result<()> {
         let mut index = OwnerIndex::default();
-        for item in self.tree.scan_prefix([P_COMPONENT]) {
-            let (k, v) = item?;
-            let entry: ComponentEntry = self.decode(&v, "a component entry")?;
-            let component = k.get(1..).unwrap_or_default();
+        for (component, entry) in self.all_entries()? {
             for s in &entry.states {
-                index.add(&s.path, component);
+                index.add(&s.path, &component);
             }
         }
         *self.index_mut() = index;
@@ -233,16 +332,27 @@ impl Ledger {
 
     /// The entry of a component, if it has one.
     pub(crate) fn component(&self, component: &[u8]) -> Result<Option<ComponentEntry>> {
-        match self.tree.get(key(P_COMPONENT, component))? {
+        match self.component_raw(component)? {
             Some(v) => Ok(Some(self.decode(&v, "a component entry")?)),
             None => Ok(None),
         }
     }
 
     /// The stored bytes of a component's entry, to decode without copying
-    /// with [`Ledger::decode_entry`].
+    /// with [`Ledger::decode_entry`]: from its pack, or its own key.
     pub(crate) fn component_raw(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
-        Ok(self.tree.get(key(P_COMPONENT, component))?)
+        if let Some(id) = self.pack_of(component) {
+            if let Some(p) = self.tree.get(key(P_PACK, &id.to_be_bytes()))? {
+                if let Some((off, len)) = pack::find(&p, component) {
+                    return Ok(Some(p.subslice(off, len)));
+                }
+            }
+        }
+        // A tombstone means the component was deleted.
+        Ok(self
+            .tree
+            .get(key(P_COMPONENT, component))?
+            .filter(|v| pack::tombstone_generation(v).is_none()))
     }
 
     /// Decodes an entry read with [`Ledger::component_raw`], borrowing from it.
@@ -280,15 +390,9 @@ impl Ledger {
 
     /// Counts what the ledger tracks: (components, states).
     pub(crate) fn counts(&self) -> Result<(u64, u64)> {
-        let mut components = 0;
-        let mut states = 0;
-        for item in self.tree.scan_prefix([P_COMPONENT]) {
-            let (_, v) = item?;
-            let entry: ComponentEntry = self.decode(&v, "a component entry")?;
-            components += 1;
-            states += entry.states.len() as u64;
-        }
-        Ok((components, states))
+        let entries = self.all_entries()?;
+        let states = entries.iter().map(|(_, e)| e.states.len() as u64).sum();
+        Ok((entries.len() as u64, states))
     }
 
     /// Applies ops atomically (one sled batch). Does not flush.
@@ -630,17 +734,65 @@ impl BatchBuilder<'_> {
                 list.retain(|k| !gone.contains(k));
             }
         }
-        for (component, raw) in std::mem::take(&mut self.raw_puts) {
-            self.put(key(P_COMPONENT, &component), raw);
+        // New components' entries: packed together when there are enough.
+        let mut raw: Vec<(Vec<u8>, Vec<u8>)> =
+            std::mem::take(&mut self.raw_puts).into_iter().collect();
+        let mut new_pack: Option<(u64, Vec<Vec<u8>>)> = None;
+        if raw.len() >= PACK_MIN {
+            raw.sort_by(|a, b| a.0.cmp(&b.0));
+            let id = {
+                let mut packs = self.ledger.packs_mut();
+                let id = packs.next_id;
+                packs.next_id += 1;
+                id
+            };
+            self.put(key(P_PACK, &id.to_be_bytes()), pack::encode(&raw));
+            new_pack = Some((id, raw.into_iter().map(|(c, _)| c).collect()));
+        } else {
+            for (component, value) in raw {
+                self.put(key(P_COMPONENT, &component), value);
+            }
         }
+        // Edited entries get keys of their own (a packed one moves out of
+        // its pack); a deleted one leaves a tombstone, so that no pack that
+        // still holds an old copy brings it back.
         let entries = std::mem::take(&mut self.entries);
+        let next_id = match self.ledger.packs.read() {
+            Ok(g) => g.next_id,
+            Err(p) => p.into_inner().next_id,
+        };
+        let mut unpacked: Vec<Vec<u8>> = Vec::new();
         for (component, entry) in entries.iter().map(|(c, e)| (c, &e.base)) {
             let k = key(P_COMPONENT, component);
-            if entry.is_empty() {
-                self.del(k);
-            } else {
-                self.put(k, encode(entry)?);
+            if self.ledger.pack_of(component).is_some() {
+                unpacked.push(component.clone());
             }
+            if !entry.is_empty() {
+                self.put(k, encode(entry)?);
+            } else {
+                self.put(k, pack::tombstone(next_id));
+            }
+        }
+        // Packs left without a live member are deleted.
+        let emptied: Vec<u64> = {
+            let packs = match self.ledger.packs.read() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            let mut leaving: HashMap<u64, usize> = HashMap::new();
+            for c in &unpacked {
+                if let Some(id) = packs.members.get(c) {
+                    *leaving.entry(*id).or_default() += 1;
+                }
+            }
+            leaving
+                .into_iter()
+                .filter(|(id, n)| packs.live.get(id).is_none_or(|live| live <= n))
+                .map(|(id, _)| id)
+                .collect()
+        };
+        for id in &emptied {
+            self.del(key(P_PACK, &id.to_be_bytes()));
         }
         let children = std::mem::take(&mut self.children);
         for (component, children) in &children {
@@ -660,6 +812,18 @@ impl BatchBuilder<'_> {
         self.ledger.tree.apply_batch(self.batch)?;
         metrics::counter!(crate::metrics::LEDGER_RECORDS).increment(self.keys);
         metrics::counter!(crate::metrics::LEDGER_WRITTEN_BYTES).increment(self.bytes);
+        {
+            let mut packs = self.ledger.packs_mut();
+            for c in &unpacked {
+                packs.unpack(c);
+            }
+            if let Some((id, members)) = new_pack {
+                packs.live.insert(id, members.len());
+                for c in members {
+                    packs.members.insert(c, id);
+                }
+            }
+        }
         let mut index = self.ledger.index_mut();
         for (path, component) in &self.index_removes {
             index.remove(path, component);
@@ -718,6 +882,139 @@ mod tests {
         let d = &edit.base.states[2];
         assert_eq!(d.records, vec![buf(b"2")]);
         assert_eq!(edit.base.states[1].records, vec![buf(b"3")]);
+    }
+
+    fn fresh(component: &str, path: &str) -> LedgerOp {
+        let entry = ComponentEntry {
+            states: vec![state(path, "r")],
+            failure: None,
+        };
+        LedgerOp::PutEntry {
+            component: component.as_bytes().to_vec(),
+            encoded: rmp_serde::to_vec(&entry).unwrap_or_default(),
+            indexed: vec![path.as_bytes().to_vec()],
+            containers: Vec::new(),
+        }
+    }
+
+    fn has(ledger: &Ledger, component: &str) -> bool {
+        ledger
+            .component(component.as_bytes())
+            .ok()
+            .flatten()
+            .is_some_and(|e| !e.states.is_empty())
+    }
+
+    fn remove(component: &str, path: &str) -> LedgerOp {
+        LedgerOp::Remove {
+            component: component.as_bytes().to_vec(),
+            path: path.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn packed_entries_are_read_back_and_survive_reopening() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            ledger.apply(
+                (0..10)
+                    .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
+                    .collect(),
+            )?;
+            assert!(
+                ledger.pack_of(b"c3").is_some(),
+                "ten new entries are packed"
+            );
+            assert!(has(&ledger, "c3"));
+            assert_eq!(ledger.owner_candidates(b"p3").len(), 1);
+            ledger.flush()?;
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        for i in 0..10 {
+            assert!(has(&ledger, &format!("c{i}")), "c{i} after reopening");
+        }
+        assert_eq!(ledger.counts()?, (10, 10));
+        assert_eq!(ledger.owner_candidates(b"p7").len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_deleted_packed_component_does_not_come_back_and_can_be_created_again() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            ledger.apply(
+                (0..5)
+                    .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
+                    .collect(),
+            )?;
+            // c1 is rewritten (moves out of the pack), then deleted.
+            ledger.apply(vec![LedgerOp::Put {
+                component: b"c1".to_vec(),
+                entry: state("p1", "r2"),
+                index_owner: false,
+                container: None,
+            }])?;
+            ledger.apply(vec![remove("c1", "p1")])?;
+            // c2 is deleted straight out of the pack.
+            ledger.apply(vec![remove("c2", "p2")])?;
+            assert!(!has(&ledger, "c1") && !has(&ledger, "c2"));
+            ledger.flush()?;
+        }
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            assert!(!has(&ledger, "c1"), "c1 came back from its pack");
+            assert!(!has(&ledger, "c2"), "c2 came back from its pack");
+            assert!(has(&ledger, "c0") && has(&ledger, "c4"));
+            // c2 is created again in a newer pack.
+            ledger.apply(
+                ["c2", "x1", "x2", "x3"]
+                    .iter()
+                    .map(|c| fresh(c, &format!("q{c}")))
+                    .collect(),
+            )?;
+            assert!(has(&ledger, "c2"));
+            ledger.flush()?;
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        assert!(
+            has(&ledger, "c2"),
+            "a newer pack wins over an older tombstone"
+        );
+        assert!(!has(&ledger, "c1"));
+        Ok(())
+    }
+
+    #[test]
+    fn packs_without_live_members_and_useless_tombstones_are_collected() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            ledger.apply(
+                (0..4)
+                    .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
+                    .collect(),
+            )?;
+            ledger.apply(
+                (0..4)
+                    .map(|i| remove(&format!("c{i}"), &format!("p{i}")))
+                    .collect(),
+            )?;
+            ledger.flush()?;
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        assert_eq!(
+            ledger.tree.scan_prefix([P_PACK]).count(),
+            0,
+            "the empty pack is gone"
+        );
+        assert_eq!(
+            ledger.tree.scan_prefix([P_COMPONENT]).count(),
+            0,
+            "tombstones that hide nothing are gone"
+        );
+        Ok(())
     }
 
     #[test]

@@ -1,0 +1,132 @@
+//! Packs: many new component entries stored in one sled value.
+//!
+//! sled costs several microseconds per key written, so a group commit that
+//! creates many small components writes their entries into one *pack*
+//! instead of one key each. A pack is a sorted list of
+//! `[u32 len][component key][u32 len][entry]` records behind a `u32` count;
+//! an entry is found by scanning it, without decoding the others. A packed
+//! component that is written again moves to a key of its own (`c`); one that
+//! is deleted leaves an empty `c` value (a tombstone) so that the pack cannot
+//! bring it back when the ledger is opened again.
+
+use std::collections::HashMap;
+
+/// The first byte of a tombstone (a byte MessagePack never uses, so no
+/// entry starts with it), followed by the pack counter when it was written:
+/// it hides the component in every older pack.
+pub(crate) const TOMBSTONE: u8 = 0xc1;
+
+/// A tombstone written while the next pack id is `next_id`.
+pub(crate) fn tombstone(next_id: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(9);
+    v.push(TOMBSTONE);
+    v.extend_from_slice(&next_id.to_be_bytes());
+    v
+}
+
+/// The generation of a tombstone, or `None` for an entry.
+pub(crate) fn tombstone_generation(value: &[u8]) -> Option<u64> {
+    if value.first() != Some(&TOMBSTONE) {
+        return None;
+    }
+    let raw: [u8; 8] = value.get(1..9)?.try_into().ok()?;
+    Some(u64::from_be_bytes(raw))
+}
+
+/// Encodes entries (sorted by component key) into a pack.
+pub(crate) fn encode(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let size: usize = entries.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
+    let mut out = Vec::with_capacity(4 + size);
+    out.extend_from_slice(&(entries.len() as u32).to_be_bytes());
+    for (k, v) in entries {
+        out.extend_from_slice(&(k.len() as u32).to_be_bytes());
+        out.extend_from_slice(k);
+        out.extend_from_slice(&(v.len() as u32).to_be_bytes());
+        out.extend_from_slice(v);
+    }
+    out
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Option<usize> {
+    let raw: [u8; 4] = bytes.get(at..at + 4)?.try_into().ok()?;
+    Some(u32::from_be_bytes(raw) as usize)
+}
+
+/// The records of a pack: (component key, entry offset, entry length).
+/// Stops at the first malformed record.
+pub(crate) fn records(pack: &[u8]) -> impl Iterator<Item = (&[u8], usize, usize)> + '_ {
+    let count = read_u32(pack, 0).unwrap_or(0);
+    let mut at = 4;
+    (0..count).map_while(move |_| {
+        let klen = read_u32(pack, at)?;
+        let key = pack.get(at + 4..at + 4 + klen)?;
+        let vat = at + 4 + klen;
+        let vlen = read_u32(pack, vat)?;
+        pack.get(vat + 4..vat + 4 + vlen)?;
+        at = vat + 4 + vlen;
+        Some((key, vat + 4, vlen))
+    })
+}
+
+/// Where a component's entry is in a pack: (offset, length).
+pub(crate) fn find(pack: &[u8], component: &[u8]) -> Option<(usize, usize)> {
+    records(pack)
+        .find(|(k, _, _)| *k == component)
+        .map(|(_, off, len)| (off, len))
+}
+
+/// Which pack holds each packed component, and how many live members each
+/// pack has.
+#[derive(Default)]
+pub(crate) struct PackIndex {
+    pub members: HashMap<Vec<u8>, u64>,
+    pub live: HashMap<u64, usize>,
+    pub next_id: u64,
+}
+
+impl PackIndex {
+    /// Forgets a member (it moved out or was deleted); returns its pack and
+    /// whether that pack has no live member left.
+    pub(crate) fn unpack(&mut self, component: &[u8]) -> Option<(u64, bool)> {
+        let id = self.members.remove(component)?;
+        let live = self.live.entry(id).or_insert(1);
+        *live = live.saturating_sub(1);
+        let empty = *live == 0;
+        if empty {
+            self.live.remove(&id);
+        }
+        Some((id, empty))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_found_in_a_pack_without_decoding_the_others() {
+        let entries = vec![
+            (b"a".to_vec(), b"one".to_vec()),
+            (b"bb".to_vec(), b"".to_vec()),
+            (b"c".to_vec(), b"three".to_vec()),
+        ];
+        let pack = encode(&entries);
+        let (off, len) = find(&pack, b"c").unwrap_or((0, 0));
+        assert_eq!(&pack[off..off + len], b"three");
+        assert_eq!(find(&pack, b"bb").map(|(_, l)| l), Some(0));
+        assert_eq!(find(&pack, b"zz"), None);
+        assert_eq!(records(&pack).count(), 3);
+        assert_eq!(records(&pack[..7]).count(), 0);
+    }
+
+    #[test]
+    fn unpacking_the_last_member_empties_the_pack() {
+        let mut index = PackIndex::default();
+        index.members.insert(b"a".to_vec(), 1);
+        index.members.insert(b"b".to_vec(), 1);
+        index.live.insert(1, 2);
+        assert_eq!(index.unpack(b"a"), Some((1, false)));
+        assert_eq!(index.unpack(b"b"), Some((1, true)));
+        assert_eq!(index.unpack(b"b"), None);
+    }
+}
