@@ -9,7 +9,9 @@
 //!
 //! `WEIR_BENCH_SHAPES=flat100k,c10kx10` limits the shapes;
 //! `WEIR_BENCH_LAST_PHASE=first` stops after a phase (for profiling);
-//! `WEIR_BENCH_SHARDS=n` sets the shard count (default: cores).
+//! `WEIR_BENCH_SHARDS=n` sets the shard count (default: cores);
+//! `WEIR_BENCH_METRICS=1` records metrics into a Prometheus recorder (to
+//! compare with the default, where no recorder is installed).
 
 // weir allocates across many threads; glibc malloc costs it about a third
 // of its CPU time. Binaries built on weir should use mimalloc or jemalloc,
@@ -207,6 +209,15 @@ async fn run_phase(
 }
 
 fn run_shape(name: &str, components: usize, per: usize) -> Result<()> {
+    if std::env::var("WEIR_BENCH_METRICS").is_ok_and(|v| v == "1") {
+        // Record every metric into a Prometheus registry (no HTTP listener),
+        // to measure the overhead of metrics against a run without a recorder.
+        let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .map_err(|e| Error::msg(format!("cannot install the recorder: {e}")))?;
+        weir::metrics::describe();
+        std::mem::forget(handle);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -10,3 +10,6 @@ pub mod sql;
 
 #[cfg(feature = "localfs")]
 pub mod localfs;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;

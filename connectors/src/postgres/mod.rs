@@ -1,0 +1,382 @@
+//! The PostgreSQL target: tables whose rows weir keeps equal to what
+//! components declare.
+//!
+//! # Layout
+//!
+//! - `target`: the table handler (a container target) and the row handler
+//!   (its children), their actions, and what one database's sinks share.
+//! - `sink`: applying actions: DDL, and row upserts and deletes in one
+//!   transaction per sink call.
+//! - `ddl`: the SQL text of DDL, upserts and deletes.
+//! - `types`: column types, and columns of values bound as arrays.
+//!
+//! # Model
+//!
+//! A table is a container target state keyed by `[db, table]`, where `db`
+//! is the *name* of the [`ContextKey`] that holds the pool (so connection
+//! details can change without losing track of what weir created). Its
+//! tracking record is its [`TableSchema`] and who manages it. Its rows are
+//! child target states keyed by primary key ([`Row::key`]) and tracked by a
+//! [`Fingerprint`](weir_actors::Fingerprint) of their values: an unchanged
+//! row costs no statement.
+//!
+//! Schema changes (see [`SchemaChange`](crate::sql::SchemaChange)):
+//!
+//! - unchanged: no DDL;
+//! - nullable columns added: `ALTER TABLE ... ADD COLUMN`, rows untouched;
+//! - columns dropped, retyped or added as NOT NULL: altered in place
+//!   (retyped columns are dropped and added again), then every row is
+//!   written again (`Lossy`). Columns added to an existing table are added
+//!   as nullable, since existing rows have no value for them yet;
+//! - primary key changed: `DROP TABLE` and `CREATE TABLE`, every row is
+//!   created again (`Destructive`).
+//!
+//! A table no longer declared (by a run that still declares another table
+//! of its database, or calls [`register_database`]) is dropped when weir
+//! manages it ([`ManagedBy::System`], the default), and abandoned with its
+//! rows when the user does ([`ManagedBy::User`]: weir then never runs DDL
+//! on it, not even `CREATE TABLE`; the user creates it).
+//!
+//! # Writes and ordering
+//!
+//! All tables of one database share one row sink per run, so rows of every
+//! table that the engine batches together are applied in **one
+//! transaction per sink call**: upserts as
+//! `INSERT ... SELECT ... FROM UNNEST($1, $2, ...) ON CONFLICT (pk) DO
+//! UPDATE` (one array parameter per column, 10 000 rows per statement),
+//! deletes as `DELETE ... WHERE (pk) IN (SELECT ... FROM UNNEST(...))`.
+//! Within a transaction, upserts of parent tables come before those of
+//! their children, and deletes of children before their parents'
+//! ([`TableTarget::depends_on`]), so foreign keys between weir's tables hold
+//! at every statement. Rows of a parent committed by an *earlier* sink call
+//! (an earlier component, or an earlier run) are of course visible too.
+//!
+//! Two actions on one primary key within a sink call are reduced to the
+//! last before sending. A constraint violation (unique, foreign key, check,
+//! not null) fails the call with a permanent error naming the table, the
+//! constraint and the keys; the engine then splits the call along component
+//! boundaries, so only the components whose rows violate it fail. Other
+//! driver errors keep their kind: connection and I/O errors, deadlocks and
+//! serialization failures are retried.
+//!
+//! # Values
+//!
+//! Rows are converted with [`Row::from_serialize`] when declared: a NaN or
+//! infinite float, a NUL byte in text or a value of the wrong type fails the
+//! declaring component with an error naming the table, the column and the
+//! row's key. See [`ColumnType`](crate::sql::ColumnType) for the type
+//! mapping; `Json` binds as JSON text cast to `jsonb`, and `Array(t)` as a
+//! PostgreSQL array literal cast to `t[]` (arrays of arrays are refused).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use serde::Serialize;
+//! use weir_actors::{App, ContextKey, Result};
+//! use weir_connectors::postgres::mount_table_target;
+//! use weir_connectors::sql::{ColumnType, TableSchema};
+//!
+//! #[derive(Serialize)]
+//! struct Doc {
+//!     id: String,
+//!     body: String,
+//! }
+//!
+//! # async fn example(pool: sqlx::PgPool) -> Result<()> {
+//! let db = ContextKey::<sqlx::PgPool>::new("main_db");
+//! let app = App::builder("docs").provide_key(&db, pool).build().await?;
+//! app.run(move |ctx| async move {
+//!     let schema = TableSchema::builder()
+//!         .column("id", ColumnType::Text)
+//!         .column("body", ColumnType::Text)
+//!         .primary_key(["id"])
+//!         .build()?;
+//!     let docs = mount_table_target(&ctx, &db, "docs", schema).await?;
+//!     docs.declare_row(&ctx, &Doc { id: "a".into(), body: "hello".into() })?;
+//!     Ok(())
+//! })
+//! .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod ddl;
+mod sink;
+mod target;
+mod types;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Serialize;
+use sqlx::PgPool;
+use weir_actors::statediff::ManagedBy;
+use weir_actors::{
+    declare_target_state, declare_target_state_with_child, mount_target,
+    register_root_target_states_provider, ContextKey, Ctx, Error, Result, StableKey,
+    TargetStateProvider,
+};
+
+use crate::sql::{validate_identifier, Row, TableSchema};
+use target::{DbShared, PostgresTableHandler, TableMeta, TableSpec};
+
+pub use sink::ROWS_PER_STATEMENT;
+
+/// How a table target is managed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TableOptions {
+    /// Who owns the table: weir ([`ManagedBy::System`], the default: weir
+    /// creates, alters and drops it) or the user ([`ManagedBy::User`]: weir
+    /// only writes rows, and leaves the table and its rows in place when it
+    /// is no longer declared).
+    pub managed_by: ManagedBy,
+}
+
+impl TableOptions {
+    /// Options with `managed_by`.
+    #[must_use]
+    pub fn managed_by(mut self, managed_by: ManagedBy) -> Self {
+        self.managed_by = managed_by;
+        self
+    }
+}
+
+/// A declared PostgreSQL table, to declare rows into.
+#[derive(Clone)]
+pub struct TableTarget {
+    name: Arc<str>,
+    schema: Arc<TableSchema>,
+    /// The primary key columns only, to name a bad row's key.
+    key_schema: Arc<TableSchema>,
+    meta: Arc<TableMeta>,
+    db: Arc<DbShared>,
+    rows: TargetStateProvider<Row>,
+}
+
+impl std::fmt::Debug for TableTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableTarget")
+            .field("db", &self.db.inner.db_name)
+            .field("table", &self.name)
+            .finish()
+    }
+}
+
+/// The root provider of the tables of the database `db`.
+fn table_provider(
+    ctx: &Ctx,
+    db: &ContextKey<PgPool>,
+) -> Result<(Arc<DbShared>, TargetStateProvider<TableSpec>)> {
+    let shared = target::db_shared(ctx, db)?;
+    let provider = register_root_target_states_provider(
+        ctx,
+        &format!("weir.postgres.table/{}", db.name()),
+        PostgresTableHandler {
+            shared: Arc::clone(&shared),
+        },
+    )?;
+    Ok((shared, provider))
+}
+
+/// Registers the tables of `db` for this run without declaring any, so
+/// that a run declaring no table of `db` still drops (or abandons) the
+/// tables it declared before. Runs that mount a table of `db` need not
+/// call it.
+///
+/// # Errors
+/// When `db` was not provided to the `App`.
+pub fn register_database(ctx: &Ctx, db: &ContextKey<PgPool>) -> Result<()> {
+    table_provider(ctx, db).map(|_| ())
+}
+
+struct Prepared {
+    shared: Arc<DbShared>,
+    provider: TargetStateProvider<TableSpec>,
+    key: StableKey,
+    spec: TableSpec,
+    meta: Arc<TableMeta>,
+    key_schema: TableSchema,
+}
+
+fn prepare(
+    ctx: &Ctx,
+    db: &ContextKey<PgPool>,
+    table_name: &str,
+    schema: &TableSchema,
+    options: &TableOptions,
+) -> Result<Prepared> {
+    validate_identifier("table", table_name)?;
+    types::validate_schema(table_name, schema)?;
+    let mut key_schema = TableSchema::builder();
+    for k in schema.primary_key() {
+        if let Some(c) = schema.column(k) {
+            key_schema = key_schema.column(&c.name, c.ty.clone());
+        }
+    }
+    let key_schema = key_schema.primary_key(schema.primary_key()).build()?;
+    let (shared, provider) = table_provider(ctx, db)?;
+    let meta = Arc::new(TableMeta::new(table_name, schema)?);
+    shared.inner.set_table(Arc::clone(&meta));
+    let key = StableKey::Array(Arc::from(vec![
+        StableKey::Str(Arc::from(db.name())),
+        StableKey::Str(Arc::from(table_name)),
+    ]));
+    Ok(Prepared {
+        shared,
+        provider,
+        key,
+        spec: TableSpec {
+            table: table_name.to_string(),
+            schema: schema.clone(),
+            managed_by: options.managed_by,
+        },
+        meta,
+        key_schema,
+    })
+}
+
+impl Prepared {
+    fn target(self, rows: TargetStateProvider<Row>) -> TableTarget {
+        TableTarget {
+            name: Arc::from(self.spec.table.as_str()),
+            schema: Arc::new(self.spec.schema),
+            key_schema: Arc::new(self.key_schema),
+            meta: self.meta,
+            db: self.shared,
+            rows,
+        }
+    }
+}
+
+/// Declares the table `table_name` of the database `db` (managed by weir)
+/// and commits it at once: it exists when this returns, and rows can be
+/// declared into it.
+///
+/// # Errors
+/// When the table or a column name is not a plain identifier, a column type
+/// has no PostgreSQL mapping, `db` was not provided, or the table could not
+/// be created or altered.
+pub async fn mount_table_target(
+    ctx: &Ctx,
+    db: &ContextKey<PgPool>,
+    table_name: &str,
+    schema: TableSchema,
+) -> Result<TableTarget> {
+    mount_table_target_with(ctx, db, table_name, schema, TableOptions::default()).await
+}
+
+/// [`mount_table_target`] with options.
+///
+/// # Errors
+/// As [`mount_table_target`].
+pub async fn mount_table_target_with(
+    ctx: &Ctx,
+    db: &ContextKey<PgPool>,
+    table_name: &str,
+    schema: TableSchema,
+    options: TableOptions,
+) -> Result<TableTarget> {
+    let prepared = prepare(ctx, db, table_name, &schema, &options)?;
+    let state = prepared
+        .provider
+        .target_state(prepared.key.clone(), prepared.spec.clone());
+    let rows = mount_target::<TableSpec, Row>(ctx, state).await?;
+    Ok(prepared.target(rows))
+}
+
+/// Declares the table `table_name` of the database `db` (managed by weir)
+/// in the current component; it is created or altered when the component
+/// commits, before the rows declared into it are written.
+///
+/// # Errors
+/// When the table or a column name is not a plain identifier, a column type
+/// has no PostgreSQL mapping, or `db` was not provided.
+pub fn declare_table_target(
+    ctx: &Ctx,
+    db: &ContextKey<PgPool>,
+    table_name: &str,
+    schema: TableSchema,
+) -> Result<TableTarget> {
+    declare_table_target_with(ctx, db, table_name, schema, TableOptions::default())
+}
+
+/// [`declare_table_target`] with options.
+///
+/// # Errors
+/// As [`declare_table_target`].
+pub fn declare_table_target_with(
+    ctx: &Ctx,
+    db: &ContextKey<PgPool>,
+    table_name: &str,
+    schema: TableSchema,
+    options: TableOptions,
+) -> Result<TableTarget> {
+    let prepared = prepare(ctx, db, table_name, &schema, &options)?;
+    let state = prepared
+        .provider
+        .target_state(prepared.key.clone(), prepared.spec.clone());
+    let rows = declare_target_state_with_child::<TableSpec, Row>(ctx, state)?;
+    Ok(prepared.target(rows))
+}
+
+impl TableTarget {
+    /// Declares a row: a struct, or a map from column names to values.
+    /// Fields that are not columns are ignored; a missing field is NULL.
+    ///
+    /// # Errors
+    /// When the row does not fit the schema (a NULL in a NOT NULL column, a
+    /// value of the wrong type, a NaN or infinite float, a NUL byte in
+    /// text): a permanent error naming the table, the column and the row's
+    /// key. Also when the same key is declared twice in the run. Return it
+    /// from the component (`?`) so that the component fails.
+    pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: &R) -> Result<()> {
+        let row = Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
+            let key = Row::from_serialize(&self.name, &self.key_schema, row)
+                .map(|k| k.key(&self.key_schema).to_string())
+                .unwrap_or_else(|_| "unknown (bad key)".to_string());
+            Error::permanent(format!("{e} (row key {key})"))
+        })?;
+        let key = row.key(&self.schema);
+        declare_target_state(ctx, self.rows.target_state(key, row))
+    }
+
+    /// Says that this table's rows refer to rows of `parent` (a foreign
+    /// key): within each transaction, `parent`'s rows are written before
+    /// this table's, and this table's rows deleted before `parent`'s.
+    ///
+    /// Call it in every run, before declaring rows, and for chains call it
+    /// on parents first (`b.depends_on(&a)` before `c.depends_on(&b)`).
+    /// Tables of different databases share no transaction: the call is
+    /// then ignored.
+    #[must_use]
+    pub fn depends_on(self, parent: &TableTarget) -> TableTarget {
+        if Arc::ptr_eq(&self.db.inner, &parent.db.inner) {
+            let rank = parent.meta.rank.load(Ordering::Relaxed).saturating_add(1);
+            self.meta.rank.fetch_max(rank, Ordering::Relaxed);
+        }
+        self
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The table's schema.
+    pub fn schema(&self) -> &TableSchema {
+        &self.schema
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_types_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<TableTarget>();
+        check::<TableOptions>();
+    }
+}

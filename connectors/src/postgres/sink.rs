@@ -1,0 +1,249 @@
+//! Applying actions: table DDL, and row upserts and deletes in one
+//! transaction per sink call.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use sqlx::postgres::PgDatabaseError;
+use sqlx::{PgPool, Postgres, Transaction};
+use weir_actors::{Error, Result, StableKey, TargetAction};
+
+use super::target::{DbInner, RowAction, TableAction, TableMeta};
+use super::types::ColumnArray;
+use crate::sql::SqlValue;
+
+/// Rows per statement. Each statement binds one array per column, far
+/// below PostgreSQL's 65535-parameter limit whatever the row count; the
+/// chunk only bounds the size of one statement.
+pub const ROWS_PER_STATEMENT: usize = 10_000;
+
+/// Runs the DDL of every table action, in order, in one transaction. A call
+/// with no DDL (tables unchanged, or user-managed) touches nothing.
+pub(crate) async fn apply_tables(
+    pool: PgPool,
+    actions: Vec<TargetAction<TableAction>>,
+) -> Result<()> {
+    let statements: Vec<(String, String)> = actions
+        .into_iter()
+        .flat_map(|a| {
+            let (TargetAction::Create(t) | TargetAction::Update(t) | TargetAction::Delete(t)) = a;
+            let table = t.table;
+            t.ddl.into_iter().map(move |s| (table.clone(), s))
+        })
+        .collect();
+    if statements.is_empty() {
+        return Ok(());
+    }
+    let mut tx = pool.begin().await?;
+    for (table, statement) in statements {
+        sqlx::query(&statement)
+            .persistent(false)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_error(e, &table, "changing the table", &[]))?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The rows of one table in one sink call, by primary key (the last action
+/// on a key wins).
+struct TableWork {
+    meta: Arc<TableMeta>,
+    by_key: HashMap<StableKey, (bool, Vec<SqlValue>)>,
+}
+
+/// Applies row actions of any tables of one database in one transaction:
+/// upserts of parent tables before their children's (rank ascending), then
+/// deletes children first (rank descending), so foreign keys between the
+/// tables hold at every statement.
+///
+/// Two actions on one primary key in one call (which the engine does not
+/// produce within a run, but a retried call may carry) are reduced to the
+/// last one before sending, so `ON CONFLICT` never sees a key twice.
+pub(crate) async fn apply_rows(
+    db: Arc<DbInner>,
+    actions: Vec<TargetAction<RowAction>>,
+) -> Result<()> {
+    let mut tables: HashMap<String, TableWork> = HashMap::new();
+    for action in actions {
+        let (is_delete, a) = match action {
+            TargetAction::Create(a) | TargetAction::Update(a) => (false, a),
+            TargetAction::Delete(a) => (true, a),
+        };
+        let work = match tables.get_mut(&a.table) {
+            Some(work) => work,
+            None => {
+                let meta = db.table(&a.table).ok_or_else(|| {
+                    Error::permanent(format!(
+                        "table {} of database {} is not declared in this run",
+                        a.table, db.db_name
+                    ))
+                })?;
+                tables.entry(a.table.clone()).or_insert(TableWork {
+                    meta,
+                    by_key: HashMap::new(),
+                })
+            }
+        };
+        let key = if is_delete {
+            key_of(a.values.iter())
+        } else {
+            key_of(
+                work.meta
+                    .key_positions
+                    .iter()
+                    .filter_map(|&i| a.values.get(i)),
+            )
+        };
+        work.by_key.insert(key, (is_delete, a.values));
+    }
+    let mut order: Vec<TableWork> = tables.into_values().collect();
+    order.sort_by(|a, b| {
+        let (ra, rb) = (
+            a.meta.rank.load(Ordering::Relaxed),
+            b.meta.rank.load(Ordering::Relaxed),
+        );
+        ra.cmp(&rb).then_with(|| a.meta.name.cmp(&b.meta.name))
+    });
+    let mut upserts = Vec::with_capacity(order.len());
+    let mut deletes = Vec::with_capacity(order.len());
+    for work in order {
+        let (mut up, mut del) = (Vec::new(), Vec::new());
+        for (key, (is_delete, values)) in work.by_key {
+            if is_delete {
+                del.push((key, values));
+            } else {
+                up.push((key, values));
+            }
+        }
+        upserts.push((Arc::clone(&work.meta), up));
+        deletes.push((work.meta, del));
+    }
+    let mut tx = db.pool.begin().await?;
+    for (meta, rows) in upserts {
+        write_chunks(&mut tx, &meta, rows, false).await?;
+    }
+    for (meta, keys) in deletes.into_iter().rev() {
+        write_chunks(&mut tx, &meta, keys, true).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+fn key_of<'a>(values: impl Iterator<Item = &'a SqlValue>) -> StableKey {
+    let mut parts: Vec<StableKey> = values.map(SqlValue::to_key).collect();
+    if parts.len() == 1 {
+        if let Some(one) = parts.pop() {
+            return one;
+        }
+    }
+    StableKey::Array(parts.into())
+}
+
+/// Runs the upsert (or delete) statement of `meta` over `rows` (full rows,
+/// or primary key values), chunk by chunk.
+async fn write_chunks(
+    tx: &mut Transaction<'static, Postgres>,
+    meta: &TableMeta,
+    mut rows: Vec<(StableKey, Vec<SqlValue>)>,
+    delete: bool,
+) -> Result<()> {
+    let (sql, columns): (&str, Vec<_>) = if delete {
+        (
+            &meta.delete_sql,
+            meta.key_positions
+                .iter()
+                .filter_map(|&i| meta.schema.columns().get(i))
+                .collect(),
+        )
+    } else {
+        (&meta.upsert_sql, meta.schema.columns().iter().collect())
+    };
+    let what = if delete {
+        "deleting rows"
+    } else {
+        "writing rows"
+    };
+    while !rows.is_empty() {
+        let rest = rows.split_off(rows.len().min(ROWS_PER_STATEMENT));
+        let chunk = std::mem::replace(&mut rows, rest);
+        let mut arrays: Vec<ColumnArray> = columns
+            .iter()
+            .map(|c| ColumnArray::new(&c.ty, chunk.len()))
+            .collect();
+        let mut keys = Vec::with_capacity(chunk.len());
+        for (key, values) in chunk {
+            if values.len() != arrays.len() {
+                return Err(Error::permanent(format!(
+                    "table {}, row {key}: {} values for {} columns",
+                    meta.name,
+                    values.len(),
+                    arrays.len()
+                )));
+            }
+            for ((array, value), column) in arrays.iter_mut().zip(values).zip(&columns) {
+                array.push(value).map_err(|why| {
+                    Error::permanent(format!(
+                        "table {}, column {}, row {key}: {why}",
+                        meta.name, column.name
+                    ))
+                })?;
+            }
+            keys.push(key);
+        }
+        let mut query = sqlx::query(sql);
+        for array in arrays {
+            query = array.bind(query);
+        }
+        query
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| map_error(e, &meta.name, what, &keys))?;
+    }
+    Ok(())
+}
+
+/// Names what a violated constraint is, by SQLSTATE.
+fn violation(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "23505" => "unique",
+        "23503" => "foreign key",
+        "23514" => "check",
+        "23502" => "not null",
+        "23P01" => "exclusion",
+        c if c.starts_with("23") => "integrity",
+        _ => return None,
+    })
+}
+
+/// Maps a driver error: a constraint violation becomes a permanent error
+/// naming the table, the constraint and the key(s), so that the engine
+/// splits the call to isolate the component concerned; anything else stays
+/// a database error, retriable when transient (connection, I/O, deadlock).
+fn map_error(e: sqlx::Error, table: &str, what: &str, keys: &[StableKey]) -> Error {
+    let sqlx::Error::Database(db) = &e else {
+        return Error::from(e);
+    };
+    let Some(kind) = db.code().as_deref().and_then(violation) else {
+        return Error::from(e);
+    };
+    let constraint = db.constraint().unwrap_or("?").to_string();
+    let detail = db
+        .try_downcast_ref::<PgDatabaseError>()
+        .and_then(|pg| pg.detail())
+        .map(|d| format!(" ({d})"))
+        .unwrap_or_default();
+    let shown: Vec<String> = keys.iter().take(5).map(ToString::to_string).collect();
+    let more = keys.len().saturating_sub(shown.len());
+    let keys = match (shown.is_empty(), more) {
+        (true, _) => String::new(),
+        (false, 0) => format!(", key {}", shown.join(", ")),
+        (false, n) => format!(", keys {} and {n} more", shown.join(", ")),
+    };
+    Error::permanent(format!(
+        "table {table}: {kind} constraint {constraint} violated {what}{detail}{keys}: {}",
+        db.message()
+    ))
+}

@@ -1,0 +1,428 @@
+//! The table (container) and row (child) handlers, their actions, and the
+//! per-database state they share.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use weir_actors::statediff::{resolve_system_transition, ManagedBy, MutualTrackingRecord};
+use weir_actors::{
+    ChildTargetDef, ContextKey, Ctx, Error, Fingerprint, Result, StableKey, TargetAction,
+    TargetActionSink, TargetChildInvalidation, TargetHandler, TargetReconcileOutput,
+};
+
+use super::ddl;
+use super::sink;
+use crate::sql::{ColumnType, Row, SqlValue, TableSchema};
+
+/// What a table target state declares: the table's name, schema and owner.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct TableSpec {
+    pub table: String,
+    pub schema: TableSchema,
+    pub managed_by: ManagedBy,
+}
+
+/// A table's tracking record: its schema and who manages it.
+pub(crate) type TableRecord = MutualTrackingRecord<TableSchema>;
+
+/// What the table sink does: run `ddl` (empty when nothing changes or the
+/// table is user-managed). `schema` is set for a declared table (the child
+/// handler factory builds the row handler from it), unset for a delete.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct TableAction {
+    pub table: String,
+    pub schema: Option<TableSchema>,
+    pub ddl: Vec<String>,
+}
+
+/// What the row sink does: upsert the row `values` (create, update), or
+/// delete the row whose primary key values are `values` (delete).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct RowAction {
+    pub table: String,
+    pub values: Vec<SqlValue>,
+}
+
+/// What the row sink needs to know about a table of its database.
+#[derive(Debug)]
+pub(crate) struct TableMeta {
+    pub name: String,
+    pub schema: TableSchema,
+    /// Positions of the primary key columns among the columns.
+    pub key_positions: Vec<usize>,
+    pub upsert_sql: String,
+    pub delete_sql: String,
+    /// Parents are written before children (rank ascending), deletes in
+    /// reverse: see `TableTarget::depends_on`.
+    pub rank: AtomicU32,
+}
+
+impl TableMeta {
+    pub(crate) fn new(name: &str, schema: &TableSchema) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            schema: schema.clone(),
+            key_positions: schema
+                .primary_key()
+                .iter()
+                .filter_map(|k| schema.columns().iter().position(|c| &c.name == k))
+                .collect(),
+            upsert_sql: ddl::upsert_sql(name, schema)?,
+            delete_sql: ddl::delete_sql(name, schema)?,
+            rank: AtomicU32::new(0),
+        })
+    }
+}
+
+/// What the sinks of one database share: its pool and its declared tables.
+#[derive(Debug)]
+pub(crate) struct DbInner {
+    pub db_name: String,
+    pub pool: PgPool,
+    pub tables: Mutex<HashMap<String, Arc<TableMeta>>>,
+}
+
+impl DbInner {
+    pub(crate) fn table(&self, name: &str) -> Option<Arc<TableMeta>> {
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    pub(crate) fn set_table(&self, meta: Arc<TableMeta>) {
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(meta.name.clone(), meta);
+    }
+}
+
+/// One database's sinks: one identity for its tables' DDL and one for the
+/// rows of all its tables, so rows of every table batch together and apply
+/// in one transaction per sink call.
+pub(crate) struct DbShared {
+    pub inner: Arc<DbInner>,
+    pub table_sink: TargetActionSink<TableAction>,
+}
+
+impl DbShared {
+    fn new(db_name: &str, pool: PgPool) -> Self {
+        let inner = Arc::new(DbInner {
+            db_name: db_name.to_string(),
+            pool,
+            tables: Mutex::new(HashMap::new()),
+        });
+        let for_rows = Arc::clone(&inner);
+        let row_sink = TargetActionSink::from_async_fn(move |actions| {
+            sink::apply_rows(Arc::clone(&for_rows), actions)
+        });
+        let for_tables = Arc::clone(&inner);
+        let table_sink = TargetActionSink::from_async_fn_with_child_handler(
+            move |actions| sink::apply_tables(for_tables.pool.clone(), actions),
+            move |action: &TableAction| {
+                let schema = action.schema.as_ref().ok_or_else(|| {
+                    Error::Usage(format!(
+                        "table {}: a delete action has no child rows",
+                        action.table
+                    ))
+                })?;
+                Ok(ChildTargetDef::new::<Row, _>(PostgresRowHandler {
+                    table: action.table.clone(),
+                    key_types: schema
+                        .primary_key()
+                        .iter()
+                        .filter_map(|k| schema.column(k).map(|c| c.ty.clone()))
+                        .collect(),
+                    sink: row_sink.clone(),
+                }))
+            },
+        );
+        Self { inner, table_sink }
+    }
+}
+
+/// The shared state of each database, by `ContextKey` name and the address
+/// of the pool the `App` holds for it (so two apps using one key name with
+/// different pools never share sinks). Entries live as long as a handler or
+/// a `TableTarget` of theirs.
+static DATABASES: LazyLock<Mutex<HashMap<DbId, Weak<DbShared>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// A database's `ContextKey` name and the address of the app's pool.
+type DbId = (String, usize);
+
+/// The shared state of `db` for the app of `ctx`, created on first use.
+pub(crate) fn db_shared(ctx: &Ctx, db: &ContextKey<PgPool>) -> Result<Arc<DbShared>> {
+    let pool = ctx.get_key(db)?;
+    let id = (db.name().to_string(), std::ptr::from_ref(pool) as usize);
+    let mut map = DATABASES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(shared) = map.get(&id).and_then(Weak::upgrade) {
+        return Ok(shared);
+    }
+    map.retain(|_, w| w.strong_count() > 0);
+    let shared = Arc::new(DbShared::new(db.name(), pool.clone()));
+    map.insert(id, Arc::downgrade(&shared));
+    Ok(shared)
+}
+
+/// The table handler: creates, alters and drops tables.
+pub(crate) struct PostgresTableHandler {
+    pub shared: Arc<DbShared>,
+}
+
+impl PostgresTableHandler {
+    fn output(
+        &self,
+        action: TargetAction<TableAction>,
+        tracking_record: Option<TableRecord>,
+        child_invalidation: Option<TargetChildInvalidation>,
+    ) -> Option<TargetReconcileOutput<TableAction, TableRecord>> {
+        Some(TargetReconcileOutput {
+            action,
+            sink: self.shared.table_sink.clone(),
+            tracking_record,
+            child_invalidation,
+        })
+    }
+}
+
+/// The table name in a table key `[db, table]`.
+fn table_of(key: &StableKey) -> Result<String> {
+    match key {
+        StableKey::Array(parts) => match parts.as_ref() {
+            [_, StableKey::Str(table)] => Ok(table.to_string()),
+            _ => Err(Error::permanent(format!("{key} is not a table key"))),
+        },
+        _ => Err(Error::permanent(format!("{key} is not a table key"))),
+    }
+}
+
+impl TargetHandler<TableSpec> for PostgresTableHandler {
+    type TrackingRecord = TableRecord;
+    type Action = TableAction;
+
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<TableSpec>,
+        prev: Vec<TableRecord>,
+        prev_may_be_missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<TableAction, TableRecord>>> {
+        let Some(spec) = desired else {
+            if prev.is_empty() && !prev_may_be_missing {
+                return Ok(None);
+            }
+            let table = table_of(&key)?;
+            return Ok(
+                match resolve_system_transition(None, prev, prev_may_be_missing) {
+                    // User-managed: abandon it, rows and all, and forget it.
+                    None => self.output(
+                        TargetAction::Delete(TableAction {
+                            table,
+                            schema: None,
+                            ddl: Vec::new(),
+                        }),
+                        None,
+                        None,
+                    ),
+                    Some(_) => {
+                        let ddl = vec![ddl::drop_table(&table)];
+                        self.output(
+                            TargetAction::Delete(TableAction {
+                                table,
+                                schema: None,
+                                ddl,
+                            }),
+                            None,
+                            Some(TargetChildInvalidation::Destructive),
+                        )
+                    }
+                },
+            );
+        };
+        let first = prev.is_empty();
+        let (ddl, invalidation) = match spec.managed_by {
+            // The user owns the table: weir writes rows, never DDL.
+            ManagedBy::User => (Vec::new(), None),
+            ManagedBy::System => {
+                let system: Vec<&TableSchema> = prev
+                    .iter()
+                    .filter(|r| r.managed_by == ManagedBy::System)
+                    .map(|r| &r.record)
+                    .collect();
+                if system.is_empty() {
+                    // New, or taken over from the user: it may exist already.
+                    (vec![ddl::create_table(&spec.table, &spec.schema)?], None)
+                } else {
+                    ddl::plan_change(&spec.table, &system, &spec.schema, prev_may_be_missing)?
+                }
+            }
+        };
+        let record = MutualTrackingRecord::new(spec.schema.clone(), spec.managed_by);
+        let action = TableAction {
+            table: spec.table,
+            schema: Some(spec.schema),
+            ddl,
+        };
+        // Always an action while declared: the child handler is built from it.
+        let action = if first {
+            TargetAction::Create(action)
+        } else {
+            TargetAction::Update(action)
+        };
+        Ok(self.output(action, Some(record), invalidation))
+    }
+}
+
+/// The row handler of one table: rows are its target states, keyed by
+/// primary key, tracked by a fingerprint of their values.
+pub(crate) struct PostgresRowHandler {
+    table: String,
+    key_types: Vec<ColumnType>,
+    sink: TargetActionSink<RowAction>,
+}
+
+impl TargetHandler<Row> for PostgresRowHandler {
+    type TrackingRecord = Fingerprint;
+    type Action = RowAction;
+
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<Row>,
+        prev: Vec<Fingerprint>,
+        prev_may_be_missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<RowAction, Fingerprint>>> {
+        match desired {
+            Some(row) => {
+                let fingerprint = Fingerprint::from(&row);
+                if !prev_may_be_missing
+                    && !prev.is_empty()
+                    && prev.iter().all(|p| *p == fingerprint)
+                {
+                    return Ok(None);
+                }
+                let action = RowAction {
+                    table: self.table.clone(),
+                    values: row.values,
+                };
+                Ok(Some(TargetReconcileOutput {
+                    action: if prev.is_empty() {
+                        TargetAction::Create(action)
+                    } else {
+                        TargetAction::Update(action)
+                    },
+                    sink: self.sink.clone(),
+                    tracking_record: Some(fingerprint),
+                    child_invalidation: None,
+                }))
+            }
+            None => {
+                if prev.is_empty() && !prev_may_be_missing {
+                    return Ok(None);
+                }
+                let values = key_values(&key, &self.key_types).map_err(|why| {
+                    Error::permanent(format!("table {}, row {key}: {why}", self.table))
+                })?;
+                Ok(Some(TargetReconcileOutput {
+                    action: TargetAction::Delete(RowAction {
+                        table: self.table.clone(),
+                        values,
+                    }),
+                    sink: self.sink.clone(),
+                    tracking_record: None,
+                    child_invalidation: None,
+                }))
+            }
+        }
+    }
+}
+
+/// The primary key values of a row key (`Row::key`), typed by the key's
+/// column types: the inverse of `SqlValue::to_key`.
+pub(crate) fn key_values(
+    key: &StableKey,
+    types: &[ColumnType],
+) -> std::result::Result<Vec<SqlValue>, String> {
+    match (types, key) {
+        ([one], _) => Ok(vec![key_value(key, one)?]),
+        (_, StableKey::Array(parts)) if parts.len() == types.len() => parts
+            .iter()
+            .zip(types)
+            .map(|(k, ty)| key_value(k, ty))
+            .collect(),
+        _ => Err(format!(
+            "the key does not match the {}-column primary key",
+            types.len()
+        )),
+    }
+}
+
+fn key_value(key: &StableKey, ty: &ColumnType) -> std::result::Result<SqlValue, String> {
+    let bad = || Err(format!("key part {key} does not fit a {ty:?} column"));
+    Ok(match (key, ty) {
+        (StableKey::Null, _) => SqlValue::Null,
+        (StableKey::Bool(b), _) => SqlValue::Bool(*b),
+        (StableKey::Int(i), _) => SqlValue::Int(*i),
+        (StableKey::Str(s), ColumnType::Text) => SqlValue::Text(s.to_string()),
+        (StableKey::Str(s), ColumnType::Real | ColumnType::Double) => {
+            SqlValue::Float(s.parse::<f64>().map_err(|e| e.to_string())?)
+        }
+        (StableKey::Str(s), ColumnType::Json) => {
+            SqlValue::Json(serde_json::from_str(s).map_err(|e| e.to_string())?)
+        }
+        (StableKey::Str(s), ColumnType::Timestamp) => SqlValue::Timestamp(
+            chrono::DateTime::parse_from_rfc3339(s)
+                .map_err(|e| e.to_string())?
+                .with_timezone(&chrono::Utc),
+        ),
+        (StableKey::Bytes(b), _) => SqlValue::Bytes(b.to_vec()),
+        (StableKey::Uuid(u), _) => SqlValue::Uuid(*u),
+        (StableKey::Array(items), ColumnType::Array(inner)) => SqlValue::Array(
+            items
+                .iter()
+                .map(|k| key_value(k, inner))
+                .collect::<std::result::Result<_, _>>()?,
+        ),
+        _ => return bad(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_keys_convert_back_to_typed_key_values() -> Result<()> {
+        let schema = TableSchema::builder()
+            .column("id", ColumnType::Uuid)
+            .column("at", ColumnType::Timestamp)
+            .column("n", ColumnType::Double)
+            .primary_key(["id", "at", "n"])
+            .build()?;
+        let row = Row {
+            values: vec![
+                SqlValue::Uuid(uuid::Uuid::from_u128(7)),
+                SqlValue::Timestamp(chrono::DateTime::<chrono::Utc>::UNIX_EPOCH),
+                SqlValue::Float(1.5),
+            ],
+        };
+        let types = vec![ColumnType::Uuid, ColumnType::Timestamp, ColumnType::Double];
+        assert_eq!(
+            key_values(&row.key(&schema), &types),
+            Ok(row.values.clone())
+        );
+        let single = StableKey::Str("a".into());
+        assert_eq!(
+            key_values(&single, &[ColumnType::Text]),
+            Ok(vec![SqlValue::Text("a".into())])
+        );
+        assert!(key_values(&single, &[ColumnType::Text, ColumnType::Text]).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,922 @@
+//! The PostgreSQL target against a real server.
+//!
+//! The server is `WEIR_TEST_POSTGRES_URL`, else
+//! `postgres://postgres@127.0.0.1:5432/test`, else
+//! `postgres://root@127.0.0.1:5432/test`. When none answers, each test prints
+//! `SKIPPED` and passes, except under `CI=true`, where it fails. Every test
+//! uses tables of its own (test name + a unique suffix), so tests run in
+//! parallel, and drops them at the end.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::{PgPool, Row as _};
+use weir::connectors::postgres::{
+    declare_table_target, mount_table_target, mount_table_target_with, register_database,
+    TableOptions, TableTarget,
+};
+use weir::connectors::sql::{ColumnType, TableSchema};
+use weir::prelude::*;
+use weir::statediff::ManagedBy;
+
+// ---------------------------------------------------------------------------
+// Support
+// ---------------------------------------------------------------------------
+
+fn db() -> ContextKey<PgPool> {
+    ContextKey::new("pg")
+}
+
+/// A pool on the test server, or `None` (after a loud message) when there
+/// is none and `CI` is not `true`.
+async fn server() -> Result<Option<PgPool>> {
+    let urls: Vec<String> = match std::env::var("WEIR_TEST_POSTGRES_URL") {
+        Ok(url) => vec![url],
+        Err(_) => vec![
+            "postgres://postgres@127.0.0.1:5432/test".into(),
+            "postgres://root@127.0.0.1:5432/test".into(),
+        ],
+    };
+    let mut last = String::new();
+    for url in &urls {
+        let connect = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url);
+        match tokio::time::timeout(Duration::from_secs(10), connect).await {
+            Ok(Ok(pool)) => return Ok(Some(pool)),
+            Ok(Err(e)) => last = format!("{url}: {e}"),
+            Err(_) => last = format!("{url}: timed out"),
+        }
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        return Err(Error::msg(format!(
+            "no PostgreSQL server for the tests ({last})"
+        )));
+    }
+    eprintln!("SKIPPED: no PostgreSQL server ({last}); set WEIR_TEST_POSTGRES_URL");
+    Ok(None)
+}
+
+/// A table name unique to this test and this process.
+fn unique(test: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!(
+        "{test}_{:x}_{:x}_{}",
+        std::process::id(),
+        nanos,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// One test's app, ledger and tables (dropped by `finish`).
+struct Rig {
+    pool: PgPool,
+    app: App,
+    _dir: tempfile::TempDir,
+    tables: Vec<String>,
+}
+
+impl Rig {
+    async fn new(pool: PgPool, tables: &[&str]) -> Result<Rig> {
+        let dir = tempfile::tempdir()?;
+        let app = App::builder("pg-test")
+            .ledger_path(dir.path().join("ledger"))
+            .provide_key(&db(), pool.clone())
+            .build()
+            .await?;
+        Ok(Rig {
+            pool,
+            app,
+            _dir: dir,
+            tables: tables.iter().map(|t| t.to_string()).collect(),
+        })
+    }
+
+    async fn run<F, Fut>(&self, f: F) -> Result<UpdateStats>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        tokio::time::timeout(Duration::from_secs(60), self.app.run(f))
+            .await
+            .map_err(|_| Error::msg("run timed out"))?
+    }
+
+    async fn exec(&self, sql: &str) -> Result<()> {
+        sqlx::raw_sql(sql).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// `id -> body` of a table with text columns `id` and `body`.
+    async fn bodies(&self, table: &str) -> Result<BTreeMap<String, Option<String>>> {
+        let rows = sqlx::query(&format!("SELECT id, body FROM \"{table}\" ORDER BY id"))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("body")?)))
+            .collect()
+    }
+
+    /// `id -> xmin` (the transaction that last wrote each row).
+    async fn xmins(&self, table: &str) -> Result<BTreeMap<String, String>> {
+        let rows = sqlx::query(&format!("SELECT id, xmin::text AS x FROM \"{table}\""))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("x")?)))
+            .collect()
+    }
+
+    async fn exists(&self, table: &str) -> Result<bool> {
+        let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+            .bind(format!("public.\"{table}\""))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    async fn columns(&self, table: &str) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns WHERE table_name = $1 ORDER BY ordinal_position",
+        )
+        .bind(table)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn finish(self) -> Result<()> {
+        for t in &self.tables {
+            self.exec(&format!("DROP TABLE IF EXISTS \"{t}\" CASCADE"))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Doc {
+    id: String,
+    body: Option<String>,
+}
+
+fn doc(id: &str, body: &str) -> Doc {
+    Doc {
+        id: id.into(),
+        body: Some(body.into()),
+    }
+}
+
+fn docs_schema() -> Result<TableSchema> {
+    TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .nullable_column("body", ColumnType::Text)
+        .primary_key(["id"])
+        .build()
+}
+
+fn expected(rows: &[(&str, &str)]) -> BTreeMap<String, Option<String>> {
+    rows.iter()
+        .map(|(k, v)| (k.to_string(), Some(v.to_string())))
+        .collect()
+}
+
+/// Runs one component that mounts `table` with `schema` and declares `rows`.
+async fn sync_docs(
+    rig: &Rig,
+    table: &str,
+    schema: TableSchema,
+    rows: Vec<Doc>,
+) -> Result<UpdateStats> {
+    let table = table.to_string();
+    rig.run(move |ctx| async move {
+        let t = mount_table_target(&ctx, &db(), &table, schema).await?;
+        for row in &rows {
+            t.declare_row(&ctx, row)?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+fn failed_paths(err: &Error) -> Vec<String> {
+    let mut paths: Vec<String> = err
+        .failed_components()
+        .iter()
+        .map(|f| f.path.to_string())
+        .collect();
+    paths.sort();
+    paths
+}
+
+macro_rules! server_or_skip {
+    () => {
+        match server().await? {
+            Some(pool) => pool,
+            None => return Ok(()),
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------
+// Rows
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_are_created_updated_and_deleted_to_match_the_declarations() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("crud");
+    let rig = Rig::new(pool, &[&t]).await?;
+
+    sync_docs(
+        &rig,
+        &t,
+        docs_schema()?,
+        vec![doc("1", "a"), doc("2", "b"), doc("3", "c")],
+    )
+    .await?;
+    assert_eq!(
+        rig.bodies(&t).await?,
+        expected(&[("1", "a"), ("2", "b"), ("3", "c")])
+    );
+
+    let stats = sync_docs(
+        &rig,
+        &t,
+        docs_schema()?,
+        vec![doc("1", "a"), doc("2", "B"), doc("4", "d")],
+    )
+    .await?;
+    assert_eq!(
+        rig.bodies(&t).await?,
+        expected(&[("1", "a"), ("2", "B"), ("4", "d")])
+    );
+    assert_eq!((stats.created, stats.deleted), (1, 1), "{stats:?}");
+
+    sync_docs(&rig, &t, docs_schema()?, vec![]).await?;
+    assert!(rig.bodies(&t).await?.is_empty());
+    assert!(rig.exists(&t).await?);
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unchanged_run_writes_no_row() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("nochange");
+    let rig = Rig::new(pool, &[&t]).await?;
+    let rows: Vec<Doc> = (0..50).map(|i| doc(&format!("k{i:02}"), "v")).collect();
+
+    sync_docs(&rig, &t, docs_schema()?, rows.clone()).await?;
+    let before = rig.xmins(&t).await?;
+    let stats = sync_docs(&rig, &t, docs_schema()?, rows.clone()).await?;
+    assert_eq!(rig.xmins(&t).await?, before, "rows were rewritten");
+    assert_eq!((stats.created, stats.deleted), (0, 0), "{stats:?}");
+    assert!(stats.unchanged >= 50, "{stats:?}");
+
+    // One changed row is the only one written.
+    let mut changed = rows;
+    changed[7].body = Some("new".into());
+    sync_docs(&rig, &t, docs_schema()?, changed).await?;
+    let after = rig.xmins(&t).await?;
+    let rewritten: Vec<&String> = after
+        .iter()
+        .filter(|(k, x)| before.get(*k) != Some(*x))
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(rewritten, vec!["k07"]);
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn declare_table_target_creates_the_table_when_the_component_commits() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("declared");
+    let rig = Rig::new(pool, &[&t]).await?;
+    let table = t.clone();
+    rig.run(move |ctx| async move {
+        let target = declare_table_target(&ctx, &db(), &table, docs_schema()?)?;
+        assert_eq!(target.name(), table);
+        target.declare_row(&ctx, &doc("x", "1"))?;
+        target.declare_row(&ctx, &doc("y", "2"))
+    })
+    .await?;
+    assert_eq!(rig.bodies(&t).await?, expected(&[("x", "1"), ("y", "2")]));
+    rig.finish().await
+}
+
+// ---------------------------------------------------------------------------
+// Types and values
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug, Serialize)]
+struct AllTypes {
+    id: i64,
+    t: String,
+    s: i16,
+    i: i32,
+    b: i64,
+    r: f32,
+    d: f64,
+    flag: bool,
+    #[serde(with = "serde_bytes_compat")]
+    raw: Vec<u8>,
+    meta: BTreeMap<String, serde_json::Value>,
+    at: String,
+    u: String,
+    tags: Vec<String>,
+    nums: Vec<Option<i64>>,
+    none: Option<String>,
+}
+
+/// Serializes a `Vec<u8>` as a byte string (what `serde_bytes` does).
+mod serde_bytes_compat {
+    pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+}
+
+fn all_types_schema() -> Result<TableSchema> {
+    TableSchema::builder()
+        .column("id", ColumnType::BigInt)
+        .column("t", ColumnType::Text)
+        .column("s", ColumnType::SmallInt)
+        .column("i", ColumnType::Integer)
+        .column("b", ColumnType::BigInt)
+        .column("r", ColumnType::Real)
+        .column("d", ColumnType::Double)
+        .column("flag", ColumnType::Boolean)
+        .column("raw", ColumnType::Bytes)
+        .column("meta", ColumnType::Json)
+        .column("at", ColumnType::Timestamp)
+        .column("u", ColumnType::Uuid)
+        .column("tags", ColumnType::Array(Box::new(ColumnType::Text)))
+        .column("nums", ColumnType::Array(Box::new(ColumnType::BigInt)))
+        .nullable_column("none", ColumnType::Text)
+        .primary_key(["id"])
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_column_type_round_trips() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("types");
+    let rig = Rig::new(pool, &[&t]).await?;
+    let u = "67e55044-10b1-426f-9247-bb680e5fe0c8";
+    let row = AllTypes {
+        id: 1,
+        t: "héllo \"quoted\" \\ 'x'".into(),
+        s: -32768,
+        i: 2_147_483_647,
+        b: i64::MIN,
+        r: 1.5,
+        d: 1e-300,
+        flag: true,
+        raw: vec![0, 1, 254, 255],
+        meta: BTreeMap::from([
+            (
+                "nested".to_string(),
+                serde_json::json!({"a": [1, 2.5, null]}),
+            ),
+            ("s".to_string(), serde_json::json!("text")),
+        ]),
+        at: "2024-05-06T07:08:09.123456Z".into(),
+        u: u.into(),
+        tags: vec![
+            "a,b".into(),
+            "{c}".into(),
+            "NULL".into(),
+            "\"q\"".into(),
+            String::new(),
+        ],
+        nums: vec![Some(1), None, Some(-3)],
+        none: None,
+    };
+    let table = t.clone();
+    let declared = row.clone();
+    rig.run(move |ctx| async move {
+        let target = mount_table_target(&ctx, &db(), &table, all_types_schema()?).await?;
+        target.declare_row(&ctx, &declared)?;
+        target.declare_row(
+            &ctx,
+            &AllTypes {
+                id: 2,
+                tags: vec![],
+                nums: vec![],
+                ..declared.clone()
+            },
+        )
+    })
+    .await?;
+
+    let r = sqlx::query(&format!("SELECT * FROM \"{t}\" WHERE id = 1"))
+        .fetch_one(&rig.pool)
+        .await?;
+    assert_eq!(r.try_get::<String, _>("t")?, row.t);
+    assert_eq!(r.try_get::<i16, _>("s")?, row.s);
+    assert_eq!(r.try_get::<i32, _>("i")?, row.i);
+    assert_eq!(r.try_get::<i64, _>("b")?, row.b);
+    assert_eq!(r.try_get::<f32, _>("r")?, row.r);
+    assert_eq!(r.try_get::<f64, _>("d")?, row.d);
+    assert!(r.try_get::<bool, _>("flag")?);
+    assert_eq!(r.try_get::<Vec<u8>, _>("raw")?, row.raw);
+    assert_eq!(
+        r.try_get::<serde_json::Value, _>("meta")?,
+        serde_json::json!({"nested": {"a": [1, 2.5, null]}, "s": "text"})
+    );
+    let at: chrono::DateTime<chrono::Utc> = r.try_get("at")?;
+    assert_eq!(
+        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        row.at
+    );
+    assert_eq!(r.try_get::<uuid::Uuid, _>("u")?.to_string(), u);
+    assert_eq!(r.try_get::<Vec<String>, _>("tags")?, row.tags);
+    assert_eq!(r.try_get::<Vec<Option<i64>>, _>("nums")?, row.nums);
+    assert_eq!(r.try_get::<Option<String>, _>("none")?, None);
+    let empty = sqlx::query(&format!("SELECT tags, nums FROM \"{t}\" WHERE id = 2"))
+        .fetch_one(&rig.pool)
+        .await?;
+    assert!(empty.try_get::<Vec<String>, _>("tags")?.is_empty());
+    assert!(empty.try_get::<Vec<Option<i64>>, _>("nums")?.is_empty());
+
+    // Unchanged values of every type are recognized as unchanged.
+    let before: String =
+        sqlx::query_scalar(&format!("SELECT xmin::text FROM \"{t}\" WHERE id = 1"))
+            .fetch_one(&rig.pool)
+            .await?;
+    let table = t.clone();
+    let again = row.clone();
+    rig.run(move |ctx| async move {
+        let target = mount_table_target(&ctx, &db(), &table, all_types_schema()?).await?;
+        target.declare_row(&ctx, &again)?;
+        target.declare_row(
+            &ctx,
+            &AllTypes {
+                id: 2,
+                tags: vec![],
+                nums: vec![],
+                ..again.clone()
+            },
+        )
+    })
+    .await?;
+    let after: String = sqlx::query_scalar(&format!("SELECT xmin::text FROM \"{t}\" WHERE id = 1"))
+        .fetch_one(&rig.pool)
+        .await?;
+    assert_eq!(before, after);
+    rig.finish().await
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Scored {
+    id: String,
+    score: f64,
+    label: String,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nan_and_nul_fail_only_their_component_naming_table_column_and_key() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("badvalues");
+    let rig = Rig::new(pool, &[&t]).await?;
+    let schema = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("score", ColumnType::Double)
+        .column("label", ColumnType::Text)
+        .primary_key(["id"])
+        .build()?;
+    let items = vec![
+        Scored {
+            id: "good1".into(),
+            score: 1.0,
+            label: "x".into(),
+        },
+        Scored {
+            id: "nan".into(),
+            score: f64::NAN,
+            label: "x".into(),
+        },
+        Scored {
+            id: "nul".into(),
+            score: 2.0,
+            label: "a\0b".into(),
+        },
+        Scored {
+            id: "good2".into(),
+            score: 3.0,
+            label: "y".into(),
+        },
+    ];
+    let table = t.clone();
+    let result = rig
+        .run(move |ctx| async move {
+            let target = mount_table_target(&ctx, &db(), &table, schema).await?;
+            ctx.mount_each(
+                items,
+                |s| s.id.clone(),
+                move |c, s| {
+                    let target = target.clone();
+                    async move { target.declare_row(&c, &s) }
+                },
+            )
+            .await
+        })
+        .await;
+    let err = match result {
+        Ok(stats) => return Err(Error::msg(format!("bad values were accepted: {stats:?}"))),
+        Err(e) => e,
+    };
+    assert_eq!(failed_paths(&err), vec!["/nan", "/nul"], "{err}");
+    let text = err.to_string();
+    assert!(text.contains(&format!("table {t}, column score")), "{text}");
+    assert!(text.contains(&format!("table {t}, column label")), "{text}");
+    assert!(
+        text.contains("row key \"nan\"") && text.contains("row key \"nul\""),
+        "{text}"
+    );
+    let ids: Vec<String> = sqlx::query_scalar(&format!("SELECT id FROM \"{t}\" ORDER BY id"))
+        .fetch_all(&rig.pool)
+        .await?;
+    assert_eq!(ids, vec!["good1", "good2"]);
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn injection_attempts_in_table_and_column_names_are_rejected() -> Result<()> {
+    let pool = server_or_skip!();
+    let victim = unique("victim");
+    let rig = Rig::new(pool, &[&victim]).await?;
+    rig.exec(&format!("CREATE TABLE \"{victim}\" (id text)"))
+        .await?;
+    let evil = format!("x\"; DROP TABLE \"{victim}\"; --");
+    let result = rig
+        .run(move |ctx| async move {
+            mount_table_target(&ctx, &db(), &evil, docs_schema()?).await?;
+            Ok(())
+        })
+        .await;
+    let text = result.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(text.contains("invalid table name"), "{text}");
+    let bad_column = TableSchema::builder()
+        .column("id) ; DROP TABLE x; --", ColumnType::Text)
+        .primary_key(["id) ; DROP TABLE x; --"])
+        .build();
+    assert!(bad_column.is_err());
+    assert!(rig.exists(&victim).await?);
+    rig.finish().await
+}
+
+// ---------------------------------------------------------------------------
+// Schema changes and table lifecycle
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nullable_column_is_added_in_place_and_the_rows_keep_their_data() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("addcol");
+    let rig = Rig::new(pool, &[&t]).await?;
+    sync_docs(&rig, &t, docs_schema()?, vec![doc("1", "a"), doc("2", "b")]).await?;
+    // A row weir does not manage survives: the table is altered, not rebuilt.
+    rig.exec(&format!(
+        "INSERT INTO \"{t}\" (id, body) VALUES ('foreign', 'f')"
+    ))
+    .await?;
+
+    let wider = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .nullable_column("body", ColumnType::Text)
+        .nullable_column("extra", ColumnType::BigInt)
+        .primary_key(["id"])
+        .build()?;
+    let table = t.clone();
+    rig.run(move |ctx| async move {
+        let target = mount_table_target(&ctx, &db(), &table, wider).await?;
+        target.declare_row(&ctx, &doc("1", "a"))?;
+        let mut row = BTreeMap::new();
+        row.insert("id", serde_json::json!("2"));
+        row.insert("body", serde_json::json!("b"));
+        row.insert("extra", serde_json::json!(42));
+        target.declare_row(&ctx, &row)
+    })
+    .await?;
+    assert_eq!(rig.columns(&t).await?, vec!["id", "body", "extra"]);
+    assert_eq!(
+        rig.bodies(&t).await?,
+        expected(&[("1", "a"), ("2", "b"), ("foreign", "f")])
+    );
+    let extra: Option<i64> =
+        sqlx::query_scalar(&format!("SELECT extra FROM \"{t}\" WHERE id = '2'"))
+            .fetch_one(&rig.pool)
+            .await?;
+    assert_eq!(extra, Some(42));
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dropping_a_column_alters_the_table_and_writes_every_row_again() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("dropcol");
+    let rig = Rig::new(pool, &[&t]).await?;
+    let rows = vec![doc("1", "a"), doc("2", "b")];
+    let wide = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .nullable_column("body", ColumnType::Text)
+        .nullable_column("extra", ColumnType::Json)
+        .primary_key(["id"])
+        .build()?;
+    sync_docs(&rig, &t, wide, rows.clone()).await?;
+    let before = rig.xmins(&t).await?;
+
+    let stats = sync_docs(&rig, &t, docs_schema()?, rows).await?;
+    assert_eq!(rig.columns(&t).await?, vec!["id", "body"]);
+    assert_eq!(rig.bodies(&t).await?, expected(&[("1", "a"), ("2", "b")]));
+    let after = rig.xmins(&t).await?;
+    assert!(
+        after.iter().all(|(k, x)| before.get(k) != Some(x)),
+        "rows not rewritten"
+    );
+    assert!(stats.updated >= 2, "{stats:?}");
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn changing_the_primary_key_recreates_the_table_and_its_rows() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("rekey");
+    let rig = Rig::new(pool, &[&t]).await?;
+    sync_docs(&rig, &t, docs_schema()?, vec![doc("1", "a"), doc("2", "b")]).await?;
+    rig.exec(&format!(
+        "INSERT INTO \"{t}\" (id, body) VALUES ('foreign', 'f')"
+    ))
+    .await?;
+
+    let rekeyed = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("body", ColumnType::Text)
+        .primary_key(["id", "body"])
+        .build()?;
+    let stats = sync_docs(&rig, &t, rekeyed, vec![doc("1", "a"), doc("2", "b")]).await?;
+    // The table was dropped (the foreign row is gone) and the rows created again.
+    assert_eq!(rig.bodies(&t).await?, expected(&[("1", "a"), ("2", "b")]));
+    assert_eq!(stats.created, 2, "{stats:?}");
+    let pk: Vec<String> = sqlx::query_scalar(
+        "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass($1) AND i.indisprimary ORDER BY a.attname",
+    )
+    .bind(format!("public.\"{t}\""))
+    .fetch_all(&rig.pool)
+    .await?;
+    assert_eq!(pk, vec!["body", "id"]);
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_no_longer_declared_is_dropped_when_weir_manages_it() -> Result<()> {
+    let pool = server_or_skip!();
+    let (keep, gone) = (unique("keep"), unique("gone"));
+    let rig = Rig::new(pool, &[&keep, &gone]).await?;
+    let (k, g) = (keep.clone(), gone.clone());
+    rig.run(move |ctx| async move {
+        let a = mount_table_target(&ctx, &db(), &k, docs_schema()?).await?;
+        let b = mount_table_target(&ctx, &db(), &g, docs_schema()?).await?;
+        a.declare_row(&ctx, &doc("1", "a"))?;
+        b.declare_row(&ctx, &doc("1", "b"))
+    })
+    .await?;
+    assert!(rig.exists(&gone).await?);
+
+    sync_docs(&rig, &keep, docs_schema()?, vec![doc("1", "a")]).await?;
+    assert!(!rig.exists(&gone).await?, "{gone} was not dropped");
+    assert_eq!(rig.bodies(&keep).await?, expected(&[("1", "a")]));
+
+    // A run that declares no table at all still drops them, given the database.
+    rig.run(|ctx| async move { register_database(&ctx, &db()) })
+        .await?;
+    assert!(!rig.exists(&keep).await?, "{keep} was not dropped");
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_user_managed_table_no_longer_declared_is_left_with_its_rows() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("usertable");
+    let rig = Rig::new(pool, &[&t]).await?;
+    rig.exec(&format!(
+        "CREATE TABLE \"{t}\" (id text PRIMARY KEY, body text, mine int)"
+    ))
+    .await?;
+    let table = t.clone();
+    rig.run(move |ctx| async move {
+        let target = mount_table_target_with(
+            &ctx,
+            &db(),
+            &table,
+            docs_schema()?,
+            TableOptions::default().managed_by(ManagedBy::User),
+        )
+        .await?;
+        target.declare_row(&ctx, &doc("1", "a"))?;
+        target.declare_row(&ctx, &doc("2", "b"))
+    })
+    .await?;
+    assert_eq!(rig.bodies(&t).await?, expected(&[("1", "a"), ("2", "b")]));
+    // weir ran no DDL: the user's extra column is still there.
+    assert_eq!(rig.columns(&t).await?, vec!["id", "body", "mine"]);
+
+    rig.run(|ctx| async move { register_database(&ctx, &db()) })
+        .await?;
+    assert!(rig.exists(&t).await?);
+    assert_eq!(rig.bodies(&t).await?, expected(&[("1", "a"), ("2", "b")]));
+    rig.finish().await
+}
+
+// ---------------------------------------------------------------------------
+// Several tables, foreign keys, constraints
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn several_tables_of_one_database_are_kept_in_sync_together() -> Result<()> {
+    let pool = server_or_skip!();
+    let tables: Vec<String> = (0..3).map(|i| unique(&format!("multi{i}"))).collect();
+    let refs: Vec<&str> = tables.iter().map(String::as_str).collect();
+    let rig = Rig::new(pool, &refs).await?;
+    for round in 0..2 {
+        let names = tables.clone();
+        rig.run(move |ctx| async move {
+            for (i, name) in names.iter().enumerate() {
+                let target = mount_table_target(&ctx, &db(), name, docs_schema()?).await?;
+                for j in 0..(i + round + 1) {
+                    target.declare_row(&ctx, &doc(&format!("{j}"), &format!("{name}/{round}")))?;
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        for (i, name) in tables.iter().enumerate() {
+            let want: BTreeMap<String, Option<String>> = (0..(i + round + 1))
+                .map(|j| (j.to_string(), Some(format!("{name}/{round}"))))
+                .collect();
+            assert_eq!(rig.bodies(name).await?, want);
+        }
+    }
+    rig.finish().await
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Child {
+    id: String,
+    parent: String,
+}
+
+fn child_schema() -> Result<TableSchema> {
+    TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("parent", ColumnType::Text)
+        .primary_key(["id"])
+        .build()
+}
+
+/// Mounts `parent` and `child` tables (the child sorts first by name) and
+/// declares `parents` and `children` in one component.
+async fn sync_family(
+    rig: &Rig,
+    (parent, child): (&str, &str),
+    parents: &[&str],
+    children: &[(&str, &str)],
+    depends: bool,
+) -> Result<UpdateStats> {
+    let (parent, child) = (parent.to_string(), child.to_string());
+    let parents: Vec<Doc> = parents.iter().map(|p| doc(p, "p")).collect();
+    let children: Vec<Child> = children
+        .iter()
+        .map(|(c, p)| Child {
+            id: c.to_string(),
+            parent: p.to_string(),
+        })
+        .collect();
+    rig.run(move |ctx| async move {
+        let p = mount_table_target(&ctx, &db(), &parent, docs_schema()?).await?;
+        let c: TableTarget = mount_table_target(&ctx, &db(), &child, child_schema()?).await?;
+        let c = if depends { c.depends_on(&p) } else { c };
+        for row in &children {
+            c.declare_row(&ctx, row)?;
+        }
+        for row in &parents {
+            p.declare_row(&ctx, row)?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_real_foreign_key_holds_when_the_child_table_depends_on_its_parent() -> Result<()> {
+    let pool = server_or_skip!();
+    let suffix = unique("fk");
+    let (parent, child) = (format!("b_parent_{suffix}"), format!("a_child_{suffix}"));
+    let rig = Rig::new(pool, &[&child, &parent]).await?;
+    let names = (parent.as_str(), child.as_str());
+    sync_family(&rig, names, &["p1"], &[("c1", "p1")], true).await?;
+    rig.exec(&format!(
+        "ALTER TABLE \"{child}\" ADD CONSTRAINT \"{child}_fk\" FOREIGN KEY (parent) REFERENCES \"{parent}\" (id)"
+    ))
+    .await?;
+
+    // A new parent with its child, and the old pair deleted, in one run: the
+    // child's insert needs the parent first, the parent's delete the child's.
+    sync_family(&rig, names, &["p2"], &[("c2", "p2")], true).await?;
+    assert_eq!(rig.bodies(&parent).await?, expected(&[("p2", "p")]));
+    let kids: Vec<String> = sqlx::query_scalar(&format!("SELECT id FROM \"{child}\""))
+        .fetch_all(&rig.pool)
+        .await?;
+    assert_eq!(kids, vec!["c2"]);
+
+    // Without depends_on the same change violates the foreign key (the child
+    // table sorts first): the failure names the table and the constraint.
+    let result = sync_family(&rig, names, &["p3"], &[("c3", "p3")], false).await;
+    let text = result.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(text.contains("foreign key constraint"), "{text}");
+    assert!(text.contains(&format!("{child}_fk")), "{text}");
+    rig.finish().await
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct User {
+    id: String,
+    email: String,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unique_violation_fails_only_the_component_whose_row_collides() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("uniq");
+    let rig = Rig::new(pool, &[&t]).await?;
+    let schema = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("email", ColumnType::Text)
+        .primary_key(["id"])
+        .build()?;
+    let sync = |users: Vec<(&str, &str)>| {
+        let users: Vec<User> = users
+            .into_iter()
+            .map(|(id, email)| User {
+                id: id.into(),
+                email: email.into(),
+            })
+            .collect();
+        let (table, schema) = (t.clone(), schema.clone());
+        rig.run(move |ctx| async move {
+            let target = mount_table_target(&ctx, &db(), &table, schema).await?;
+            let target = Arc::new(target);
+            ctx.mount_each(
+                users,
+                |u| u.id.clone(),
+                move |c, u| {
+                    let target = Arc::clone(&target);
+                    async move { target.declare_row(&c, &u) }
+                },
+            )
+            .await
+        })
+    };
+    sync(vec![("a", "a@x"), ("b", "b@x"), ("c", "c@x")]).await?;
+    rig.exec(&format!(
+        "CREATE UNIQUE INDEX \"{t}_email\" ON \"{t}\" (email)"
+    ))
+    .await?;
+
+    let result = sync(vec![
+        ("a", "a@x"),
+        ("b", "a@x"),
+        ("c", "c2@x"),
+        ("d", "d@x"),
+    ])
+    .await;
+    let err = match result {
+        Ok(stats) => return Err(Error::msg(format!("the collision was accepted: {stats:?}"))),
+        Err(e) => e,
+    };
+    assert_eq!(failed_paths(&err), vec!["/b"], "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("table {t}: unique constraint {t}_email")),
+        "{text}"
+    );
+    assert!(text.contains("\"b\""), "{text}");
+    let rows: Vec<(String, String)> =
+        sqlx::query_as(&format!("SELECT id, email FROM \"{t}\" ORDER BY id"))
+            .fetch_all(&rig.pool)
+            .await?;
+    let want: Vec<(String, String)> = [("a", "a@x"), ("b", "b@x"), ("c", "c2@x"), ("d", "d@x")]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(rows, want);
+    rig.finish().await
+}
