@@ -11,5 +11,8 @@ pub mod sql;
 #[cfg(feature = "localfs")]
 pub mod localfs;
 
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -1,0 +1,377 @@
+//! The SQLite target: tables (containers) whose children are rows.
+//!
+//! # Layout
+//!
+//! - this file: the user-facing API ([`mount_table_target`],
+//!   [`declare_table_target`], [`TableTarget::declare_row`], [`connect`]).
+//! - `target`: the table and row handlers (pure `reconcile`s).
+//! - `sink`: the table and row sinks (all the I/O, one transaction per call).
+//! - `ddl`: the SQL text (quoted identifiers, bound values).
+//!
+//! # Guarantees
+//!
+//! - A table's key is `[database, table]`, where `database` is the name of
+//!   the [`ContextKey`] of its pool: the pool can change (another path,
+//!   another connection setting) without losing track of what was written.
+//! - A table's tracking record is its schema and who owns it. A changed
+//!   schema is applied in place when it can be: added columns with
+//!   `ALTER TABLE ADD COLUMN` (rows keep their data); dropped columns with
+//!   `DROP COLUMN` and retyped ones by dropping and adding them again (every
+//!   row is written again: `Lossy`). A changed primary key drops and
+//!   creates the table again (`Destructive`: every row is created again).
+//! - A table no longer declared is dropped when weir created it
+//!   ([`ManagedBy::System`], the default) and abandoned, rows and all, when
+//!   the user owns it ([`ManagedBy::User`]: weir never creates, alters or
+//!   drops it, and only writes the rows declared into it).
+//! - A row's key is its primary key ([`Row::key`]); its tracking record is a
+//!   fingerprint of its values, so an unchanged row costs no write.
+//! - All the rows of one database go through one sink per run: each sink
+//!   call is one transaction over any number of tables, with multi-row
+//!   upserts (`INSERT .. ON CONFLICT (pk) DO UPDATE`) and deletes, chunked
+//!   under SQLite's bind limit. Deletes run first, children's tables before
+//!   parents'; then upserts, parents' tables before children's (see
+//!   [`TableTarget::depends_on`]). Foreign keys are deferred to the commit,
+//!   so rows that reference each other within one call never fail for
+//!   their order; across calls, a foreign-key violation is retried (the
+//!   parent row may be in a later call) before its component fails.
+//! - When one call holds two actions for one row, the last one wins.
+//! - A constraint violation (a `UNIQUE` index of the user's, a `CHECK`)
+//!   fails only the components whose rows violate it, with an error naming
+//!   the database, the table, the constraint and the row key. A busy or
+//!   locked database is retried.
+//!
+//! # Caveats
+//!
+//! - A table is dropped only by a run that still registers its database:
+//!   one that mounts another table of the same database, or calls
+//!   [`register_database`].
+//! - Open the database with [`connect`] (or the same settings): WAL
+//!   journal, `synchronous = NORMAL`, foreign keys on and a busy timeout.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use serde::Serialize;
+//! use weir_actors::{App, ContextKey, Result};
+//! use weir_connectors::sql::{ColumnType, TableSchema};
+//! use weir_connectors::sqlite;
+//!
+//! #[derive(Serialize)]
+//! struct Doc { id: String, body: String }
+//!
+//! # async fn example() -> Result<()> {
+//! let db: ContextKey<sqlx::SqlitePool> = ContextKey::new("docs_db");
+//! let pool = sqlite::connect("docs.db").await?;
+//! let app = App::builder("docs").provide_key(&db, pool).build().await?;
+//! app.run(move |ctx| async move {
+//!     let schema = TableSchema::builder()
+//!         .column("id", ColumnType::Text)
+//!         .column("body", ColumnType::Text)
+//!         .primary_key(["id"])
+//!         .build()?;
+//!     let docs = sqlite::mount_table_target(&ctx, &db, "docs", schema).await?;
+//!     docs.declare_row(&ctx, &Doc { id: "a".into(), body: "hello".into() })?;
+//!     Ok(())
+//! })
+//! .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod ddl;
+mod sink;
+mod target;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::SqlitePool;
+use weir_actors::statediff::ManagedBy;
+use weir_actors::{
+    declare_target_state, declare_target_state_with_child, mount_target,
+    register_root_target_states_provider, ContextKey, Ctx, Error, Result, StableKey, TargetState,
+    TargetStateProvider,
+};
+
+use crate::sql::{validate_identifier, Row, TableSchema};
+use target::{RowSpec, SqliteTableHandler, TableSpec};
+
+/// The `sqlx` this connector is built on, re-exported so that pools and
+/// queries use the same version.
+pub use sqlx;
+
+/// How long a connection made by [`connect`] waits for a locked database.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most connections in a pool made by [`connect`].
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 4;
+
+/// Opens (creating it if missing) a SQLite database file as weir expects
+/// it: WAL journal (readers never block the writer), `synchronous =
+/// NORMAL`, foreign keys enforced, and a [`DEFAULT_BUSY_TIMEOUT`].
+///
+/// # Errors
+/// When the file cannot be created or opened, naming the path.
+pub async fn connect(path: impl AsRef<Path>) -> Result<SqlitePool> {
+    let path = path.as_ref();
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .foreign_keys(true)
+        .busy_timeout(DEFAULT_BUSY_TIMEOUT);
+    SqlitePoolOptions::new()
+        .max_connections(DEFAULT_MAX_CONNECTIONS)
+        .connect_with(options)
+        .await
+        .map_err(|e| {
+            Error::msg(format!(
+                "cannot open sqlite database {}: {e}",
+                path.display()
+            ))
+        })
+}
+
+/// How a table is declared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableOptions {
+    /// Who owns the table: [`ManagedBy::System`] (the default) lets weir
+    /// create, alter and drop it; [`ManagedBy::User`] means the user created
+    /// it and weir only writes rows into it.
+    pub managed_by: ManagedBy,
+}
+
+impl TableOptions {
+    /// Options with `managed_by`.
+    #[must_use]
+    pub fn managed_by(mut self, managed_by: ManagedBy) -> Self {
+        self.managed_by = managed_by;
+        self
+    }
+}
+
+/// A declared table: declare its rows with [`TableTarget::declare_row`].
+#[derive(Clone)]
+pub struct TableTarget {
+    name: Arc<str>,
+    schema: Arc<TableSchema>,
+    rows: TargetStateProvider<RowSpec>,
+    rank: u32,
+}
+
+impl std::fmt::Debug for TableTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableTarget")
+            .field("name", &self.name)
+            .field("rank", &self.rank)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The provider name of a database's tables.
+fn provider_name(db: &str) -> String {
+    format!("weir.sqlite/{db}/table")
+}
+
+/// Registers the table provider of `db` for this run: its handler holds the
+/// pool, and its sinks are the database's one table sink and one row sink.
+fn table_provider(
+    ctx: &Ctx,
+    db: &ContextKey<SqlitePool>,
+) -> Result<TargetStateProvider<TableSpec>> {
+    let pool = ctx.get_key(db)?.clone();
+    let database = sink::Database::new(db.name(), pool);
+    register_root_target_states_provider(
+        ctx,
+        &provider_name(db.name()),
+        SqliteTableHandler::new(sink::table_sink(database)),
+    )
+}
+
+/// Registers the tables of `db` in this run without declaring any, so that
+/// tables it no longer declares are dropped (or abandoned) even when it
+/// declares no table of that database at all (and in `App::drop_state`).
+///
+/// # Errors
+/// When `db` was not provided to the app.
+pub fn register_database(ctx: &Ctx, db: &ContextKey<SqlitePool>) -> Result<()> {
+    table_provider(ctx, db).map(|_| ())
+}
+
+/// Checks a table's name and schema, and builds its target state.
+fn table_state(
+    ctx: &Ctx,
+    db: &ContextKey<SqlitePool>,
+    table_name: &str,
+    schema: &TableSchema,
+    options: TableOptions,
+) -> Result<TargetState<TableSpec>> {
+    validate_identifier("table", table_name)?;
+    if table_name.to_ascii_lowercase().starts_with("sqlite_") {
+        return Err(Error::permanent(format!(
+            "invalid table name {table_name:?}: names starting with sqlite_ are reserved"
+        )));
+    }
+    // A schema can be deserialized without its builder: check it again.
+    for column in schema.columns() {
+        validate_identifier("column", &column.name)?;
+    }
+    let key = StableKey::Array(Arc::from([
+        StableKey::Str(Arc::from(db.name())),
+        StableKey::Str(Arc::from(table_name)),
+    ]));
+    let provider = table_provider(ctx, db)?;
+    Ok(provider.target_state(
+        key,
+        TableSpec {
+            schema: schema.clone(),
+            managed_by: options.managed_by,
+        },
+    ))
+}
+
+/// Declares the table `table_name` of the database `db` with `schema`, and
+/// commits it at once: its rows can be declared right away, and the table
+/// exists before any of them is written.
+///
+/// # Errors
+/// When a name is not a valid identifier, `db` was not provided to the app,
+/// or the table cannot be created or altered.
+pub async fn mount_table_target(
+    ctx: &Ctx,
+    db: &ContextKey<SqlitePool>,
+    table_name: &str,
+    schema: TableSchema,
+) -> Result<TableTarget> {
+    mount_table_target_with(ctx, db, table_name, schema, TableOptions::default()).await
+}
+
+/// [`mount_table_target`] with options (who owns the table).
+///
+/// # Errors
+/// As [`mount_table_target`].
+pub async fn mount_table_target_with(
+    ctx: &Ctx,
+    db: &ContextKey<SqlitePool>,
+    table_name: &str,
+    schema: TableSchema,
+    options: TableOptions,
+) -> Result<TableTarget> {
+    let state = table_state(ctx, db, table_name, &schema, options)?;
+    let rows = mount_target::<TableSpec, RowSpec>(ctx, state).await?;
+    Ok(TableTarget::new(table_name, schema, rows))
+}
+
+/// Declares the table `table_name` of the database `db` with `schema` in
+/// this component: it is created or altered when the component commits,
+/// before its rows are written.
+///
+/// # Errors
+/// When a name is not a valid identifier or `db` was not provided to the
+/// app.
+pub fn declare_table_target(
+    ctx: &Ctx,
+    db: &ContextKey<SqlitePool>,
+    table_name: &str,
+    schema: TableSchema,
+) -> Result<TableTarget> {
+    declare_table_target_with(ctx, db, table_name, schema, TableOptions::default())
+}
+
+/// [`declare_table_target`] with options (who owns the table).
+///
+/// # Errors
+/// As [`declare_table_target`].
+pub fn declare_table_target_with(
+    ctx: &Ctx,
+    db: &ContextKey<SqlitePool>,
+    table_name: &str,
+    schema: TableSchema,
+    options: TableOptions,
+) -> Result<TableTarget> {
+    let state = table_state(ctx, db, table_name, &schema, options)?;
+    let rows = declare_target_state_with_child::<TableSpec, RowSpec>(ctx, state)?;
+    Ok(TableTarget::new(table_name, schema, rows))
+}
+
+impl TableTarget {
+    fn new(name: &str, schema: TableSchema, rows: TargetStateProvider<RowSpec>) -> Self {
+        Self {
+            name: Arc::from(name),
+            schema: Arc::new(schema),
+            rows,
+            rank: 0,
+        }
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The table's schema.
+    pub fn schema(&self) -> &TableSchema {
+        &self.schema
+    }
+
+    /// Declares that this table's rows reference `parent`'s (a foreign key):
+    /// in a sink call, `parent`'s rows are upserted before this table's and
+    /// this table's deleted before `parent`'s.
+    #[must_use]
+    pub fn depends_on(mut self, parent: &TableTarget) -> TableTarget {
+        self.rank = self.rank.max(parent.rank.saturating_add(1));
+        self
+    }
+
+    /// Declares a row: a struct or a map from column names to values, whose
+    /// primary key columns make its key. Fields that are not columns are
+    /// ignored; a missing field is NULL.
+    ///
+    /// # Errors
+    /// A permanent error naming the table, the column and, when it can be
+    /// read, the row key: a value of the wrong type or out of range, a NULL
+    /// in a NOT NULL column, a NaN or infinite float, a NUL byte in text; or
+    /// the row is declared twice in this run.
+    pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: &R) -> Result<()> {
+        let converted =
+            Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
+                match self.key_of(row) {
+                    Some(key) => Error::permanent(format!("{e} (row key {key})")),
+                    None => e,
+                }
+            })?;
+        let key = converted.key(&self.schema);
+        declare_target_state(
+            ctx,
+            self.rows.target_state(
+                key,
+                RowSpec {
+                    values: converted.values,
+                    rank: self.rank,
+                },
+            ),
+        )
+    }
+
+    /// The key of a row that does not convert, when its key columns do.
+    fn key_of<R: Serialize>(&self, row: &R) -> Option<StableKey> {
+        let key_schema = self
+            .schema
+            .primary_key()
+            .iter()
+            .filter_map(|k| self.schema.column(k))
+            .fold(TableSchema::builder(), |b, c| {
+                b.column(&c.name, c.ty.clone())
+            })
+            .primary_key(self.schema.primary_key())
+            .build()
+            .ok()?;
+        Row::from_serialize(&self.name, &key_schema, row)
+            .ok()
+            .map(|r| r.key(&key_schema))
+    }
+}

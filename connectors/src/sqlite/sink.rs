@@ -1,0 +1,560 @@
+//! The sinks: one table sink and one row sink per database and run.
+//!
+//! Every sink call is one `BEGIN IMMEDIATE` transaction. The row sink
+//! writes all the tables of its database: deletes first (tables with the
+//! highest rank first, children before parents), then upserts (lowest rank
+//! first, parents before children), as multi-row statements chunked under
+//! SQLite's bind limit. Foreign keys are deferred to the commit
+//! (`PRAGMA defer_foreign_keys`), so rows of related tables in one call
+//! never fail for their order.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+
+use sqlx::query::Query;
+use sqlx::sqlite::{Sqlite, SqliteArguments};
+use sqlx::{Row as _, SqlitePool};
+use weir_actors::{ChildTargetDef, Error, Result, StableKey, TargetAction, TargetActionSink};
+
+use super::ddl;
+use super::target::{RowSpec, RowWrite, SqliteRowHandler, TableAction, TableDdl};
+use crate::sql::{SqlValue, TableSchema};
+
+/// What the sinks of one database share.
+pub(crate) struct Database {
+    /// The `ContextKey` name of the database (for messages).
+    name: String,
+    pool: SqlitePool,
+    /// The schema of every table declared in this run, by name: filled by
+    /// the child-handler factory, read by the row sink.
+    tables: RwLock<HashMap<String, Arc<TableSchema>>>,
+    /// The rank of every table seen in an upsert, to order deletes.
+    ranks: Mutex<HashMap<String, u32>>,
+}
+
+impl Database {
+    pub(crate) fn new(name: &str, pool: SqlitePool) -> Arc<Self> {
+        Arc::new(Self {
+            name: name.to_string(),
+            pool,
+            tables: RwLock::new(HashMap::new()),
+            ranks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn schema(&self, table: &str) -> Result<Arc<TableSchema>> {
+        self.tables
+            .read()
+            .map_err(|_| Error::msg("sqlite table registry lock poisoned"))?
+            .get(table)
+            .cloned()
+            .ok_or_else(|| {
+                Error::permanent(format!(
+                    "sqlite database {}: table {table} was not declared in this run",
+                    self.name
+                ))
+            })
+    }
+}
+
+/// The table sink of a database; its child-handler factory gives every
+/// declared table a row handler over the database's one row sink.
+pub(crate) fn table_sink(db: Arc<Database>) -> TargetActionSink<TableAction> {
+    let rows = row_sink(Arc::clone(&db));
+    let factory_db = Arc::clone(&db);
+    TargetActionSink::from_async_fn_with_child_handler(
+        move |actions: Vec<TargetAction<TableAction>>| {
+            let db = Arc::clone(&db);
+            async move { apply_tables(&db, actions).await }
+        },
+        move |action: &TableAction| {
+            let schema = action.schema.clone().ok_or_else(|| {
+                Error::permanent(format!(
+                    "sqlite table {}: a deleted table has no rows",
+                    action.table
+                ))
+            })?;
+            let schema = Arc::new(schema);
+            factory_db
+                .tables
+                .write()
+                .map_err(|_| Error::msg("sqlite table registry lock poisoned"))?
+                .insert(action.table.clone(), Arc::clone(&schema));
+            Ok(ChildTargetDef::new::<RowSpec, _>(SqliteRowHandler::new(
+                action.table.clone(),
+                schema,
+                rows.clone(),
+            )))
+        },
+    )
+}
+
+fn row_sink(db: Arc<Database>) -> TargetActionSink<RowWrite> {
+    TargetActionSink::from_async_fn(move |actions: Vec<TargetAction<RowWrite>>| {
+        let db = Arc::clone(&db);
+        async move { apply_rows(&db, actions).await }
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+/// SQLite's extended result code of a database error.
+fn sqlite_code(e: &sqlx::Error) -> Option<i32> {
+    match e {
+        sqlx::Error::Database(db) => db.code().and_then(|c| c.parse().ok()),
+        _ => None,
+    }
+}
+
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
+const SQLITE_CONSTRAINT: i32 = 19;
+const SQLITE_CONSTRAINT_FOREIGNKEY: i32 = 787;
+
+/// Whether `e` is a constraint violation.
+fn is_constraint(e: &sqlx::Error) -> bool {
+    sqlite_code(e).is_some_and(|c| c & 0xff == SQLITE_CONSTRAINT)
+}
+
+/// The constraint a violation names: `users.email` in
+/// `UNIQUE constraint failed: users.email`.
+fn constraint_name(message: &str) -> &str {
+    message
+        .split_once("failed: ")
+        .map_or(message, |(_, name)| name)
+}
+
+/// A weir error for a database error, prefixed with `context` (what was
+/// being done, on which table and key). Busy and locked databases and
+/// foreign-key violations (the parent row may come in a later call) are
+/// retriable; other constraint violations are permanent.
+fn db_error(e: sqlx::Error, context: &str) -> Error {
+    match (sqlite_code(&e), &e) {
+        (Some(code), _) if matches!(code & 0xff, SQLITE_BUSY | SQLITE_LOCKED) => {
+            Error::msg(format!("{context}: the database is busy ({e})"))
+        }
+        (Some(code), sqlx::Error::Database(db)) if code & 0xff == SQLITE_CONSTRAINT => {
+            let message = db.message();
+            let text = format!(
+                "{context}: constraint {} violated ({message})",
+                constraint_name(message)
+            );
+            if code == SQLITE_CONSTRAINT_FOREIGNKEY {
+                Error::msg(text)
+            } else {
+                Error::permanent(text)
+            }
+        }
+        _ => {
+            let text = format!("{context}: {e}");
+            if Error::from(e).is_retriable() {
+                Error::msg(text)
+            } else {
+                Error::permanent(text)
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tables
+// ---------------------------------------------------------------------------
+
+async fn apply_tables(db: &Database, actions: Vec<TargetAction<TableAction>>) -> Result<()> {
+    if actions
+        .iter()
+        .all(|a| action_of(a).ddl == TableDdl::Nothing)
+    {
+        return Ok(());
+    }
+    let context =
+        |what: &str, table: &str| format!("sqlite database {}, table {table}: {what}", db.name);
+    let mut tx = db
+        .pool
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| db_error(e, &format!("sqlite database {}: begin", db.name)))?;
+    for action in &actions {
+        let action = action_of(action);
+        let table = action.table.as_str();
+        match (action.ddl, &action.schema) {
+            (TableDdl::Nothing, _) => {}
+            (TableDdl::Drop, _) => {
+                execute(&mut tx, &ddl::drop_table(table), &context("drop", table)).await?;
+            }
+            (TableDdl::Rebuild, Some(schema)) => {
+                execute(&mut tx, &ddl::drop_table(table), &context("drop", table)).await?;
+                let sql = ddl::create_table(table, schema);
+                execute(&mut tx, &sql, &context("create", table)).await?;
+            }
+            (TableDdl::Ensure, Some(schema)) => {
+                let sql = ddl::create_table(table, schema);
+                execute(&mut tx, &sql, &context("create", table)).await?;
+                converge(&mut tx, table, schema, &context("alter", table)).await?;
+            }
+            (TableDdl::Rebuild | TableDdl::Ensure, None) => {
+                return Err(Error::permanent(context("no schema to create", table)));
+            }
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(|e| db_error(e, &format!("sqlite database {}: commit", db.name)))
+}
+
+fn action_of<A>(action: &TargetAction<A>) -> &A {
+    match action {
+        TargetAction::Create(a) | TargetAction::Update(a) | TargetAction::Delete(a) => a,
+    }
+}
+
+type Tx = sqlx::Transaction<'static, Sqlite>;
+
+async fn execute(tx: &mut Tx, sql: &str, context: &str) -> Result<()> {
+    sqlx::query(sql)
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())
+        .map_err(|e| db_error(e, context))
+}
+
+/// One column as the table has it (`PRAGMA table_info`).
+struct ActualColumn {
+    name: String,
+    ty: String,
+    not_null: bool,
+    in_key: bool,
+}
+
+/// Adds, drops and retypes (drop then add) columns until the table has the
+/// columns of `schema`. Idempotent: it compares with the table as it is.
+async fn converge(tx: &mut Tx, table: &str, schema: &TableSchema, context: &str) -> Result<()> {
+    let rows = sqlx::query(&ddl::table_info(table))
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(|e| db_error(e, context))?;
+    let mut actual = Vec::with_capacity(rows.len());
+    for row in rows {
+        let read = |e: sqlx::Error| db_error(e, context);
+        actual.push(ActualColumn {
+            name: row.try_get::<String, _>("name").map_err(read)?,
+            ty: row.try_get::<String, _>("type").map_err(read)?,
+            not_null: row.try_get::<i64, _>("notnull").map_err(read)? != 0,
+            in_key: row.try_get::<i64, _>("pk").map_err(read)? != 0,
+        });
+    }
+    for column in &actual {
+        let wanted = schema
+            .columns()
+            .iter()
+            .any(|c| c.name.eq_ignore_ascii_case(&column.name));
+        if wanted {
+            continue;
+        }
+        if column.in_key {
+            return Err(Error::permanent(format!(
+                "{context}: column {} is in the table's primary key but not in the declared schema",
+                column.name
+            )));
+        }
+        execute(tx, &ddl::drop_column(table, &column.name), context).await?;
+    }
+    for column in schema.columns() {
+        let found = actual
+            .iter()
+            .find(|a| a.name.eq_ignore_ascii_case(&column.name));
+        match found {
+            None => execute(tx, &ddl::add_column(table, column), context).await?,
+            Some(a)
+                if !a.in_key
+                    && (!a.ty.eq_ignore_ascii_case(ddl::sql_type(&column.ty))
+                        || a.not_null == column.nullable) =>
+            {
+                execute(tx, &ddl::drop_column(table, &a.name), context).await?;
+                execute(tx, &ddl::add_column(table, column), context).await?;
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Rows
+// ---------------------------------------------------------------------------
+
+/// The writes of one sink call to one table.
+struct TableWrites {
+    schema: Arc<TableSchema>,
+    rank: u32,
+    upserts: Vec<Vec<SqlValue>>,
+    deletes: Vec<Vec<SqlValue>>,
+}
+
+/// The primary key of an upserted row (`values` holds every column) or of
+/// a delete (`values` holds the key).
+fn row_key(schema: &TableSchema, values: &[SqlValue], is_delete: bool) -> StableKey {
+    let parts: Vec<StableKey> = if is_delete {
+        values.iter().map(SqlValue::to_key).collect()
+    } else {
+        schema
+            .primary_key()
+            .iter()
+            .filter_map(|k| schema.columns().iter().position(|c| &c.name == k))
+            .filter_map(|i| values.get(i))
+            .map(SqlValue::to_key)
+            .collect()
+    };
+    match <[StableKey; 1]>::try_from(parts) {
+        Ok([one]) => one,
+        Err(parts) => StableKey::Array(parts.into()),
+    }
+}
+
+/// Groups a call's actions by table. When one row appears more than once
+/// in a call, the last action wins (the engine orders one row's actions, so
+/// the last is the newest).
+fn group(
+    db: &Database,
+    actions: Vec<TargetAction<RowWrite>>,
+) -> Result<BTreeMap<String, TableWrites>> {
+    let mut tables: BTreeMap<String, TableWrites> = BTreeMap::new();
+    let mut seen: HashSet<(String, StableKey)> = HashSet::new();
+    let ranks = db
+        .ranks
+        .lock()
+        .map(|r| r.clone())
+        .map_err(|_| Error::msg("sqlite rank registry lock poisoned"))?;
+    let mut new_ranks = Vec::new();
+    for action in actions.into_iter().rev() {
+        let (is_delete, write) = match action {
+            TargetAction::Create(w) | TargetAction::Update(w) => (false, w),
+            TargetAction::Delete(w) => (true, w),
+        };
+        if !tables.contains_key(&write.table) {
+            let schema = db.schema(&write.table)?;
+            let rank = ranks.get(&write.table).copied().unwrap_or(0);
+            tables.insert(
+                write.table.clone(),
+                TableWrites {
+                    schema,
+                    rank,
+                    upserts: Vec::new(),
+                    deletes: Vec::new(),
+                },
+            );
+        }
+        let Some(writes) = tables.get_mut(&write.table) else {
+            continue;
+        };
+        let key = row_key(&writes.schema, &write.values, is_delete);
+        if !seen.insert((write.table.clone(), key)) {
+            continue; // an older action of the same row
+        }
+        if is_delete {
+            writes.deletes.push(write.values);
+        } else {
+            if writes.rank != write.rank {
+                writes.rank = write.rank;
+                new_ranks.push((write.table.clone(), write.rank));
+            }
+            writes.upserts.push(write.values);
+        }
+    }
+    for writes in tables.values_mut() {
+        writes.upserts.reverse();
+        writes.deletes.reverse();
+    }
+    if !new_ranks.is_empty() {
+        let mut ranks = db
+            .ranks
+            .lock()
+            .map_err(|_| Error::msg("sqlite rank registry lock poisoned"))?;
+        ranks.extend(new_ranks);
+    }
+    Ok(tables)
+}
+
+type SqliteQuery<'q> = Query<'q, Sqlite, SqliteArguments<'q>>;
+
+/// Binds one value, borrowing text and bytes.
+fn bind<'q>(query: SqliteQuery<'q>, value: &'q SqlValue) -> SqliteQuery<'q> {
+    match value {
+        SqlValue::Null => query.bind(None::<i64>),
+        SqlValue::Bool(b) => query.bind(i64::from(*b)),
+        SqlValue::Int(i) => query.bind(*i),
+        SqlValue::Float(f) => query.bind(*f),
+        SqlValue::Text(s) => query.bind(s.as_str()),
+        SqlValue::Bytes(b) => query.bind(b.as_slice()),
+        other => query.bind(text_of(other)),
+    }
+}
+
+/// The text SQLite stores for a value kept as TEXT: JSON documents and
+/// arrays as JSON, timestamps as RFC 3339 (as in row keys), UUIDs
+/// hyphenated.
+fn text_of(value: &SqlValue) -> String {
+    match value {
+        SqlValue::Text(s) => s.clone(),
+        SqlValue::Json(j) => j.to_string(),
+        SqlValue::Timestamp(t) => t.to_rfc3339(),
+        SqlValue::Uuid(u) => u.to_string(),
+        other => json_of(other).to_string(),
+    }
+}
+
+/// A value as JSON (for arrays).
+fn json_of(value: &SqlValue) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        SqlValue::Null => J::Null,
+        SqlValue::Bool(b) => J::Bool(*b),
+        SqlValue::Int(i) => J::from(*i),
+        SqlValue::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+        SqlValue::Text(s) => J::String(s.clone()),
+        SqlValue::Bytes(b) => J::Array(b.iter().map(|x| J::from(*x)).collect()),
+        SqlValue::Json(j) => j.clone(),
+        SqlValue::Timestamp(t) => J::String(t.to_rfc3339()),
+        SqlValue::Uuid(u) => J::String(u.to_string()),
+        SqlValue::Array(items) => J::Array(items.iter().map(json_of).collect()),
+    }
+}
+
+async fn run_chunk(
+    tx: &mut Tx,
+    sql: &str,
+    rows: &[Vec<SqlValue>],
+) -> std::result::Result<(), sqlx::Error> {
+    let mut query = sqlx::query(sql);
+    for row in rows {
+        for value in row {
+            query = bind(query, value);
+        }
+    }
+    query.execute(&mut **tx).await.map(|_| ())
+}
+
+/// After a constraint violation in a multi-row statement, finds the first
+/// row that violates it alone (inside the same transaction, which is rolled
+/// back anyway) to name its key.
+async fn culprit(
+    tx: &mut Tx,
+    table: &str,
+    writes: &TableWrites,
+    rows: &[Vec<SqlValue>],
+    is_delete: bool,
+) -> Option<StableKey> {
+    let sql = if is_delete {
+        ddl::delete(table, &writes.schema, 1)
+    } else {
+        ddl::upsert(table, &writes.schema, 1)
+    };
+    for row in rows {
+        if let Err(e) = run_chunk(tx, &sql, std::slice::from_ref(row)).await {
+            if is_constraint(&e) {
+                return Some(row_key(&writes.schema, row, is_delete));
+            }
+        }
+    }
+    None
+}
+
+async fn write_rows(
+    tx: &mut Tx,
+    db: &Database,
+    table: &str,
+    writes: &TableWrites,
+    is_delete: bool,
+) -> Result<()> {
+    let rows = if is_delete {
+        &writes.deletes
+    } else {
+        &writes.upserts
+    };
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let width = if is_delete {
+        writes.schema.primary_key().len()
+    } else {
+        writes.schema.columns().len()
+    };
+    let per_statement = ddl::rows_per_statement(width);
+    let statement = |n: usize| {
+        if is_delete {
+            ddl::delete(table, &writes.schema, n)
+        } else {
+            ddl::upsert(table, &writes.schema, n)
+        }
+    };
+    let full = statement(per_statement.min(rows.len()));
+    for chunk in rows.chunks(per_statement) {
+        let partial;
+        let sql = if chunk.len() == per_statement.min(rows.len()) {
+            &full
+        } else {
+            partial = statement(chunk.len());
+            &partial
+        };
+        if let Err(e) = run_chunk(tx, sql, chunk).await {
+            let verb = if is_delete { "delete" } else { "upsert" };
+            let key = if is_constraint(&e) {
+                culprit(tx, table, writes, chunk, is_delete).await
+            } else {
+                None
+            };
+            let key = key.map(|k| format!(", key {k}")).unwrap_or_default();
+            return Err(db_error(
+                e,
+                &format!("sqlite database {}, table {table}{key}: {verb}", db.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
+    let tables = group(db, actions)?;
+    let mut order: Vec<(&String, &TableWrites)> = tables.iter().collect();
+    order.sort_by_key(|(name, w)| (w.rank, name.as_str()));
+    let mut tx = db
+        .pool
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| db_error(e, &format!("sqlite database {}: begin", db.name)))?;
+    let context = format!("sqlite database {}: defer foreign keys", db.name);
+    execute(&mut tx, "PRAGMA defer_foreign_keys = ON", &context).await?;
+    for (table, writes) in order.iter().rev() {
+        write_rows(&mut tx, db, table, writes, true).await?;
+    }
+    for (table, writes) in &order {
+        write_rows(&mut tx, db, table, writes, false).await?;
+    }
+    tx.commit().await.map_err(|e| {
+        let names: Vec<&str> = order.iter().map(|(t, _)| t.as_str()).collect();
+        db_error(
+            e,
+            &format!(
+                "sqlite database {}, tables {}: commit",
+                db.name,
+                names.join(", ")
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_constraint_is_read_from_the_message() {
+        assert_eq!(
+            constraint_name("UNIQUE constraint failed: users.email"),
+            "users.email"
+        );
+        assert_eq!(constraint_name("odd"), "odd");
+    }
+}

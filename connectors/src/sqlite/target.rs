@@ -1,0 +1,391 @@
+//! The handlers: tables (containers) and their rows (the children).
+//!
+//! Both `reconcile`s are pure: they compare the declared value with the
+//! tracking records and return an action for the sinks in
+//! [`sink`](super::sink), which do all the I/O.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use weir_actors::statediff::{ManagedBy, MutualTrackingRecord};
+use weir_actors::{
+    Error, Fingerprint, Result, StableKey, TargetAction, TargetActionSink, TargetChildInvalidation,
+    TargetHandler, TargetReconcileOutput,
+};
+
+use crate::sql::{ColumnType, SchemaChange, SqlValue, TableSchema};
+
+/// The declared value of a table.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct TableSpec {
+    /// The table's schema.
+    pub schema: TableSchema,
+    /// Who owns the table.
+    pub managed_by: ManagedBy,
+}
+
+/// The tracking record of a table: its schema and who owns it.
+pub(crate) type TableRecord = MutualTrackingRecord<TableSchema>;
+
+/// What the table sink does to the table itself.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) enum TableDdl {
+    /// Nothing: the table is as declared (or the user owns it).
+    Nothing,
+    /// `CREATE TABLE IF NOT EXISTS`, then add, drop and retype columns until
+    /// the table has the declared columns.
+    Ensure,
+    /// `DROP TABLE IF EXISTS` then `CREATE TABLE` (the key changed).
+    Rebuild,
+    /// `DROP TABLE IF EXISTS` (a table weir created, no longer declared).
+    Drop,
+}
+
+/// One table action.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct TableAction {
+    /// The table's name.
+    pub table: String,
+    /// The declared schema (`None` on a delete).
+    pub schema: Option<TableSchema>,
+    /// What to do.
+    pub ddl: TableDdl,
+}
+
+/// The handler of one database's tables (the root provider's handler).
+pub(crate) struct SqliteTableHandler {
+    sink: TargetActionSink<TableAction>,
+}
+
+impl SqliteTableHandler {
+    pub(crate) fn new(sink: TargetActionSink<TableAction>) -> Self {
+        Self { sink }
+    }
+}
+
+/// The table name in a table key (`[database, table]`).
+fn table_of(key: &StableKey) -> Result<String> {
+    if let StableKey::Array(parts) = key {
+        if let [StableKey::Str(_), StableKey::Str(table)] = parts.as_ref() {
+            return Ok(table.to_string());
+        }
+    }
+    Err(Error::permanent(format!(
+        "sqlite table key {key} is not [database, table]; it was not declared by this connector"
+    )))
+}
+
+/// Decides the DDL and the invalidation of the rows for a declared,
+/// system-managed table.
+fn plan(
+    desired: &TableSchema,
+    prev: &[TableRecord],
+    prev_may_be_missing: bool,
+) -> (TableDdl, Option<TargetChildInvalidation>) {
+    let mine: Vec<&TableSchema> = prev
+        .iter()
+        .filter(|p| p.managed_by == ManagedBy::System)
+        .map(|p| &p.record)
+        .collect();
+    if mine.is_empty() {
+        // New, or taken over from the user: what is there may differ.
+        let invalidation = (!prev.is_empty()).then_some(TargetChildInvalidation::Lossy);
+        return (TableDdl::Ensure, invalidation);
+    }
+    let changes: Vec<SchemaChange> = mine.iter().map(|old| old.diff(desired)).collect();
+    if changes.iter().any(|c| matches!(c, SchemaChange::Rebuild)) {
+        return (
+            TableDdl::Rebuild,
+            Some(TargetChildInvalidation::Destructive),
+        );
+    }
+    let invalidation = changes
+        .iter()
+        .filter_map(SchemaChange::child_invalidation)
+        .max_by_key(|i| match i {
+            TargetChildInvalidation::Lossy => 1,
+            TargetChildInvalidation::Destructive => 2,
+        });
+    let same = changes.iter().all(|c| matches!(c, SchemaChange::Same));
+    if same && !prev_may_be_missing {
+        (TableDdl::Nothing, None)
+    } else {
+        (TableDdl::Ensure, invalidation)
+    }
+}
+
+impl TargetHandler<TableSpec> for SqliteTableHandler {
+    type TrackingRecord = TableRecord;
+    type Action = TableAction;
+
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<TableSpec>,
+        prev: Vec<TableRecord>,
+        prev_may_be_missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<TableAction, TableRecord>>> {
+        let table = table_of(&key)?;
+        match desired {
+            // A container always answers while declared: the child-handler
+            // factory builds the rows' handler from this action.
+            Some(spec) => {
+                let (ddl, child_invalidation) = match spec.managed_by {
+                    ManagedBy::User => (TableDdl::Nothing, None),
+                    ManagedBy::System => plan(&spec.schema, &prev, prev_may_be_missing),
+                };
+                let action = TableAction {
+                    table,
+                    schema: Some(spec.schema.clone()),
+                    ddl,
+                };
+                Ok(Some(TargetReconcileOutput {
+                    action: if prev.is_empty() {
+                        TargetAction::Create(action)
+                    } else {
+                        TargetAction::Update(action)
+                    },
+                    sink: self.sink.clone(),
+                    tracking_record: Some(MutualTrackingRecord::new(spec.schema, spec.managed_by)),
+                    child_invalidation,
+                }))
+            }
+            None => {
+                if prev.is_empty() && !prev_may_be_missing {
+                    return Ok(None);
+                }
+                // Destroy a table weir created; abandon one the user owns
+                // (or one no record says weir created).
+                let created_by_weir = prev.iter().any(|p| p.managed_by == ManagedBy::System);
+                Ok(Some(TargetReconcileOutput {
+                    action: TargetAction::Delete(TableAction {
+                        table,
+                        schema: None,
+                        ddl: if created_by_weir {
+                            TableDdl::Drop
+                        } else {
+                            TableDdl::Nothing
+                        },
+                    }),
+                    sink: self.sink.clone(),
+                    tracking_record: None,
+                    child_invalidation: created_by_weir
+                        .then_some(TargetChildInvalidation::Destructive),
+                }))
+            }
+        }
+    }
+}
+
+/// The declared value of a row: its values in schema order, converted when
+/// declared, and its table's rank (how many tables it depends on, through
+/// [`TableTarget::depends_on`](super::TableTarget::depends_on)).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub(crate) struct RowSpec {
+    /// One value per column, in schema order.
+    pub values: Vec<SqlValue>,
+    /// The table's rank: parents' rows are written first.
+    pub rank: u32,
+}
+
+/// One row mutation. On an upsert `values` holds every column; on a delete
+/// only the primary key's.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub(crate) struct RowWrite {
+    /// The table.
+    pub table: String,
+    /// The table's rank (0 on deletes: the sink knows the ranks it saw).
+    pub rank: u32,
+    /// The values (see above).
+    pub values: Vec<SqlValue>,
+}
+
+/// The handler of one table's rows, built by the table sink's child-handler
+/// factory. Its sink is the database's row sink, shared by every table.
+pub(crate) struct SqliteRowHandler {
+    table: String,
+    schema: Arc<TableSchema>,
+    sink: TargetActionSink<RowWrite>,
+}
+
+impl SqliteRowHandler {
+    pub(crate) fn new(
+        table: String,
+        schema: Arc<TableSchema>,
+        sink: TargetActionSink<RowWrite>,
+    ) -> Self {
+        Self {
+            table,
+            schema,
+            sink,
+        }
+    }
+}
+
+/// A primary key value back as a column value of type `ty`, for deletes.
+fn key_part(part: &StableKey, ty: &ColumnType) -> SqlValue {
+    match part {
+        StableKey::Null => SqlValue::Null,
+        StableKey::Bool(b) => SqlValue::Bool(*b),
+        StableKey::Int(i) => SqlValue::Int(*i),
+        StableKey::Str(s) | StableKey::Symbol(s) => match ty {
+            ColumnType::Real | ColumnType::Double => s
+                .parse::<f64>()
+                .map(SqlValue::Float)
+                .unwrap_or_else(|_| SqlValue::Text(s.to_string())),
+            _ => SqlValue::Text(s.to_string()),
+        },
+        StableKey::Bytes(b) => SqlValue::Bytes(b.to_vec()),
+        StableKey::Uuid(u) => SqlValue::Uuid(*u),
+        StableKey::Array(items) => {
+            let inner = match ty {
+                ColumnType::Array(inner) => inner.as_ref(),
+                other => other,
+            };
+            SqlValue::Array(items.iter().map(|i| key_part(i, inner)).collect())
+        }
+    }
+}
+
+/// The primary key values of a row key made by [`Row::key`](crate::sql::Row::key).
+pub(crate) fn key_values(key: &StableKey, schema: &TableSchema) -> Result<Vec<SqlValue>> {
+    let types: Vec<&ColumnType> = schema
+        .primary_key()
+        .iter()
+        .filter_map(|k| schema.column(k).map(|c| &c.ty))
+        .collect();
+    match (types.as_slice(), key) {
+        ([ty], part) => Ok(vec![key_part(part, ty)]),
+        (types, StableKey::Array(parts)) if parts.len() == types.len() => Ok(parts
+            .iter()
+            .zip(types)
+            .map(|(p, ty)| key_part(p, ty))
+            .collect()),
+        _ => Err(Error::permanent(format!(
+            "row key {key} does not match the primary key ({})",
+            schema.primary_key().join(", ")
+        ))),
+    }
+}
+
+/// A row's fingerprint: its non-NULL values by column name, so that adding
+/// a nullable column (or reordering columns) leaves unchanged rows alone.
+fn fingerprint(schema: &TableSchema, values: &[SqlValue]) -> Fingerprint {
+    let mut named: Vec<(&str, &SqlValue)> = schema
+        .columns()
+        .iter()
+        .zip(values)
+        .filter(|(_, v)| !matches!(v, SqlValue::Null))
+        .map(|(c, v)| (c.name.as_str(), v))
+        .collect();
+    named.sort_unstable_by_key(|(name, _)| *name);
+    Fingerprint::from(&named)
+}
+
+impl TargetHandler<RowSpec> for SqliteRowHandler {
+    type TrackingRecord = Fingerprint;
+    type Action = RowWrite;
+
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<RowSpec>,
+        prev: Vec<Fingerprint>,
+        prev_may_be_missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<RowWrite, Fingerprint>>> {
+        match desired {
+            Some(row) => {
+                let fingerprint = fingerprint(&self.schema, &row.values);
+                if !prev_may_be_missing
+                    && !prev.is_empty()
+                    && prev.iter().all(|p| *p == fingerprint)
+                {
+                    return Ok(None);
+                }
+                let write = RowWrite {
+                    table: self.table.clone(),
+                    rank: row.rank,
+                    values: row.values,
+                };
+                Ok(Some(TargetReconcileOutput {
+                    action: if prev.is_empty() {
+                        TargetAction::Create(write)
+                    } else {
+                        TargetAction::Update(write)
+                    },
+                    sink: self.sink.clone(),
+                    tracking_record: Some(fingerprint),
+                    child_invalidation: None,
+                }))
+            }
+            None => {
+                if prev.is_empty() && !prev_may_be_missing {
+                    return Ok(None);
+                }
+                let values = key_values(&key, &self.schema)
+                    .map_err(|e| Error::permanent(format!("sqlite table {}: {e}", self.table)))?;
+                Ok(Some(TargetReconcileOutput {
+                    action: TargetAction::Delete(RowWrite {
+                        table: self.table.clone(),
+                        rank: 0,
+                        values,
+                    }),
+                    sink: self.sink.clone(),
+                    tracking_record: None,
+                    child_invalidation: None,
+                }))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sql::Row;
+
+    fn schema(key: &[&str]) -> Result<TableSchema> {
+        TableSchema::builder()
+            .column("id", ColumnType::Text)
+            .column("n", ColumnType::BigInt)
+            .column("score", ColumnType::Double)
+            .primary_key(key)
+            .build()
+    }
+
+    #[test]
+    fn row_keys_turn_back_into_typed_key_values() -> Result<()> {
+        let s = schema(&["id", "n", "score"])?;
+        let row = Row {
+            values: vec![
+                SqlValue::Text("a".into()),
+                SqlValue::Int(3),
+                SqlValue::Float(1.5),
+            ],
+        };
+        assert_eq!(key_values(&row.key(&s), &s)?, row.values);
+        let single = schema(&["n"])?;
+        assert_eq!(
+            key_values(&row.key(&single), &single)?,
+            vec![SqlValue::Int(3)]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn an_unchanged_schema_needs_no_ddl_and_a_new_key_rebuilds() -> Result<()> {
+        let old = schema(&["id"])?;
+        let prev = vec![MutualTrackingRecord::new(old.clone(), ManagedBy::System)];
+        assert_eq!(plan(&old, &prev, false), (TableDdl::Nothing, None));
+        assert_eq!(plan(&old, &prev, true), (TableDdl::Ensure, None));
+        assert_eq!(plan(&old, &[], false), (TableDdl::Ensure, None));
+        assert_eq!(
+            plan(&schema(&["n"])?, &prev, false),
+            (
+                TableDdl::Rebuild,
+                Some(TargetChildInvalidation::Destructive)
+            )
+        );
+        Ok(())
+    }
+}

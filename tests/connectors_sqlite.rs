@@ -1,0 +1,1024 @@
+//! The SQLite target against a real SQLite file per test: rows, types,
+//! schema changes, ownership, related tables and constraint failures.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::SqlitePool;
+use tempfile::TempDir;
+use weir::connectors::sql::{ColumnType, TableSchema};
+use weir::connectors::sqlite::{self, TableOptions};
+use weir::prelude::*;
+use weir::statediff::ManagedBy;
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// Bounds anything that could hang.
+async fn bounded<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(Duration::from_secs(60), fut)
+        .await
+        .map_err(|_| Error::msg("timed out after 60s"))?
+}
+
+fn db() -> ContextKey<SqlitePool> {
+    ContextKey::new("db")
+}
+
+/// A temp dir holding a database file and a ledger, the pool, and an app.
+struct Fixture {
+    _dir: TempDir,
+    pool: SqlitePool,
+    app: App,
+}
+
+async fn fixture() -> Result<Fixture> {
+    let dir = tempfile::tempdir()?;
+    let pool = sqlite::connect(dir.path().join("test.db")).await?;
+    let app = App::builder("sqlite-test")
+        .ledger_path(dir.path().join("ledger"))
+        .shards(3)
+        .retry_policy(RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(20),
+            call_timeout: Some(Duration::from_secs(20)),
+        })
+        .provide_key(&db(), pool.clone())
+        .build()
+        .await?;
+    Ok(Fixture {
+        _dir: dir,
+        pool,
+        app,
+    })
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Doc {
+    id: String,
+    title: String,
+    n: Option<i64>,
+}
+
+fn doc(id: &str, title: &str, n: Option<i64>) -> Doc {
+    Doc {
+        id: id.into(),
+        title: title.into(),
+        n,
+    }
+}
+
+fn docs_schema() -> Result<TableSchema> {
+    TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("title", ColumnType::Text)
+        .nullable_column("n", ColumnType::BigInt)
+        .primary_key(["id"])
+        .build()
+}
+
+/// Mounts `docs` with `schema` and declares `rows` into it.
+async fn sync_rows<R>(f: &Fixture, schema: TableSchema, rows: Vec<R>) -> Result<UpdateStats>
+where
+    R: Serialize + Send + Sync + 'static,
+{
+    bounded(f.app.run(move |ctx| async move {
+        let table = sqlite::mount_table_target(&ctx, &db(), "docs", schema).await?;
+        for row in &rows {
+            table.declare_row(&ctx, row)?;
+        }
+        Ok(())
+    }))
+    .await
+}
+
+async fn sync_docs(f: &Fixture, rows: Vec<Doc>) -> Result<UpdateStats> {
+    sync_rows(f, docs_schema()?, rows).await
+}
+
+type DocRow = (String, String, Option<i64>);
+
+async fn read_docs(pool: &SqlitePool) -> Result<Vec<DocRow>> {
+    Ok(
+        sqlx::query_as::<_, DocRow>("SELECT id, title, n FROM docs ORDER BY id")
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+fn expected(rows: &[(&str, &str, Option<i64>)]) -> Vec<DocRow> {
+    rows.iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), *c))
+        .collect()
+}
+
+async fn table_exists(pool: &SqlitePool, name: &str) -> Result<bool> {
+    let n: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?")
+            .bind(name)
+            .fetch_one(pool)
+            .await?;
+    Ok(n == 1)
+}
+
+async fn columns(pool: &SqlitePool, table: &str) -> Result<Vec<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT name FROM pragma_table_info(?) ORDER BY cid")
+            .bind(table)
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+fn err_or<T>(result: Result<T>, what: &str) -> Result<Error> {
+    match result {
+        Ok(_) => Err(Error::msg(format!("{what} should have failed"))),
+        Err(e) => Ok(e),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Rows
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_are_created_updated_and_deleted_as_declared() -> Result<()> {
+    let f = fixture().await?;
+    let stats = sync_docs(
+        &f,
+        vec![
+            doc("a", "A", Some(1)),
+            doc("b", "B", None),
+            doc("c", "C", Some(3)),
+        ],
+    )
+    .await?;
+    assert_eq!(stats.created, 4, "the table and three rows: {stats:?}");
+    assert_eq!(
+        read_docs(&f.pool).await?,
+        expected(&[("a", "A", Some(1)), ("b", "B", None), ("c", "C", Some(3))])
+    );
+
+    let stats = sync_docs(
+        &f,
+        vec![
+            doc("a", "A2", None),
+            doc("c", "C", Some(3)),
+            doc("d", "D", Some(4)),
+        ],
+    )
+    .await?;
+    assert_eq!((stats.created, stats.deleted), (1, 1), "{stats:?}");
+    assert_eq!(
+        read_docs(&f.pool).await?,
+        expected(&[("a", "A2", None), ("c", "C", Some(3)), ("d", "D", Some(4))])
+    );
+
+    sync_docs(&f, vec![]).await?;
+    assert_eq!(read_docs(&f.pool).await?, expected(&[]));
+    assert!(table_exists(&f.pool, "docs").await?);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unchanged_rerun_writes_no_row() -> Result<()> {
+    let f = fixture().await?;
+    let rows: Vec<Doc> = (0..50)
+        .map(|i| doc(&format!("k{i:02}"), "same", Some(i)))
+        .collect();
+    sync_docs(&f, rows.clone()).await?;
+    let rowids = |pool: SqlitePool| async move {
+        sqlx::query_as::<_, (i64, String)>("SELECT rowid, id FROM docs ORDER BY id")
+            .fetch_all(&pool)
+            .await
+    };
+    let before = rowids(f.pool.clone()).await?;
+    // A trigger counts every write the second run would make.
+    sqlx::query("CREATE TABLE writes (n INTEGER)")
+        .execute(&f.pool)
+        .await?;
+    sqlx::query(
+        "CREATE TRIGGER count_updates AFTER UPDATE ON docs BEGIN INSERT INTO writes VALUES (1); END",
+    )
+    .execute(&f.pool)
+    .await?;
+    sqlx::query(
+        "CREATE TRIGGER count_inserts AFTER INSERT ON docs BEGIN INSERT INTO writes VALUES (1); END",
+    )
+    .execute(&f.pool)
+    .await?;
+
+    let stats = sync_docs(&f, rows).await?;
+    // Only the table itself answers (a container always does), without DDL.
+    assert_eq!(
+        (stats.created, stats.updated, stats.deleted, stats.unchanged),
+        (0, 1, 0, 50),
+        "{stats:?}"
+    );
+    let writes: i64 = sqlx::query_scalar("SELECT count(*) FROM writes")
+        .fetch_one(&f.pool)
+        .await?;
+    assert_eq!(writes, 0);
+    assert_eq!(rowids(f.pool.clone()).await?, before);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_rows_are_written_in_chunks_under_the_bind_limit() -> Result<()> {
+    let f = fixture().await?;
+    let rows: Vec<Doc> = (0..5_000)
+        .map(|i| doc(&format!("k{i:05}"), "x", Some(i)))
+        .collect();
+    sync_docs(&f, rows).await?;
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM docs")
+        .fetch_one(&f.pool)
+        .await?;
+    assert_eq!(n, 5_000);
+    let rows: Vec<Doc> = (0..5_000)
+        .filter(|i| i % 2 == 0)
+        .map(|i| doc(&format!("k{i:05}"), "y", Some(i)))
+        .collect();
+    sync_docs(&f, rows).await?;
+    let (n, ys): (i64, i64) = sqlx::query_as("SELECT count(*), sum(title = 'y') FROM docs")
+        .fetch_one(&f.pool)
+        .await?;
+    assert_eq!((n, ys), (2_500, 2_500));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn composite_keys_upsert_and_delete() -> Result<()> {
+    let f = fixture().await?;
+    let schema = || {
+        TableSchema::builder()
+            .column("tenant", ColumnType::Text)
+            .column("n", ColumnType::Integer)
+            .nullable_column("v", ColumnType::Text)
+            .primary_key(["tenant", "n"])
+            .build()
+    };
+    let row = |t: &str, n: i64, v: &str| {
+        BTreeMap::from([
+            ("tenant".to_string(), t.to_string()),
+            ("n".to_string(), n.to_string()),
+            ("v".to_string(), v.to_string()),
+        ])
+    };
+    // `n` arrives as text in a map of strings: rejected; use typed maps.
+    let bad = sync_rows(&f, schema()?, vec![row("a", 1, "x")]).await;
+    assert!(bad.is_err());
+
+    #[derive(Serialize)]
+    struct Item {
+        tenant: String,
+        n: i32,
+        v: String,
+    }
+    let item = |t: &str, n: i32, v: &str| Item {
+        tenant: t.into(),
+        n,
+        v: v.into(),
+    };
+    bounded(f.app.run(move |ctx| async move {
+        let t = sqlite::mount_table_target(&ctx, &db(), "items", schema()?).await?;
+        for i in [item("a", 1, "x"), item("a", 2, "y"), item("b", 1, "z")] {
+            t.declare_row(&ctx, &i)?;
+        }
+        Ok(())
+    }))
+    .await?;
+    bounded(f.app.run(move |ctx| async move {
+        let t = sqlite::mount_table_target(&ctx, &db(), "items", schema()?).await?;
+        t.declare_row(&ctx, &item("a", 2, "y2"))
+    }))
+    .await?;
+    let rows: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT tenant, n, v FROM items ORDER BY tenant, n")
+            .fetch_all(&f.pool)
+            .await?;
+    assert_eq!(rows, vec![("a".to_string(), 2, "y2".to_string())]);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Types
+// ---------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct AllTypes {
+    id: i64,
+    text: String,
+    small: i16,
+    int: i32,
+    big: i64,
+    real: f32,
+    double: f64,
+    flag: bool,
+    bytes: Vec<u8>,
+    json: BTreeMap<String, Vec<i64>>,
+    ts: String,
+    id2: String,
+    tags: Vec<String>,
+    missing: Option<String>,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_column_type_round_trips() -> Result<()> {
+    let f = fixture().await?;
+    let schema = TableSchema::builder()
+        .column("id", ColumnType::BigInt)
+        .column("text", ColumnType::Text)
+        .column("small", ColumnType::SmallInt)
+        .column("int", ColumnType::Integer)
+        .column("big", ColumnType::BigInt)
+        .column("real", ColumnType::Real)
+        .column("double", ColumnType::Double)
+        .column("flag", ColumnType::Boolean)
+        .column("bytes", ColumnType::Bytes)
+        .column("json", ColumnType::Json)
+        .column("ts", ColumnType::Timestamp)
+        .column("id2", ColumnType::Uuid)
+        .column("tags", ColumnType::Array(Box::new(ColumnType::Text)))
+        .nullable_column("missing", ColumnType::Text)
+        .primary_key(["id"])
+        .build()?;
+    let row = AllTypes {
+        id: i64::MAX,
+        text: "héllo \"quoted\" 'x'; DROP TABLE docs".into(),
+        small: -12,
+        int: i32::MIN,
+        big: i64::MIN,
+        real: 1.5,
+        double: -2.25e100,
+        flag: true,
+        bytes: vec![0, 1, 255],
+        json: BTreeMap::from([("a".to_string(), vec![1, 2])]),
+        ts: "2024-05-01T14:00:00+02:00".into(),
+        id2: "67E55044-10B1-426F-9247-BB680E5FE0C8".into(),
+        tags: vec!["x".into(), "y".into()],
+        missing: None,
+    };
+    bounded(f.app.run(move |ctx| async move {
+        let t = sqlite::mount_table_target(&ctx, &db(), "types", schema).await?;
+        t.declare_row(&ctx, &row)
+    }))
+    .await?;
+    let (id, text, small, int, big, real, double, flag): (
+        i64,
+        String,
+        i64,
+        i64,
+        i64,
+        f64,
+        f64,
+        i64,
+    ) = sqlx::query_as("SELECT id, text, small, int, big, real, double, flag FROM types")
+        .fetch_one(&f.pool)
+        .await?;
+    assert_eq!(
+        (id, text.as_str(), small, int, big, real, double, flag),
+        (
+            i64::MAX,
+            "héllo \"quoted\" 'x'; DROP TABLE docs",
+            -12,
+            i64::from(i32::MIN),
+            i64::MIN,
+            1.5,
+            -2.25e100,
+            1
+        )
+    );
+    let (bytes, json, ts, id2, tags, missing): (
+        Vec<u8>,
+        String,
+        String,
+        String,
+        String,
+        Option<String>,
+    ) = sqlx::query_as("SELECT bytes, json, ts, id2, tags, missing FROM types")
+        .fetch_one(&f.pool)
+        .await?;
+    assert_eq!(bytes, vec![0, 1, 255]);
+    assert_eq!(json, r#"{"a":[1,2]}"#);
+    assert_eq!(ts, "2024-05-01T12:00:00+00:00");
+    assert_eq!(id2, "67e55044-10b1-426f-9247-bb680e5fe0c8");
+    assert_eq!(tags, r#"["x","y"]"#);
+    assert_eq!(missing, None);
+    let kinds: Vec<String> = sqlx::query_scalar(
+        "SELECT typeof(text) || typeof(small) || typeof(real) || typeof(flag) || typeof(bytes) \
+         || typeof(json) || typeof(missing) FROM types",
+    )
+    .fetch_all(&f.pool)
+    .await?;
+    assert_eq!(kinds, vec!["textintegerrealintegerblobtextnull"]);
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Scored {
+    id: String,
+    title: String,
+    score: f64,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nan_and_nul_are_rejected_naming_table_column_and_key_while_other_rows_land() -> Result<()>
+{
+    let f = fixture().await?;
+    let schema = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("title", ColumnType::Text)
+        .column("score", ColumnType::Double)
+        .primary_key(["id"])
+        .build()?;
+    let items = vec![
+        Scored {
+            id: "good1".into(),
+            title: "ok".into(),
+            score: 1.0,
+        },
+        Scored {
+            id: "nan".into(),
+            title: "ok".into(),
+            score: f64::NAN,
+        },
+        Scored {
+            id: "nul".into(),
+            title: "a\0b".into(),
+            score: 2.0,
+        },
+        Scored {
+            id: "good2".into(),
+            title: "ok".into(),
+            score: 3.0,
+        },
+    ];
+    let result = bounded(f.app.run(move |ctx| async move {
+        let table = sqlite::mount_table_target(&ctx, &db(), "scores", schema).await?;
+        ctx.mount_each(
+            items,
+            |item| item.id.clone(),
+            move |ctx, item| {
+                let table = table.clone();
+                async move { table.declare_row(&ctx, &item) }
+            },
+        )
+        .await
+    }))
+    .await;
+    let err = err_or(result, "a run with NaN and NUL")?;
+    let failures = err.failed_components();
+    assert_eq!(failures.len(), 2, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("table scores, column score") && text.contains("row key \"nan\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("table scores, column title")
+            && text.contains("NUL")
+            && text.contains("row key \"nul\""),
+        "{text}"
+    );
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM scores ORDER BY id")
+        .fetch_all(&f.pool)
+        .await?;
+    assert_eq!(ids, vec!["good1", "good2"]);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Schema changes
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Serialize)]
+struct Wide {
+    id: String,
+    title: String,
+    n: Option<i64>,
+    extra: Option<String>,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_added_nullable_column_keeps_the_rows_data() -> Result<()> {
+    let f = fixture().await?;
+    sync_docs(&f, vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))]).await?;
+    let rowids: Vec<i64> = sqlx::query_scalar("SELECT rowid FROM docs ORDER BY id")
+        .fetch_all(&f.pool)
+        .await?;
+    let wide = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("title", ColumnType::Text)
+        .nullable_column("n", ColumnType::BigInt)
+        .nullable_column("extra", ColumnType::Text)
+        .primary_key(["id"])
+        .build()?;
+    let rows = vec![
+        Wide {
+            id: "a".into(),
+            title: "A".into(),
+            n: Some(1),
+            extra: None,
+        },
+        Wide {
+            id: "b".into(),
+            title: "B".into(),
+            n: Some(2),
+            extra: Some("new".into()),
+        },
+    ];
+    let stats = sync_rows(&f, wide, rows).await?;
+    assert_eq!(
+        columns(&f.pool, "docs").await?,
+        vec!["id", "title", "n", "extra"]
+    );
+    // Row a's values did not change: it is not written again.
+    assert_eq!(stats.unchanged, 1, "{stats:?}");
+    let rows: Vec<(String, String, Option<String>)> =
+        sqlx::query_as("SELECT id, title, extra FROM docs ORDER BY id")
+            .fetch_all(&f.pool)
+            .await?;
+    assert_eq!(
+        rows,
+        vec![
+            ("a".into(), "A".into(), None),
+            ("b".into(), "B".into(), Some("new".into()))
+        ]
+    );
+    let after: Vec<i64> = sqlx::query_scalar("SELECT rowid FROM docs ORDER BY id")
+        .fetch_all(&f.pool)
+        .await?;
+    assert_eq!(after, rowids, "the table was altered in place");
+    Ok(())
+}
+
+#[derive(Clone, Serialize)]
+struct Narrow {
+    id: String,
+    title: String,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_column_is_dropped_and_every_row_written_again() -> Result<()> {
+    let f = fixture().await?;
+    sync_docs(&f, vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))]).await?;
+    let narrow = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("title", ColumnType::Text)
+        .primary_key(["id"])
+        .build()?;
+    let rows = vec![
+        Narrow {
+            id: "a".into(),
+            title: "A".into(),
+        },
+        Narrow {
+            id: "b".into(),
+            title: "B".into(),
+        },
+    ];
+    let stats = sync_rows(&f, narrow, rows).await?;
+    assert_eq!(columns(&f.pool, "docs").await?, vec!["id", "title"]);
+    assert_eq!(
+        stats.updated, 3,
+        "the table and both rows (Lossy): {stats:?}"
+    );
+    let rows: Vec<(String, String)> = sqlx::query_as("SELECT id, title FROM docs ORDER BY id")
+        .fetch_all(&f.pool)
+        .await?;
+    assert_eq!(
+        rows,
+        vec![("a".into(), "A".into()), ("b".into(), "B".into())]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retyped_column_is_dropped_and_added_with_the_rows_written_again() -> Result<()> {
+    let f = fixture().await?;
+    sync_docs(&f, vec![doc("a", "A", Some(1))]).await?;
+    #[derive(Serialize)]
+    struct Retyped {
+        id: String,
+        title: String,
+        n: Option<String>,
+    }
+    let schema = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("title", ColumnType::Text)
+        .nullable_column("n", ColumnType::Text)
+        .primary_key(["id"])
+        .build()?;
+    sync_rows(
+        &f,
+        schema,
+        vec![Retyped {
+            id: "a".into(),
+            title: "A".into(),
+            n: Some("one".into()),
+        }],
+    )
+    .await?;
+    let (ty, n): (String, String) = sqlx::query_as("SELECT typeof(n), n FROM docs")
+        .fetch_one(&f.pool)
+        .await?;
+    assert_eq!((ty.as_str(), n.as_str()), ("text", "one"));
+    let decl: String =
+        sqlx::query_scalar("SELECT type FROM pragma_table_info('docs') WHERE name = 'n'")
+            .fetch_one(&f.pool)
+            .await?;
+    assert_eq!(decl, "TEXT");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_primary_key_recreates_the_table_and_its_rows() -> Result<()> {
+    let f = fixture().await?;
+    sync_docs(&f, vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))]).await?;
+    sqlx::query("INSERT INTO docs (id, title) VALUES ('stray', 'not weir''s')")
+        .execute(&f.pool)
+        .await?;
+    let rekeyed = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("title", ColumnType::Text)
+        .nullable_column("n", ColumnType::BigInt)
+        .primary_key(["title"])
+        .build()?;
+    let stats = sync_rows(
+        &f,
+        rekeyed,
+        vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))],
+    )
+    .await?;
+    assert_eq!(
+        stats.created, 2,
+        "rows are created again (Destructive): {stats:?}"
+    );
+    assert_eq!(
+        read_docs(&f.pool).await?,
+        expected(&[("a", "A", Some(1)), ("b", "B", Some(2))])
+    );
+    let pk: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('docs') WHERE pk > 0")
+            .fetch_all(&f.pool)
+            .await?;
+    assert_eq!(pk, vec!["title"]);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Lifecycle and ownership
+// ---------------------------------------------------------------------------
+
+async fn sync_nothing(f: &Fixture) -> Result<UpdateStats> {
+    bounded(
+        f.app
+            .run(|ctx| async move { sqlite::register_database(&ctx, &db()) }),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_weir_created_is_dropped_when_no_longer_declared() -> Result<()> {
+    let f = fixture().await?;
+    sync_docs(&f, vec![doc("a", "A", None)]).await?;
+    assert!(table_exists(&f.pool, "docs").await?);
+    let stats = sync_nothing(&f).await?;
+    assert_eq!(stats.deleted, 1, "{stats:?}");
+    assert!(!table_exists(&f.pool, "docs").await?);
+    // Declared again: created from scratch with its rows.
+    sync_docs(&f, vec![doc("b", "B", None)]).await?;
+    assert_eq!(read_docs(&f.pool).await?, expected(&[("b", "B", None)]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_user_managed_table_is_written_but_never_created_altered_or_dropped() -> Result<()> {
+    let f = fixture().await?;
+    let user = TableOptions {
+        managed_by: ManagedBy::User,
+    };
+    // Weir does not create it: the rows fail.
+    let missing = bounded(f.app.run(move |ctx| async move {
+        let t = sqlite::mount_table_target_with(&ctx, &db(), "docs", docs_schema()?, user).await?;
+        t.declare_row(&ctx, &doc("a", "A", None))
+    }))
+    .await;
+    let err = err_or(missing, "rows into a missing user table")?;
+    assert!(err.to_string().contains("no such table"), "{err}");
+
+    sqlx::query(
+        "CREATE TABLE docs (id TEXT PRIMARY KEY, title TEXT NOT NULL, n INTEGER, mine TEXT)",
+    )
+    .execute(&f.pool)
+    .await?;
+    bounded(f.app.run(move |ctx| async move {
+        let t = sqlite::mount_table_target_with(&ctx, &db(), "docs", docs_schema()?, user).await?;
+        t.declare_row(&ctx, &doc("a", "A", Some(1)))
+    }))
+    .await?;
+    assert_eq!(read_docs(&f.pool).await?, expected(&[("a", "A", Some(1))]));
+    assert_eq!(
+        columns(&f.pool, "docs").await?,
+        vec!["id", "title", "n", "mine"]
+    );
+
+    sync_nothing(&f).await?;
+    assert!(
+        table_exists(&f.pool, "docs").await?,
+        "abandoned, not dropped"
+    );
+    assert_eq!(read_docs(&f.pool).await?, expected(&[("a", "A", Some(1))]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_tables_of_one_database_are_written_in_one_run() -> Result<()> {
+    let f = fixture().await?;
+    let run = |first: Vec<Doc>, second: Vec<Doc>| {
+        bounded(f.app.run(move |ctx| async move {
+            let a = sqlite::mount_table_target(&ctx, &db(), "first", docs_schema()?).await?;
+            let b = sqlite::mount_table_target(&ctx, &db(), "second", docs_schema()?).await?;
+            for d in &first {
+                a.declare_row(&ctx, d)?;
+            }
+            for d in &second {
+                b.declare_row(&ctx, d)?;
+            }
+            Ok(())
+        }))
+    };
+    run(
+        vec![doc("a", "A", None)],
+        vec![doc("a", "other", Some(2)), doc("b", "B", None)],
+    )
+    .await?;
+    let first: Vec<String> = sqlx::query_scalar("SELECT title FROM first")
+        .fetch_all(&f.pool)
+        .await?;
+    let second: Vec<String> = sqlx::query_scalar("SELECT title FROM second ORDER BY id")
+        .fetch_all(&f.pool)
+        .await?;
+    assert_eq!(
+        (first, second),
+        (
+            vec!["A".to_string()],
+            vec!["other".to_string(), "B".to_string()]
+        )
+    );
+    run(vec![], vec![doc("b", "B", None)]).await?;
+    let counts: (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM first), (SELECT count(*) FROM second)")
+            .fetch_one(&f.pool)
+            .await?;
+    assert_eq!(counts, (0, 1));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Related tables and constraints
+// ---------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct Author {
+    id: i64,
+    name: String,
+}
+
+#[derive(Serialize)]
+struct Book {
+    id: i64,
+    author_id: i64,
+    title: String,
+}
+
+fn authors_schema() -> Result<TableSchema> {
+    TableSchema::builder()
+        .column("id", ColumnType::BigInt)
+        .column("name", ColumnType::Text)
+        .primary_key(["id"])
+        .build()
+}
+
+fn books_schema() -> Result<TableSchema> {
+    TableSchema::builder()
+        .column("id", ColumnType::BigInt)
+        .column("author_id", ColumnType::BigInt)
+        .column("title", ColumnType::Text)
+        .primary_key(["id"])
+        .build()
+}
+
+async fn sync_library(f: &Fixture, authors: Vec<Author>, books: Vec<Book>) -> Result<UpdateStats> {
+    bounded(f.app.run(move |ctx| async move {
+        let a = sqlite::mount_table_target(&ctx, &db(), "authors", authors_schema()?).await?;
+        let user = TableOptions {
+            managed_by: ManagedBy::User,
+        };
+        let b = sqlite::mount_table_target_with(&ctx, &db(), "books", books_schema()?, user)
+            .await?
+            .depends_on(&a);
+        // Children declared first: the sink still writes parents first.
+        for book in &books {
+            b.declare_row(&ctx, book)?;
+        }
+        for author in &authors {
+            a.declare_row(&ctx, author)?;
+        }
+        Ok(())
+    }))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dependent_tables_with_a_real_foreign_key_are_written_parents_first() -> Result<()> {
+    let f = fixture().await?;
+    // The authors table must exist for the books table's foreign key.
+    sync_library(&f, vec![], vec![]).await?;
+    sqlx::query(
+        "CREATE TABLE books (id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL \
+         REFERENCES authors(id), title TEXT NOT NULL)",
+    )
+    .execute(&f.pool)
+    .await?;
+    let author = |id, name: &str| Author {
+        id,
+        name: name.into(),
+    };
+    let book = |id, author_id, title: &str| Book {
+        id,
+        author_id,
+        title: title.into(),
+    };
+    sync_library(
+        &f,
+        vec![author(1, "Le Guin"), author(2, "Borges")],
+        vec![book(10, 1, "Earthsea"), book(11, 2, "Ficciones")],
+    )
+    .await?;
+    let n: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM books JOIN authors ON authors.id = author_id")
+            .fetch_one(&f.pool)
+            .await?;
+    assert_eq!(n, 2);
+    // An author and their book go in one run: deletes children first.
+    sync_library(
+        &f,
+        vec![author(1, "Le Guin")],
+        vec![book(10, 1, "Earthsea")],
+    )
+    .await?;
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM authors")
+        .fetch_all(&f.pool)
+        .await?;
+    assert_eq!(names, vec!["Le Guin"]);
+    let violations: Vec<(String, i64, String, i64)> = sqlx::query_as("PRAGMA foreign_key_check")
+        .fetch_all(&f.pool)
+        .await?;
+    assert!(violations.is_empty());
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct User {
+    id: String,
+    email: String,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unique_violation_fails_only_its_component_naming_table_constraint_and_key() -> Result<()>
+{
+    let f = fixture().await?;
+    let schema = || {
+        TableSchema::builder()
+            .column("id", ColumnType::Text)
+            .column("email", ColumnType::Text)
+            .primary_key(["id"])
+            .build()
+    };
+    let run = |users: Vec<User>| {
+        bounded(f.app.run(move |ctx| async move {
+            let t = sqlite::mount_table_target(&ctx, &db(), "users", schema()?).await?;
+            ctx.mount_each(
+                users,
+                |u| u.id.clone(),
+                move |ctx, u| {
+                    let t = t.clone();
+                    async move { t.declare_row(&ctx, &u) }
+                },
+            )
+            .await
+        }))
+    };
+    run(vec![User {
+        id: "u1".into(),
+        email: "one@x".into(),
+    }])
+    .await?;
+    sqlx::query("CREATE UNIQUE INDEX users_email ON users (email)")
+        .execute(&f.pool)
+        .await?;
+    let result = run(vec![
+        User {
+            id: "u1".into(),
+            email: "one@x".into(),
+        },
+        User {
+            id: "u2".into(),
+            email: "one@x".into(),
+        },
+        User {
+            id: "u3".into(),
+            email: "three@x".into(),
+        },
+    ])
+    .await;
+    let err = err_or(result, "a duplicate email")?;
+    assert_eq!(err.failed_components().len(), 1, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("/u2")
+            && text.contains("table users")
+            && text.contains("users.email")
+            && text.contains("key \"u2\""),
+        "{text}"
+    );
+    let rows: Vec<(String, String)> = sqlx::query_as("SELECT id, email FROM users ORDER BY id")
+        .fetch_all(&f.pool)
+        .await?;
+    assert_eq!(
+        rows,
+        vec![
+            ("u1".into(), "one@x".into()),
+            ("u3".into(), "three@x".into())
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn injection_attempts_in_table_and_column_names_are_rejected() -> Result<()> {
+    let f = fixture().await?;
+    for name in ["docs; DROP TABLE x", "a\"b", "sqlite_master", "", "x y"] {
+        let name = name.to_string();
+        let result = bounded(f.app.run(move |ctx| async move {
+            sqlite::mount_table_target(&ctx, &db(), &name, docs_schema()?)
+                .await
+                .map(|_| ())
+        }))
+        .await;
+        let err = err_or(result, "a bad table name")?;
+        assert!(err.to_string().contains("invalid table name"), "{err}");
+    }
+    let bad_column = TableSchema::builder()
+        .column("id\"); DROP TABLE docs; --", ColumnType::Text)
+        .primary_key(["id\"); DROP TABLE docs; --"])
+        .build();
+    let err = err_or(bad_column, "a bad column name")?;
+    assert!(err.to_string().contains("invalid column name"), "{err}");
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_schema")
+        .fetch_one(&f.pool)
+        .await?;
+    assert_eq!(tables, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_declared_in_a_component_is_created_before_its_rows_when_it_commits() -> Result<()>
+{
+    let f = fixture().await?;
+    let run = |rows: Vec<Doc>| {
+        bounded(f.app.run(move |ctx| async move {
+            ctx.mount("docs", move |ctx| async move {
+                let table = sqlite::declare_table_target(&ctx, &db(), "docs", docs_schema()?)?;
+                assert_eq!(table.name(), "docs");
+                for row in &rows {
+                    table.declare_row(&ctx, row)?;
+                }
+                Ok(())
+            })
+            .await
+        }))
+    };
+    run(vec![doc("a", "A", None), doc("b", "B", Some(2))]).await?;
+    assert_eq!(
+        read_docs(&f.pool).await?,
+        expected(&[("a", "A", None), ("b", "B", Some(2))])
+    );
+    run(vec![doc("b", "B2", Some(2))]).await?;
+    assert_eq!(read_docs(&f.pool).await?, expected(&[("b", "B2", Some(2))]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_declared_twice_in_one_run_fails_its_component_naming_the_key() -> Result<()> {
+    let f = fixture().await?;
+    let result = sync_docs(&f, vec![doc("a", "A", None), doc("a", "again", None)]).await;
+    let err = err_or(result, "a row declared twice")?;
+    assert!(err.to_string().contains("\"a\""), "{err}");
+    Ok(())
+}
