@@ -10,6 +10,7 @@
 //! `WEIR_BENCH_SHAPES=flat100k,c10kx10` limits the shapes;
 //! `WEIR_BENCH_LAST_PHASE=first` stops after a phase (for profiling);
 //! `WEIR_BENCH_SHARDS=n` sets the shard count (default: cores);
+//! `WEIR_BENCH_INFLIGHT=n` sets `max_inflight_components`;
 //! `WEIR_BENCH_METRICS=1` records metrics into a Prometheus recorder (to
 //! compare with the default, where no recorder is installed).
 
@@ -228,6 +229,9 @@ fn run_shape(name: &str, components: usize, per: usize) -> Result<()> {
         let mut builder = App::builder("bench").ledger_path(&ledger);
         if let Some(n) = std::env::var("WEIR_BENCH_SHARDS").ok().and_then(|n| n.parse().ok()) {
             builder = builder.shards(n);
+        }
+        if let Some(n) = std::env::var("WEIR_BENCH_INFLIGHT").ok().and_then(|n| n.parse().ok()) {
+            builder = builder.max_inflight_components(n);
         }
         let app = builder.build().await?;
         let counter = Arc::new(AtomicU64::new(0));

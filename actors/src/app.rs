@@ -101,7 +101,7 @@ impl AppBuilder {
         self
     }
 
-    /// The most components running at once in `mount_each` (default: 1024).
+    /// The most components running at once in `mount_each` (default: 4096).
     pub fn max_inflight_components(mut self, n: usize) -> Self {
         self.max_inflight = n;
         self

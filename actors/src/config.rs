@@ -16,7 +16,7 @@ pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The default limit on one sink call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// The default most components running at once.
-pub const DEFAULT_MAX_INFLIGHT_COMPONENTS: usize = 1024;
+pub const DEFAULT_MAX_INFLIGHT_COMPONENTS: usize = 4096;
 
 /// How actions are gathered into sink calls.
 ///

@@ -2,14 +2,15 @@
 //!
 //! sled costs several microseconds per key written, so a group commit that
 //! creates many small components writes their entries into one *pack*
-//! instead of one key each. A pack is a sorted list of
-//! `[u32 len][component key][u32 len][entry]` records behind a `u32` count;
-//! an entry is found by scanning it, without decoding the others. A packed
+//! instead of one key each. A pack is a `u32` count, a table of `u32`
+//! record offsets, then the records `[u32 len][component key][u32 len][entry]`
+//! sorted by component key; an entry is found by binary search, without
+//! decoding the others. A packed
 //! component that is written again moves to a key of its own (`c`); one that
 //! is deleted leaves an empty `c` value (a tombstone) so that the pack cannot
 //! bring it back when the ledger is opened again.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 /// The first byte of a tombstone (a byte MessagePack never uses, so no
 /// entry starts with it), followed by the pack counter when it was written:
@@ -35,9 +36,14 @@ pub(crate) fn tombstone_generation(value: &[u8]) -> Option<u64> {
 
 /// Encodes entries (sorted by component key) into a pack.
 pub(crate) fn encode(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
-    let size: usize = entries.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
+    let size: usize = entries.iter().map(|(k, v)| 12 + k.len() + v.len()).sum();
     let mut out = Vec::with_capacity(4 + size);
     out.extend_from_slice(&(entries.len() as u32).to_be_bytes());
+    let mut at = 4 + 4 * entries.len();
+    for (k, v) in entries {
+        out.extend_from_slice(&(at as u32).to_be_bytes());
+        at += 8 + k.len() + v.len();
+    }
     for (k, v) in entries {
         out.extend_from_slice(&(k.len() as u32).to_be_bytes());
         out.extend_from_slice(k);
@@ -52,27 +58,37 @@ fn read_u32(bytes: &[u8], at: usize) -> Option<usize> {
     Some(u32::from_be_bytes(raw) as usize)
 }
 
+/// Record `i` of a pack: (component key, entry offset, entry length).
+fn record(pack: &[u8], i: usize) -> Option<(&[u8], usize, usize)> {
+    let at = read_u32(pack, 4 + 4 * i)?;
+    let klen = read_u32(pack, at)?;
+    let key = pack.get(at + 4..at + 4 + klen)?;
+    let vat = at + 4 + klen;
+    let vlen = read_u32(pack, vat)?;
+    pack.get(vat + 4..vat + 4 + vlen)?;
+    Some((key, vat + 4, vlen))
+}
+
 /// The records of a pack: (component key, entry offset, entry length).
 /// Stops at the first malformed record.
 pub(crate) fn records(pack: &[u8]) -> impl Iterator<Item = (&[u8], usize, usize)> + '_ {
     let count = read_u32(pack, 0).unwrap_or(0);
-    let mut at = 4;
-    (0..count).map_while(move |_| {
-        let klen = read_u32(pack, at)?;
-        let key = pack.get(at + 4..at + 4 + klen)?;
-        let vat = at + 4 + klen;
-        let vlen = read_u32(pack, vat)?;
-        pack.get(vat + 4..vat + 4 + vlen)?;
-        at = vat + 4 + vlen;
-        Some((key, vat + 4, vlen))
-    })
+    (0..count).map_while(move |i| record(pack, i))
 }
 
 /// Where a component's entry is in a pack: (offset, length).
 pub(crate) fn find(pack: &[u8], component: &[u8]) -> Option<(usize, usize)> {
-    records(pack)
-        .find(|(k, _, _)| *k == component)
-        .map(|(_, off, len)| (off, len))
+    let (mut lo, mut hi) = (0, read_u32(pack, 0)?);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let (key, off, len) = record(pack, mid)?;
+        match key.cmp(component) {
+            std::cmp::Ordering::Equal => return Some((off, len)),
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+        }
+    }
+    None
 }
 
 /// Which pack holds each packed component, and how many live members each
@@ -110,6 +126,10 @@ mod tests {
             (b"bb".to_vec(), b"".to_vec()),
             (b"c".to_vec(), b"three".to_vec()),
         ];
+        for (k, v) in &entries {
+            let (off, len) = find(&encode(&entries), k).unwrap_or((0, 0));
+            assert_eq!(&encode(&entries)[off..off + len], v.as_slice());
+        }
         let pack = encode(&entries);
         let (off, len) = find(&pack, b"c").unwrap_or((0, 0));
         assert_eq!(&pack[off..off + len], b"three");
