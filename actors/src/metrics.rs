@@ -249,6 +249,50 @@ pub fn install_prometheus(addr: SocketAddr) -> Result<PrometheusHandle> {
     Ok(handle)
 }
 
+/// The handles a run records through per component, resolved once per run
+/// (a registry lookup per component would cost more than the work measured).
+pub(crate) struct RunMetrics {
+    pub components_ok: metrics::Counter,
+    pub components_failed: metrics::Counter,
+    pub inflight: metrics::Gauge,
+    pub declarations: metrics::Counter,
+    /// Per shard: batches sent and not handled yet.
+    pub queue_depth: Vec<metrics::Gauge>,
+}
+
+impl RunMetrics {
+    pub(crate) fn new(shards: usize) -> Self {
+        Self {
+            components_ok: metrics::counter!(COMPONENT_RUNS, "outcome" => "succeeded"),
+            components_failed: metrics::counter!(COMPONENT_RUNS, "outcome" => "failed"),
+            inflight: metrics::gauge!(COMPONENTS_INFLIGHT),
+            declarations: metrics::counter!(DECLARATIONS),
+            queue_depth: (0..shards)
+                .map(|s| metrics::gauge!(RECONCILE_QUEUE_DEPTH, "shard" => s.to_string()))
+                .collect(),
+        }
+    }
+}
+
+/// A shard's handles, resolved once per run.
+pub(crate) struct ShardMetrics {
+    pub run_id: u64,
+    pub queue_depth: metrics::Gauge,
+    pub calls: metrics::Counter,
+    pub duration: metrics::Histogram,
+}
+
+impl ShardMetrics {
+    pub(crate) fn new(shard: &str, run_id: u64) -> Self {
+        Self {
+            run_id,
+            queue_depth: metrics::gauge!(RECONCILE_QUEUE_DEPTH, "shard" => shard.to_string()),
+            calls: metrics::counter!(RECONCILE_CALLS, "shard" => shard.to_string()),
+            duration: metrics::histogram!(RECONCILE_BATCH_DURATION, "shard" => shard.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -100,11 +100,13 @@ pub(crate) struct Run {
     /// Containers whose component failed in this run, with the generation
     /// their children had before: the run's new generation is not trusted.
     failed_containers: Mutex<HashMap<Arc<[u8]>, ChildGeneration>>,
+    pub metrics: crate::metrics::RunMetrics,
     pub inflight: Arc<tokio::sync::Semaphore>,
 }
 
 impl Run {
     pub(crate) fn new(engine: Arc<Engine>, preview: bool, dropping: bool) -> Arc<Run> {
+        let metrics = crate::metrics::RunMetrics::new(engine.config.shards);
         let inflight = Arc::new(tokio::sync::Semaphore::new(
             engine.config.max_inflight.max(1),
         ));
@@ -123,6 +125,7 @@ impl Run {
             removed: Mutex::new(Vec::new()),
             preview_actions: Mutex::new(Vec::new()),
             failed_containers: Mutex::new(HashMap::new()),
+            metrics,
             inflight,
         })
     }

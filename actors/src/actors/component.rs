@@ -140,8 +140,7 @@ where
     run.counters
         .components
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let inflight = metrics::gauge!(crate::metrics::COMPONENTS_INFLIGHT);
-    inflight.increment(1.0);
+    run.metrics.inflight.increment(1.0);
     let ctx = crate::ctx::Ctx::from_state(Arc::clone(&state));
     let outcome = AssertUnwindSafe(f(ctx)).catch_unwind().await;
     let result = match outcome {
@@ -169,13 +168,12 @@ where
         }
     };
     lock(&state.permit).take();
-    inflight.decrement(1.0);
-    let outcome = if result.is_ok() {
-        "succeeded"
+    run.metrics.inflight.decrement(1.0);
+    if result.is_ok() {
+        run.metrics.components_ok.increment(1);
     } else {
-        "failed"
-    };
-    metrics::counter!(crate::metrics::COMPONENT_RUNS, "outcome" => outcome).increment(1);
+        run.metrics.components_failed.increment(1);
+    }
     if let Err(e) = &result {
         run.fail(ComponentFailure::new(state.path.clone(), e));
     }
@@ -366,7 +364,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         let mut d = lock(&state.decls);
         (std::mem::take(&mut d.list), std::mem::take(&mut d.errors))
     };
-    metrics::counter!(crate::metrics::DECLARATIONS).increment(decls.len() as u64);
+    run.metrics.declarations.increment(decls.len() as u64);
     if let Some(first) = errors.first() {
         let e = Error::Usage(first.clone());
         active.leave();
@@ -765,8 +763,9 @@ async fn reconcile_waves(
             }
             let (tx, rx) = oneshot::channel();
             let declared_paths = if is_home { all_paths.take() } else { None };
-            metrics::gauge!(crate::metrics::RECONCILE_QUEUE_DEPTH, "shard" => s.to_string())
-                .increment(1.0);
+            if let Some(g) = run.metrics.queue_depth.get(s) {
+                g.increment(1.0);
+            }
             shards[s].do_send(ReconcileBatch {
                 run_id: run.id,
                 component: Arc::clone(&state.key),

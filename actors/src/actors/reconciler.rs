@@ -129,6 +129,8 @@ impl Message for EndRun {
 pub(crate) struct ReconcilerActor {
     /// The shard index, as a metrics label.
     label: String,
+    /// Metric handles of the current run.
+    metrics: Option<crate::metrics::ShardMetrics>,
     ledger: Ledger,
     /// Per run: each declared path and the component that declared it.
     declared: HashMap<u64, HashMap<Arc<[u8]>, ComponentPath>>,
@@ -138,9 +140,19 @@ impl ReconcilerActor {
     pub(crate) fn new(index: usize, ledger: Ledger) -> Self {
         Self {
             label: index.to_string(),
+            metrics: None,
             ledger,
             declared: HashMap::default(),
         }
+    }
+
+    /// The metric handles for `run_id`, resolved on the run's first batch.
+    fn metrics(&mut self, run_id: u64) -> &crate::metrics::ShardMetrics {
+        if self.metrics.as_ref().is_none_or(|m| m.run_id != run_id) {
+            self.metrics = Some(crate::metrics::ShardMetrics::new(&self.label, run_id));
+        }
+        self.metrics
+            .get_or_insert_with(|| crate::metrics::ShardMetrics::new(&self.label, run_id))
     }
 
     fn reconcile(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
@@ -332,13 +344,10 @@ impl Handler<ReconcileBatch> for ReconcilerActor {
         let decls = std::mem::take(&mut msg.decls);
         let calls = decls.len() as u64;
         let reply = self.reconcile(&msg, decls);
-        let shard = self.label.clone();
-        metrics::gauge!(crate::metrics::RECONCILE_QUEUE_DEPTH, "shard" => shard.clone())
-            .decrement(1.0);
-        metrics::counter!(crate::metrics::RECONCILE_CALLS, "shard" => shard.clone())
-            .increment(calls);
-        metrics::histogram!(crate::metrics::RECONCILE_BATCH_DURATION, "shard" => shard)
-            .record(started.elapsed().as_secs_f64());
+        let m = self.metrics(msg.run_id);
+        m.queue_depth.decrement(1.0);
+        m.calls.increment(calls);
+        m.duration.record(started.elapsed().as_secs_f64());
         let _ = msg.reply.send(reply);
     }
 }
