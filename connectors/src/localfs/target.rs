@@ -277,7 +277,7 @@ mod tests {
             let out = dir_reconcile(None, prev.clone())?.ok_or_else(|| Error::msg("none"))?;
             match out.action {
                 TargetAction::Delete(a) => assert_eq!(a.remove_tree, remove, "{prev:?}"),
-                _ => panic!("not a delete for {prev:?}"),
+                _ => panic!("not a delete for {prev:?}"), // ok: test
             }
         }
         assert!(dir_reconcile(None, vec![])?.is_none());

@@ -110,7 +110,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use sqlx::PgPool;
-use weir_actors::statediff::ManagedBy;
+pub use weir_actors::statediff::ManagedBy;
 use weir_actors::{
     declare_target_state, declare_target_state_with_child, mount_target,
     register_root_target_states_provider, ContextKey, Ctx, Error, Result, StableKey,
@@ -122,25 +122,7 @@ use target::{DbShared, PostgresTableHandler, TableMeta, TableSpec};
 
 pub use sink::ROWS_PER_STATEMENT;
 
-/// How a table target is managed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TableOptions {
-    /// Who owns the table: weir ([`ManagedBy::System`], the default: weir
-    /// creates, alters and drops it) or the user ([`ManagedBy::User`]: weir
-    /// only writes rows, and leaves the table and its rows in place when it
-    /// is no longer declared).
-    pub managed_by: ManagedBy,
-}
-
-impl TableOptions {
-    /// Options with `managed_by`.
-    #[must_use]
-    pub fn managed_by(mut self, managed_by: ManagedBy) -> Self {
-        self.managed_by = managed_by;
-        self
-    }
-}
+pub use crate::sql::TableOptions;
 
 /// A declared PostgreSQL table, to declare rows into.
 #[derive(Clone)]

@@ -13,5 +13,26 @@ pub mod schema;
 pub mod value;
 
 pub use ident::{quote_identifier, validate_identifier};
+
+use weir_actors::statediff::ManagedBy;
+
+/// How a table target is declared (shared by the SQL connectors).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableOptions {
+    /// Who owns the table: weir ([`ManagedBy::System`], the default: weir
+    /// creates, alters and drops it) or the user ([`ManagedBy::User`]: weir
+    /// only writes rows, and leaves the table and its rows in place when it
+    /// is no longer declared).
+    pub managed_by: ManagedBy,
+}
+
+impl TableOptions {
+    /// Options with `managed_by`.
+    #[must_use]
+    pub fn managed_by(mut self, managed_by: ManagedBy) -> Self {
+        self.managed_by = managed_by;
+        self
+    }
+}
 pub use schema::{Column, ColumnType, SchemaChange, TableSchema, TableSchemaBuilder};
 pub use value::{Row, SqlValue};

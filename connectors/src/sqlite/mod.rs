@@ -89,7 +89,7 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
-use weir_actors::statediff::ManagedBy;
+pub use weir_actors::statediff::ManagedBy;
 use weir_actors::{
     declare_target_state, declare_target_state_with_child, mount_target,
     register_root_target_states_provider, ContextKey, Ctx, Error, Result, StableKey, TargetState,
@@ -136,23 +136,7 @@ pub async fn connect(path: impl AsRef<Path>) -> Result<SqlitePool> {
         })
 }
 
-/// How a table is declared.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TableOptions {
-    /// Who owns the table: [`ManagedBy::System`] (the default) lets weir
-    /// create, alter and drop it; [`ManagedBy::User`] means the user created
-    /// it and weir only writes rows into it.
-    pub managed_by: ManagedBy,
-}
-
-impl TableOptions {
-    /// Options with `managed_by`.
-    #[must_use]
-    pub fn managed_by(mut self, managed_by: ManagedBy) -> Self {
-        self.managed_by = managed_by;
-        self
-    }
-}
+pub use crate::sql::TableOptions;
 
 /// A declared table: declare its rows with [`TableTarget::declare_row`].
 #[derive(Clone)]
