@@ -83,6 +83,14 @@ impl Ctx {
             .ok_or_else(|| Error::MissingContextKey(key.name().to_string()))
     }
 
+    /// Marks this component as failed with `error`, even if its code then
+    /// returns `Ok`: nothing it declared is applied, and the update reports
+    /// it. For connectors whose own checks reject a declaration (a bad row,
+    /// an unsafe path), like the engine does for its own.
+    pub fn fail_component(&self, error: &Error) {
+        self.state.poison(error);
+    }
+
     /// The path of this component (`/` for the root).
     pub fn path(&self) -> &ComponentPath {
         &self.state.path

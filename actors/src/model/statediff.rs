@@ -180,11 +180,11 @@ impl<R> MutualTrackingRecord<R> {
 ///   management gives a transition with no previous record, which [`diff`]
 ///   turns into [`DiffAction::Insert`]; the sink should expect the target to
 ///   exist already.
-/// - Not desired any more, with no system-managed previous record and
-///   `prev_may_be_missing` unset: `None`. Weir never wrote the target (the
-///   user did), so it abandons it rather than deleting it.
+/// - Not desired any more, with no system-managed previous record: `None`,
+///   even when `prev_may_be_missing` is set. Weir cannot show it ever owned
+///   the target, so it abandons it rather than deleting it.
 /// - Otherwise (desired and managed by the system, or not desired with a
-///   system-managed previous record or `prev_may_be_missing` set): the
+///   system-managed previous record): the
 ///   transition with the desired record, the system-managed previous records
 ///   and `prev_may_be_missing` unchanged. When not desired, [`diff`] turns it
 ///   into [`DiffAction::Delete`].
@@ -206,7 +206,10 @@ pub fn resolve_system_transition<R>(
         .filter(|record| record.managed_by == ManagedBy::System)
         .map(|record| record.record)
         .collect();
-    if desired.is_none() && prev.is_empty() && !prev_may_be_missing {
+    // Not declared any more and never managed by weir (no system record):
+    // abandon it, even if it may be missing. weir never destroys what it
+    // cannot show it owned.
+    if desired.is_none() && prev.is_empty() {
         return None;
     }
     Some(TrackingRecordTransition::new(
@@ -486,9 +489,15 @@ mod tests {
     }
 
     #[test]
-    fn an_undeclared_target_that_may_be_missing_is_deleted() {
-        let resolved = resolve_system_transition(None, vec![user(1)], true);
-        assert_eq!(resolved, Some(t(None, vec![], true)));
+    fn an_undeclared_user_target_that_may_be_missing_is_still_abandoned() {
+        assert_eq!(resolve_system_transition(None, vec![user(1)], true), None);
+        assert_eq!(resolve_system_transition::<i32>(None, vec![], true), None);
+    }
+
+    #[test]
+    fn an_undeclared_system_target_that_may_be_missing_is_deleted() {
+        let resolved = resolve_system_transition(None, vec![sys(1), user(2)], true);
+        assert_eq!(resolved, Some(t(None, vec![1], true)));
         assert_eq!(diff(resolved.as_ref()), Some(Delete));
     }
 

@@ -185,16 +185,23 @@ impl DirTarget {
     /// A permanent error naming the directory and the path when the path is
     /// empty, absolute, contains `..` or a NUL byte, is not valid UTF-8, or
     /// resolves through a symbolic link to outside the directory; or when
-    /// the file is already declared in this run. Return it from the
-    /// component to fail the component.
+    /// the file is already declared in this run. The error also fails the
+    /// component, even if its code goes on.
     pub fn declare_file(
         &self,
         ctx: &Ctx,
         relative_path: impl AsRef<Path>,
         content: impl Into<Vec<u8>>,
     ) -> Result<()> {
-        let key = path::file_key(&self.root, relative_path.as_ref())?;
-        path::check_within(&self.root, &key)?;
+        let checked = path::file_key(&self.root, relative_path.as_ref())
+            .and_then(|key| path::check_within(&self.root, &key).map(|()| key));
+        let key = match checked {
+            Ok(key) => key,
+            Err(e) => {
+                ctx.fail_component(&e);
+                return Err(e);
+            }
+        };
         let spec = FileSpec {
             content: content.into(),
         };

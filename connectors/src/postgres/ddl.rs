@@ -57,6 +57,17 @@ fn drop_column(table: &str, column: &str) -> String {
     )
 }
 
+/// The DDL for a table weir starts managing that may already exist (new, or
+/// taken over from the user): create it if missing, and add every declared
+/// column it may lack.
+pub(crate) fn adopt_table(table: &str, schema: &TableSchema) -> Result<Vec<String>> {
+    let mut ddl = vec![create_table(table, schema)?];
+    for column in schema.columns().iter().filter(|c| !schema.is_key(&c.name)) {
+        ddl.push(add_column(table, column)?);
+    }
+    Ok(ddl)
+}
+
 /// The DDL that takes a table from any of its possible previous schemas
 /// (`prev`: more than one after an interrupted run) to `new`, and what that
 /// does to its rows.

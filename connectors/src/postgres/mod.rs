@@ -310,14 +310,16 @@ impl TableTarget {
     /// When the row does not fit the schema (a NULL in a NOT NULL column, a
     /// value of the wrong type, a NaN or infinite float, a NUL byte in
     /// text): a permanent error naming the table, the column and the row's
-    /// key. Also when the same key is declared twice in the run. Return it
-    /// from the component (`?`) so that the component fails.
+    /// key. Also when the same key is declared twice in the run. The error
+    /// also fails the component, even if its code goes on.
     pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: &R) -> Result<()> {
         let row = Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
             let key = Row::from_serialize(&self.name, &self.key_schema, row)
                 .map(|k| k.key(&self.key_schema).to_string())
                 .unwrap_or_else(|_| "unknown (bad key)".to_string());
-            Error::permanent(format!("{e} (row key {key})"))
+            let err = Error::permanent(format!("{e} (row key {key})"));
+            ctx.fail_component(&err);
+            err
         })?;
         let key = row.key(&self.schema);
         declare_target_state(ctx, self.rows.target_state(key, row))

@@ -256,8 +256,11 @@ impl TargetHandler<TableSpec> for PostgresTableHandler {
                     .map(|r| &r.record)
                     .collect();
                 if system.is_empty() {
-                    // New, or taken over from the user: it may exist already.
-                    (vec![ddl::create_table(&spec.table, &spec.schema)?], None)
+                    // New, or taken over from the user: it may exist already,
+                    // with other columns; rows written by the user may lack
+                    // what weir would have written, so a takeover is Lossy.
+                    let invalidation = (!first).then_some(TargetChildInvalidation::Lossy);
+                    (ddl::adopt_table(&spec.table, &spec.schema)?, invalidation)
                 } else {
                     ddl::plan_change(&spec.table, &system, &spec.schema, prev_may_be_missing)?
                 }

@@ -319,15 +319,17 @@ impl TableTarget {
     /// A permanent error naming the table, the column and, when it can be
     /// read, the row key: a value of the wrong type or out of range, a NULL
     /// in a NOT NULL column, a NaN or infinite float, a NUL byte in text; or
-    /// the row is declared twice in this run.
+    /// the row is declared twice in this run. The error also fails the
+    /// component, even if its code goes on.
     pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: &R) -> Result<()> {
-        let converted =
-            Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
-                match self.key_of(row) {
-                    Some(key) => Error::permanent(format!("{e} (row key {key})")),
-                    None => e,
-                }
-            })?;
+        let converted = Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
+            let err = match self.key_of(row) {
+                Some(key) => Error::permanent(format!("{e} (row key {key})")),
+                None => e,
+            };
+            ctx.fail_component(&err);
+            err
+        })?;
         let key = converted.key(&self.schema);
         declare_target_state(
             ctx,
