@@ -170,20 +170,7 @@ pub(crate) fn upsert_sql(table: &str, schema: &TableSchema) -> Result<String> {
     let columns: Vec<&Column> = schema.columns().iter().collect();
     let names: Vec<String> = schema.columns().iter().map(|c| c.name.clone()).collect();
     let (select, from) = unnest(&columns)?;
-    let updates: Vec<String> = schema
-        .columns()
-        .iter()
-        .filter(|c| !schema.is_key(&c.name))
-        .map(|c| {
-            let q = quote_identifier(&c.name);
-            format!("{q} = EXCLUDED.{q}")
-        })
-        .collect();
-    let on_conflict = if updates.is_empty() {
-        "DO NOTHING".to_string()
-    } else {
-        format!("DO UPDATE SET {}", updates.join(", "))
-    };
+    let on_conflict = crate::sql::on_conflict_update(schema);
     Ok(format!(
         "INSERT INTO {} ({}) SELECT {select} FROM {from} ON CONFLICT ({}) {on_conflict}",
         quote_identifier(table),

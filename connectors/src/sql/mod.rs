@@ -12,7 +12,7 @@ pub mod ident;
 pub mod schema;
 pub mod value;
 
-pub use ident::{quote_identifier, validate_identifier};
+pub use ident::{on_conflict_update, quote_identifier, validate_identifier};
 
 use weir_actors::statediff::ManagedBy;
 

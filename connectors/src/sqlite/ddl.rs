@@ -131,20 +131,7 @@ fn placeholders(rows: usize, width: usize) -> String {
 /// every column is in the key).
 pub(crate) fn upsert(table: &str, schema: &TableSchema, rows: usize) -> String {
     let names: Vec<&str> = schema.columns().iter().map(|c| c.name.as_str()).collect();
-    let updates: Vec<String> = schema
-        .columns()
-        .iter()
-        .filter(|c| !schema.is_key(&c.name))
-        .map(|c| {
-            let q = quote_identifier(&c.name);
-            format!("{q} = excluded.{q}")
-        })
-        .collect();
-    let on_conflict = if updates.is_empty() {
-        "DO NOTHING".to_string()
-    } else {
-        format!("DO UPDATE SET {}", updates.join(", "))
-    };
+    let on_conflict = crate::sql::on_conflict_update(schema);
     format!(
         "INSERT INTO {} ({}) VALUES {} ON CONFLICT ({}) {}",
         quote_identifier(table),
