@@ -170,7 +170,7 @@ pub(crate) fn upsert_sql(table: &str, schema: &TableSchema) -> Result<String> {
     let columns: Vec<&Column> = schema.columns().iter().collect();
     let names: Vec<String> = schema.columns().iter().map(|c| c.name.clone()).collect();
     let (select, from) = unnest(&columns)?;
-    let on_conflict = crate::sql::on_conflict_update(schema);
+    let on_conflict = crate::sql::on_conflict_update(schema, "EXCLUDED");
     Ok(format!(
         "INSERT INTO {} ({}) SELECT {select} FROM {from} ON CONFLICT ({}) {on_conflict}",
         quote_identifier(table),

@@ -131,7 +131,7 @@ fn placeholders(rows: usize, width: usize) -> String {
 /// every column is in the key).
 pub(crate) fn upsert(table: &str, schema: &TableSchema, rows: usize) -> String {
     let names: Vec<&str> = schema.columns().iter().map(|c| c.name.as_str()).collect();
-    let on_conflict = crate::sql::on_conflict_update(schema);
+    let on_conflict = crate::sql::on_conflict_update(schema, "excluded");
     format!(
         "INSERT INTO {} ({}) VALUES {} ON CONFLICT ({}) {}",
         quote_identifier(table),
