@@ -95,7 +95,8 @@ impl<A> TargetAction<A> {
         }
     }
 
-    pub(crate) fn from_parts(kind: ActionKind, a: A) -> Self {
+    /// An action of `kind` with `payload`.
+    pub fn with_kind(kind: ActionKind, a: A) -> Self {
         match kind {
             ActionKind::Create => TargetAction::Create(a),
             ActionKind::Update => TargetAction::Update(a),

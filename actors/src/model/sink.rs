@@ -80,7 +80,7 @@ fn decode_actions<A: DeserializeOwned>(
         .into_iter()
         .map(|a| {
             let payload: A = rmp_serde::from_slice(&a.bytes)?;
-            Ok(TargetAction::from_parts(a.kind, payload))
+            Ok(TargetAction::with_kind(a.kind, payload))
         })
         .collect()
 }

@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::handler::TargetChildInvalidation;
+use crate::model::handler::{ActionKind, TargetChildInvalidation};
 
 /// The inputs of one reconcile decision for a target state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +80,18 @@ pub enum DiffAction {
     Replace,
     /// Remove the target: it is no longer declared.
     Delete,
+}
+
+impl DiffAction {
+    /// The kind of target action that carries this out: `Insert` creates,
+    /// `Upsert` and `Replace` update, `Delete` deletes.
+    pub fn action_kind(self) -> ActionKind {
+        match self {
+            DiffAction::Insert => ActionKind::Create,
+            DiffAction::Upsert | DiffAction::Replace => ActionKind::Update,
+            DiffAction::Delete => ActionKind::Delete,
+        }
+    }
 }
 
 /// Decides between `None` and a [`DiffAction`] for one desired value and the

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use weir_actors::statediff::{diff, DiffAction, TrackingRecordTransition};
 use weir_actors::{
     ChildTargetDef, Error, Fingerprint, Result, StableKey, TargetAction, TargetActionSink,
     TargetChildInvalidation, TargetHandler, TargetReconcileOutput,
@@ -183,45 +184,23 @@ impl TargetHandler<FileSpec> for FileHandler {
         // The key was checked when declared; check it again (lexically)
         // since a ledger outlives the code that wrote it.
         let rel = path::file_key(&self.root, Path::new(rel.as_ref()))?;
-        match desired {
-            Some(spec) => {
-                let fingerprint = Fingerprint::from_bytes(&spec.content);
-                let unchanged = !prev_may_be_missing
-                    && !prev.is_empty()
-                    && prev.iter().all(|p| *p == fingerprint);
-                if unchanged {
-                    return Ok(None);
-                }
-                let action = FileAction {
-                    path: rel,
-                    content: Some(spec.content),
-                };
-                Ok(Some(TargetReconcileOutput {
-                    action: if prev.is_empty() {
-                        TargetAction::Create(action)
-                    } else {
-                        TargetAction::Update(action)
-                    },
-                    sink: self.sink.clone(),
-                    tracking_record: Some(fingerprint),
-                    child_invalidation: None,
-                }))
-            }
-            None => {
-                if prev.is_empty() && !prev_may_be_missing {
-                    return Ok(None);
-                }
-                Ok(Some(TargetReconcileOutput {
-                    action: TargetAction::Delete(FileAction {
-                        path: rel,
-                        content: None,
-                    }),
-                    sink: self.sink.clone(),
-                    tracking_record: None,
-                    child_invalidation: None,
-                }))
-            }
-        }
+        let fingerprint = desired
+            .as_ref()
+            .map(|spec| Fingerprint::from_bytes(&spec.content));
+        let transition = TrackingRecordTransition::new(fingerprint, prev, prev_may_be_missing);
+        let Some(kind) = diff(Some(&transition)).map(DiffAction::action_kind) else {
+            return Ok(None);
+        };
+        let action = FileAction {
+            path: rel,
+            content: desired.map(|spec| spec.content),
+        };
+        Ok(Some(TargetReconcileOutput {
+            action: TargetAction::with_kind(kind, action),
+            sink: self.sink.clone(),
+            tracking_record: fingerprint,
+            child_invalidation: None,
+        }))
     }
 }
 

@@ -7,7 +7,10 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use weir_actors::statediff::{resolve_system_transition, ManagedBy, MutualTrackingRecord};
+use weir_actors::statediff::{
+    diff, resolve_system_transition, DiffAction, ManagedBy, MutualTrackingRecord,
+    TrackingRecordTransition,
+};
 use weir_actors::{
     ChildTargetDef, ContextKey, Ctx, Error, Fingerprint, Result, StableKey, TargetAction,
     TargetActionSink, TargetChildInvalidation, TargetHandler, TargetReconcileOutput,
@@ -301,48 +304,27 @@ impl TargetHandler<Row> for PostgresRowHandler {
         prev: Vec<Fingerprint>,
         prev_may_be_missing: bool,
     ) -> Result<Option<TargetReconcileOutput<RowAction, Fingerprint>>> {
-        match desired {
-            Some(row) => {
-                let fingerprint = Fingerprint::from(&row);
-                if !prev_may_be_missing
-                    && !prev.is_empty()
-                    && prev.iter().all(|p| *p == fingerprint)
-                {
-                    return Ok(None);
-                }
-                let action = RowAction {
-                    table: self.table.clone(),
-                    values: row.values,
-                };
-                Ok(Some(TargetReconcileOutput {
-                    action: if prev.is_empty() {
-                        TargetAction::Create(action)
-                    } else {
-                        TargetAction::Update(action)
-                    },
-                    sink: self.sink.clone(),
-                    tracking_record: Some(fingerprint),
-                    child_invalidation: None,
-                }))
-            }
-            None => {
-                if prev.is_empty() && !prev_may_be_missing {
-                    return Ok(None);
-                }
-                let values = key_values(&key, &self.key_types).map_err(|why| {
-                    Error::permanent(format!("table {}, row {key}: {why}", self.table))
-                })?;
-                Ok(Some(TargetReconcileOutput {
-                    action: TargetAction::Delete(RowAction {
-                        table: self.table.clone(),
-                        values,
-                    }),
-                    sink: self.sink.clone(),
-                    tracking_record: None,
-                    child_invalidation: None,
-                }))
-            }
-        }
+        let fingerprint = desired.as_ref().map(Fingerprint::from);
+        let transition = TrackingRecordTransition::new(fingerprint, prev, prev_may_be_missing);
+        let Some(kind) = diff(Some(&transition)).map(DiffAction::action_kind) else {
+            return Ok(None);
+        };
+        let values = match desired {
+            Some(row) => row.values,
+            None => key_values(&key, &self.key_types).map_err(|why| {
+                Error::permanent(format!("table {}, row {key}: {why}", self.table))
+            })?,
+        };
+        let action = RowAction {
+            table: self.table.clone(),
+            values,
+        };
+        Ok(Some(TargetReconcileOutput {
+            action: TargetAction::with_kind(kind, action),
+            sink: self.sink.clone(),
+            tracking_record: fingerprint,
+            child_invalidation: None,
+        }))
     }
 }
 

@@ -7,7 +7,9 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use weir_actors::statediff::{ManagedBy, MutualTrackingRecord};
+use weir_actors::statediff::{
+    diff, DiffAction, ManagedBy, MutualTrackingRecord, TrackingRecordTransition,
+};
 use weir_actors::{
     Error, Fingerprint, Result, StableKey, TargetAction, TargetActionSink, TargetChildInvalidation,
     TargetHandler, TargetReconcileOutput,
@@ -293,49 +295,32 @@ impl TargetHandler<RowSpec> for SqliteRowHandler {
         prev: Vec<Fingerprint>,
         prev_may_be_missing: bool,
     ) -> Result<Option<TargetReconcileOutput<RowWrite, Fingerprint>>> {
-        match desired {
-            Some(row) => {
-                let fingerprint = fingerprint(&self.schema, &row.values);
-                if !prev_may_be_missing
-                    && !prev.is_empty()
-                    && prev.iter().all(|p| *p == fingerprint)
-                {
-                    return Ok(None);
-                }
-                let write = RowWrite {
-                    table: self.table.clone(),
-                    rank: row.rank,
-                    values: row.values,
-                };
-                Ok(Some(TargetReconcileOutput {
-                    action: if prev.is_empty() {
-                        TargetAction::Create(write)
-                    } else {
-                        TargetAction::Update(write)
-                    },
-                    sink: self.sink.clone(),
-                    tracking_record: Some(fingerprint),
-                    child_invalidation: None,
-                }))
-            }
-            None => {
-                if prev.is_empty() && !prev_may_be_missing {
-                    return Ok(None);
-                }
-                let values = key_values(&key, &self.schema)
-                    .map_err(|e| Error::permanent(format!("sqlite table {}: {e}", self.table)))?;
-                Ok(Some(TargetReconcileOutput {
-                    action: TargetAction::Delete(RowWrite {
-                        table: self.table.clone(),
-                        rank: 0,
-                        values,
-                    }),
-                    sink: self.sink.clone(),
-                    tracking_record: None,
-                    child_invalidation: None,
-                }))
-            }
-        }
+        let record = desired
+            .as_ref()
+            .map(|row| fingerprint(&self.schema, &row.values));
+        let transition = TrackingRecordTransition::new(record, prev, prev_may_be_missing);
+        let Some(kind) = diff(Some(&transition)).map(DiffAction::action_kind) else {
+            return Ok(None);
+        };
+        let write = match desired {
+            Some(row) => RowWrite {
+                table: self.table.clone(),
+                rank: row.rank,
+                values: row.values,
+            },
+            None => RowWrite {
+                table: self.table.clone(),
+                rank: 0,
+                values: key_values(&key, &self.schema)
+                    .map_err(|e| Error::permanent(format!("sqlite table {}: {e}", self.table)))?,
+            },
+        };
+        Ok(Some(TargetReconcileOutput {
+            action: TargetAction::with_kind(kind, write),
+            sink: self.sink.clone(),
+            tracking_record: record,
+            child_invalidation: None,
+        }))
     }
 }
 
