@@ -8,6 +8,15 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::*;
 use weir::prelude::*;
 
+/// A change feed that reports one change, then ends.
+struct OneChange(bool);
+
+impl ChangeFeed for OneChange {
+    async fn next_change(&mut self) -> Option<Vec<String>> {
+        std::mem::take(&mut self.0).then(|| vec!["m".to_string()])
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()> {
     let recorder = DebuggingRecorder::new();
@@ -52,6 +61,33 @@ async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()
     })
     .await?;
 
+    // Live mode: one change, then the feed ends; the second run finds its
+    // one component memoized.
+    let live = Rig::new().handler();
+    app.watch(
+        OneChange(true),
+        move |ctx| {
+            let live = live.clone();
+            async move {
+                let rows = register_root_target_states_provider(&ctx, "test/row", live)?;
+                ctx.mount_each_memo(
+                    vec!["m"],
+                    |k| k.to_string(),
+                    |_| Ok(1),
+                    move |ctx, k| {
+                        let rows = rows.clone();
+                        async move {
+                            declare_target_state(&ctx, rows.target_state(k, "v".to_string()))
+                        }
+                    },
+                )
+                .await
+            }
+        },
+        |_| {},
+    )
+    .await?;
+
     let snapshot = snapshotter.snapshot().into_vec();
     let seen: std::collections::BTreeSet<String> = snapshot
         .iter()
@@ -91,5 +127,10 @@ async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()
         })
         .sum();
     assert!(retries >= 1, "retries: {retries}");
+    let memoized = snapshot.iter().any(|(k, _, _, _)| {
+        k.key().name() == weir::metrics::COMPONENT_RUNS
+            && k.key().labels().any(|l| l.value() == "memoized")
+    });
+    assert!(memoized, "a memoized component is counted by outcome");
     Ok(())
 }

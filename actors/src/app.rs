@@ -14,7 +14,7 @@ use crate::actors::pipeline::{Engine, EngineConfig};
 use crate::actors::reconciler::EndRun;
 use crate::config::{BatchPolicy, RetryPolicy, DEFAULT_MAX_INFLIGHT_COMPONENTS};
 use crate::ctx::{ContextKey, Ctx};
-use crate::error::{Error, Result};
+use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::{Ledger, DEFAULT_LEDGER_CACHE_BYTES};
 use crate::model::ComponentPath;
 use crate::run::{lock, PreviewAction, Run, UpdateStats};
@@ -44,7 +44,7 @@ pub const DEFAULT_LEDGER_DIR: &str = ".weir";
 /// ```
 pub struct App {
     name: String,
-    engine: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
 }
 
 impl fmt::Debug for App {
@@ -278,11 +278,53 @@ impl App {
         Ok((c, s, self.engine.ledger.size_on_disk()))
     }
 
+    /// A report of what the ledger holds: target states by provider,
+    /// failed components with their causes, size and format version.
+    ///
+    /// # Errors
+    /// When the ledger cannot be read.
+    pub async fn inspect(&self) -> Result<LedgerReport> {
+        let ledger = self.engine.ledger.clone();
+        self.engine
+            .user
+            .spawn_blocking(move || ledger.report())
+            .await
+            .map_err(|e| Error::Shutdown(e.to_string()))?
+    }
+
     async fn execute<F, Fut, T>(
         &self,
         f: F,
         mode: Mode,
     ) -> Result<(T, UpdateStats, Vec<PreviewAction>)>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let done = self.execute_inner(f, mode).await?;
+        if !done.failures.is_empty() {
+            return Err(Error::ComponentsFailed(done.failures));
+        }
+        let value = done.result?;
+        Ok((value, done.stats, done.preview))
+    }
+
+    /// Runs an update in apply mode, with failed components collected
+    /// rather than returned as an error.
+    pub(crate) async fn execute_collecting<F, Fut>(
+        &self,
+        f: F,
+    ) -> Result<(Result<()>, UpdateStats, Vec<ComponentFailure>)>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        let done = self.execute_inner(f, Mode::Apply).await?;
+        Ok((done.result, done.stats, done.failures))
+    }
+
+    async fn execute_inner<F, Fut, T>(&self, f: F, mode: Mode) -> Result<Executed<T>>
     where
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
@@ -316,6 +358,7 @@ impl App {
             failed_components: failures.len() as u64,
             elapsed: started.elapsed(),
             components: load(&c.components),
+            memoized: load(&c.memoized),
         };
         let preview = std::mem::take(&mut *lock(&run.preview_actions));
         let outcome = if failures.is_empty() && result.is_ok() {
@@ -325,12 +368,42 @@ impl App {
         };
         metrics::counter!(crate::metrics::UPDATE_RUNS, "outcome" => outcome).increment(1);
         metrics::histogram!(crate::metrics::UPDATE_DURATION).record(stats.elapsed.as_secs_f64());
-        if !failures.is_empty() {
-            return Err(Error::ComponentsFailed(failures));
-        }
-        let value = result?;
-        Ok((value, stats, preview))
+        Ok(Executed {
+            result,
+            stats,
+            preview,
+            failures,
+        })
     }
+}
+
+/// What a ledger holds (see [`App::inspect`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LedgerReport {
+    /// The ledger directory.
+    pub path: String,
+    /// The ledger's format version.
+    pub format_version: u32,
+    /// The ledger's size on disk, in bytes.
+    pub size_on_disk: u64,
+    /// Components with an entry (states or a failure).
+    pub components: u64,
+    /// Target states tracked.
+    pub target_states: u64,
+    /// Target states tracked, by provider name (`documents`, or
+    /// `tables/documents` for the rows of a table below a container).
+    pub providers: Vec<(String, u64)>,
+    /// Components whose last run failed, with the cause.
+    pub failures: Vec<(ComponentPath, String)>,
+}
+
+/// The outcome of one update, before failures are turned into an error.
+struct Executed<T> {
+    result: Result<T>,
+    stats: UpdateStats,
+    preview: Vec<PreviewAction>,
+    failures: Vec<ComponentFailure>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -65,7 +65,54 @@ impl Ctx {
         F: Fn(Ctx, T) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
-        component::mount_each(&self.state, items, key_fn, f).await
+        component::mount_each(&self.state, items, key_fn, None, f).await
+    }
+
+    /// Like [`Ctx::mount_each`], skipping the children whose work is known
+    /// to be done: for each item, `memo_fn` computes a memo key (any
+    /// serializable value; it is fingerprinted). A child whose memo key
+    /// equals the one recorded when it last committed successfully is not
+    /// run: its code is not called, and its target states (and its own
+    /// children) stay exactly as they are, with nothing reconciled, applied
+    /// or written to the ledger for it.
+    ///
+    /// The memo key must capture everything the child's declarations depend
+    /// on: the item's content (for a file, its content fingerprint), a
+    /// version of the code that you bump when its logic changes, and the
+    /// [`memo_key`](crate::TargetStateProvider::memo_key) of every provider
+    /// it declares into (so that a table rebuilt after a destructive schema
+    /// change gets its rows again). `memo_fn` runs in the child's task,
+    /// so computing keys of many items is spread over the runtime's threads.
+    ///
+    /// A child is never memoized when `memo_fn` returns an error (it then
+    /// runs, and meets the problem itself), when it failed in its last run,
+    /// when an earlier run was interrupted while applying its actions, or
+    /// when another component took over one of its target states.
+    ///
+    /// # Errors
+    /// As [`Ctx::mount_each`].
+    pub async fn mount_each_memo<I, T, K, KF, MF, M, F, Fut>(
+        &self,
+        items: I,
+        key_fn: KF,
+        memo_fn: MF,
+        f: F,
+    ) -> Result<()>
+    where
+        I: IntoIterator<Item = T>,
+        T: Send + 'static,
+        KF: Fn(&T) -> K,
+        K: IntoStableKey,
+        MF: Fn(&T) -> Result<M> + Send + Sync + 'static,
+        M: serde::Serialize,
+        F: Fn(Ctx, T) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        let memo: component::MemoFn<T> = Arc::new(move |item: &T| {
+            let key = memo_fn(item).ok()?;
+            Some(crate::model::Fingerprint::from(&key).as_bytes().to_vec())
+        });
+        component::mount_each(&self.state, items, key_fn, Some(memo), f).await
     }
 
     /// The value provided for `key` with

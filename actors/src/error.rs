@@ -161,6 +161,11 @@ pub enum Error {
     /// The engine stopped before the work completed.
     #[error("the weir engine has shut down: {0}")]
     Shutdown(String),
+    /// A shutdown was requested (see [`App::shutdown_handle`](crate::App::shutdown_handle))
+    /// while this component was mounting children: the children that had
+    /// started were run and committed, the others were not started.
+    #[error("component {0} was interrupted by a shutdown request before all its children ran; what finished is committed, the next run does the rest")]
+    Interrupted(ComponentPath),
 }
 
 impl Error {
@@ -211,7 +216,7 @@ impl Error {
             }
             Error::Reconcile { cause, .. } | Error::Sink { cause, .. } => cause.kind(),
             Error::ComponentsFailed(_) => ErrorKind::ComponentsFailed,
-            Error::Shutdown(_) => ErrorKind::Shutdown,
+            Error::Shutdown(_) | Error::Interrupted(_) => ErrorKind::Shutdown,
         }
     }
 
@@ -224,6 +229,7 @@ impl Error {
             Error::Database(e) => sqlx_is_retriable(e),
             Error::Reconcile { cause, .. } | Error::Sink { cause, .. } => cause.is_retriable(),
             Error::ComponentsFailed(failures) => failures.iter().all(|f| f.retriable),
+            Error::Interrupted(_) => true,
             _ => false,
         }
     }

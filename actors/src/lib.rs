@@ -23,9 +23,10 @@ mod ctx;
 mod declare;
 mod error;
 mod ledger;
+mod live;
 mod run;
 
-pub use app::{App, AppBuilder, DEFAULT_LEDGER_DIR};
+pub use app::{App, AppBuilder, LedgerReport, DEFAULT_LEDGER_DIR};
 pub use config::{
     BatchPolicy, RetryPolicy, DEFAULT_CALL_TIMEOUT, DEFAULT_INITIAL_BACKOFF, DEFAULT_LINGER,
     DEFAULT_MAX_ACTIONS, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF,
@@ -38,6 +39,7 @@ pub use declare::{
 };
 pub use error::{ComponentFailure, Error, ErrorKind, Result};
 pub use ledger::DEFAULT_LEDGER_CACHE_BYTES;
+pub use live::{ChangeFeed, RunReport, ShutdownHandle, WatchEvent};
 pub use model::statediff;
 pub use model::{
     ActionKind, ChildTargetDef, ComponentPath, Fingerprint, IntoStableKey, StableKey, TargetAction,
@@ -51,10 +53,10 @@ pub mod prelude {
     pub use crate::model::statediff;
     pub use crate::{
         declare_target_state, declare_target_state_with_child, mount_target,
-        register_root_target_states_provider, ActionKind, App, AppBuilder, BatchPolicy,
+        register_root_target_states_provider, ActionKind, App, AppBuilder, BatchPolicy, ChangeFeed,
         ChildTargetDef, ComponentFailure, ComponentPath, ContextKey, Ctx, Error, Fingerprint,
-        IntoStableKey, PreviewAction, Result, RetryPolicy, StableKey, TargetAction,
-        TargetActionSink, TargetChildInvalidation, TargetHandler, TargetReconcileOutput,
-        TargetState, TargetStateProvider, UpdateStats,
+        IntoStableKey, PreviewAction, Result, RetryPolicy, RunReport, ShutdownHandle, StableKey,
+        TargetAction, TargetActionSink, TargetChildInvalidation, TargetHandler,
+        TargetReconcileOutput, TargetState, TargetStateProvider, UpdateStats, WatchEvent,
     };
 }

@@ -20,8 +20,11 @@ use crate::error::{Error, Result};
 pub const UPDATE_RUNS: &str = "weir_update_runs_total";
 /// How long update runs take.
 pub const UPDATE_DURATION: &str = "weir_update_duration_seconds";
-/// Components run, by `outcome` (`succeeded`, `failed`).
+/// Components run, by `outcome` (`succeeded`, `failed`, or `memoized` for
+/// a component skipped because its memo key was unchanged).
 pub const COMPONENT_RUNS: &str = "weir_component_runs_total";
+/// Change batches that woke live mode ([`App::watch`](crate::App::watch)).
+pub const LIVE_CHANGES: &str = "weir_live_changes_total";
 /// Components running now.
 pub const COMPONENTS_INFLIGHT: &str = "weir_component_inflight";
 /// Target states declared by components.
@@ -73,7 +76,13 @@ pub const CATALOGUE: &[(&str, MetricKind, Unit, &str)] = &[
         COMPONENT_RUNS,
         MetricKind::Counter,
         Unit::Count,
-        "Components run, by outcome.",
+        "Components run, by outcome (succeeded, failed, memoized).",
+    ),
+    (
+        LIVE_CHANGES,
+        MetricKind::Counter,
+        Unit::Count,
+        "Change batches that woke live mode, after debouncing.",
     ),
     (
         COMPONENTS_INFLIGHT,
@@ -254,6 +263,7 @@ pub fn install_prometheus(addr: SocketAddr) -> Result<PrometheusHandle> {
 pub(crate) struct RunMetrics {
     pub components_ok: metrics::Counter,
     pub components_failed: metrics::Counter,
+    pub components_memoized: metrics::Counter,
     pub inflight: metrics::Gauge,
     pub declarations: metrics::Counter,
     /// Per shard: batches sent and not handled yet.
@@ -265,6 +275,7 @@ impl RunMetrics {
         Self {
             components_ok: metrics::counter!(COMPONENT_RUNS, "outcome" => "succeeded"),
             components_failed: metrics::counter!(COMPONENT_RUNS, "outcome" => "failed"),
+            components_memoized: metrics::counter!(COMPONENT_RUNS, "outcome" => "memoized"),
             inflight: metrics::gauge!(COMPONENTS_INFLIGHT),
             declarations: metrics::counter!(DECLARATIONS),
             queue_depth: (0..shards)

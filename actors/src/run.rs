@@ -41,6 +41,10 @@ pub struct UpdateStats {
     pub elapsed: Duration,
     /// Components that ran (including the root).
     pub components: u64,
+    /// Components skipped because their memo key was unchanged (see
+    /// [`Ctx::mount_each_memo`](crate::Ctx::mount_each_memo)); their target
+    /// states were kept as they were.
+    pub memoized: u64,
 }
 
 /// An action a preview found, without applying it.
@@ -64,6 +68,7 @@ pub(crate) struct Counters {
     pub deleted: AtomicU64,
     pub unchanged: AtomicU64,
     pub components: AtomicU64,
+    pub memoized: AtomicU64,
 }
 
 impl Counters {

@@ -56,6 +56,9 @@ pub(crate) struct ComponentState {
     decls: Mutex<DeclSet>,
     children: Mutex<ChildSet>,
     permit: Mutex<Option<OwnedSemaphorePermit>>,
+    /// The memo key to record when the component commits (mounted with
+    /// [`Ctx::mount_each_memo`](crate::Ctx::mount_each_memo)).
+    memo: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl ComponentState {
@@ -68,6 +71,7 @@ impl ComponentState {
             decls: Mutex::new(DeclSet::default()),
             children: Mutex::new(ChildSet::default()),
             permit: Mutex::new(None),
+            memo: std::sync::OnceLock::new(),
         })
     }
 
@@ -225,6 +229,9 @@ where
     Fut: std::future::Future<Output = Result<T>> + Send + 'static,
     T: Send + 'static,
 {
+    if parent.run.engine.shutdown.is_requested() {
+        return Err(Error::Interrupted(parent.path.clone()));
+    }
     parent.add_child(&key)?;
     let child = ComponentState::new(Arc::clone(&parent.run), parent.path.child(key));
     let path = child.path.clone();
@@ -242,12 +249,20 @@ where
     }
 }
 
+/// Computes an item's memo key, encoded; `None` when it has none.
+pub(crate) type MemoFn<T> = Arc<dyn Fn(&T) -> Option<Vec<u8>> + Send + Sync>;
+
 /// Mounts one child component per item, runs them concurrently (bounded by
 /// `max_inflight_components`), and waits until each has committed or failed.
+///
+/// With `memo`, a child whose memo key equals the one recorded by its last
+/// successful commit is skipped: its code does not run and its states stay
+/// as they are.
 pub(crate) async fn mount_each<I, T, K, KF, F, Fut>(
     parent: &Arc<ComponentState>,
     items: I,
     key_fn: KF,
+    memo: Option<MemoFn<T>>,
     f: F,
 ) -> Result<()>
 where
@@ -274,14 +289,19 @@ where
             }
         }
     }
+    let run = Arc::clone(&parent.run);
+    let shutdown = run.engine.shutdown.clone();
+    if shutdown.is_requested() {
+        return Err(Error::Interrupted(parent.path.clone()));
+    }
     for (k, _) in &items {
         parent.add_child(k)?;
     }
     let f = Arc::new(f);
-    let run = Arc::clone(&parent.run);
     let had_slot = parent.release_slot();
     let mut handles = Vec::with_capacity(items.len());
     let mut parent_active = true;
+    let mut interrupted = false;
     for (key, item) in items {
         let permit = match Arc::clone(&run.inflight).try_acquire_owned() {
             Ok(p) => p,
@@ -297,16 +317,26 @@ where
                 }
             }
         };
+        if shutdown.is_requested() {
+            interrupted = true;
+            break;
+        }
         let child = ComponentState::new(Arc::clone(&run), parent.path.child(key));
         *lock(&child.permit) = Some(permit);
         let f = Arc::clone(&f);
         run.activity.enter();
         let path = child.path.clone();
+        let memo = memo.clone();
         handles.push((
             path,
-            run.engine
-                .user
-                .spawn(run_component(child, move |ctx| f(ctx, item))),
+            run.engine.user.spawn(async move {
+                if let Some(memo_fn) = memo {
+                    if memoized(&child, &*memo_fn, &item) {
+                        return Ok(());
+                    }
+                }
+                run_component(child, move |ctx| f(ctx, item)).await
+            }),
         ));
     }
     if parent_active {
@@ -323,7 +353,35 @@ where
         }
     }
     parent.resume(had_slot).await;
+    if interrupted {
+        return Err(Error::Interrupted(parent.path.clone()));
+    }
     Ok(())
+}
+
+/// Decides whether a memoized child can be skipped. When it can, it is
+/// accounted for as done; otherwise its new memo key is kept for its commit.
+fn memoized<T>(
+    child: &Arc<ComponentState>,
+    memo_fn: &(dyn Fn(&T) -> Option<Vec<u8>> + Send + Sync),
+    item: &T,
+) -> bool {
+    let Some(memo) = memo_fn(item) else {
+        return false;
+    };
+    let run = &child.run;
+    let unchanged = matches!(run.engine.ledger.memo(&child.key), Ok(Some(stored)) if stored.as_ref() == memo.as_slice());
+    if unchanged {
+        run.counters
+            .memoized
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        run.metrics.components_memoized.increment(1);
+        lock(&child.permit).take();
+        run.activity.leave();
+        return true;
+    }
+    let _ = child.memo.set(memo);
+    false
 }
 
 /// What reconciliation found for one declaration.
@@ -496,6 +554,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                         component: from.to_vec(),
                         path: d.path.to_vec(),
                     });
+                    ops.push(forget_memo(from));
                 }
             }
             Some(out) => {
@@ -525,6 +584,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                                 component: from.to_vec(),
                                 path: d.path.to_vec(),
                             });
+                            ops.push(forget_memo(from));
                         }
                     }
                     None => {
@@ -555,8 +615,14 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     }
     if prev_failure.is_some() {
         ops.push(LedgerOp::SetFailure {
-            component: own,
+            component: own.clone(),
             failure: None,
+        });
+    }
+    if let Some(memo) = state.memo.get() {
+        ops.push(LedgerOp::SetMemo {
+            component: own,
+            memo: Some(memo.clone()),
         });
     }
     if !ops.is_empty() {
@@ -564,6 +630,15 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     }
     note_children_and_orphans(state, &prev_children, orphans);
     Ok(())
+}
+
+/// A component that lost a state to another one no longer declares what
+/// its memo key stands for: it must run again.
+fn forget_memo(component: &[u8]) -> LedgerOp {
+    LedgerOp::SetMemo {
+        component: component.to_vec(),
+        memo: None,
+    }
 }
 
 /// For a component with no entry yet: replaces its per-state puts with one

@@ -47,6 +47,8 @@ pub(crate) struct Engine {
     pub next_run: AtomicU64,
     /// Updates of one App run one at a time.
     pub run_lock: tokio::sync::Mutex<()>,
+    /// Set when the app is asked to stop: runs stop mounting components.
+    pub shutdown: crate::live::ShutdownHandle,
     ledger_actor: Mutex<Option<LedgerActor>>,
     actix: Mutex<Option<ActixParts>>,
 }
@@ -106,6 +108,7 @@ impl Engine {
             keys,
             next_run: AtomicU64::new(1),
             run_lock: tokio::sync::Mutex::new(()),
+            shutdown: crate::live::ShutdownHandle::new(),
             ledger_actor: Mutex::new(Some(ledger_actor)),
             actix: Mutex::new(Some(ActixParts {
                 system,

@@ -13,6 +13,7 @@
 //! | `d`    | container path, component path, u32 BE length of the component path | empty |
 //! | `i`    | intent batch id, u64 BE         | `Vec<Intent>`                  |
 //! | `k`    | pack id, u64 BE                 | new components' entries, packed (see [`pack`]) |
+//! | `o`    | encoded component path          | the memo key of its last successful run |
 //!
 //! A component's states live in one value, read and written in one go.
 //! Nothing is written per state besides that value: the owner index (which
@@ -53,6 +54,7 @@ const P_PACK: u8 = b'k';
 /// Fewest new component entries in one batch that are packed together.
 const PACK_MIN: usize = 4;
 const P_INTENT: u8 = b'i';
+const P_MEMO: u8 = b'o';
 const FORMAT_KEY: &[u8] = b"mformat";
 
 fn key(prefix: u8, rest: &[u8]) -> Vec<u8> {
@@ -368,6 +370,13 @@ impl Ledger {
         }
     }
 
+    /// The memo key a component committed with in its last successful
+    /// run, if it was mounted with one and has not failed or been
+    /// interrupted since.
+    pub(crate) fn memo(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
+        Ok(self.tree.get(key(P_MEMO, component))?)
+    }
+
     /// Writes an intent batch.
     pub(crate) fn put_intents(&self, id: u64, intents: &[Intent]) -> Result<()> {
         self.tree.insert(
@@ -386,6 +395,45 @@ impl Ledger {
     /// The size of the ledger on disk, in bytes.
     pub(crate) fn size_on_disk(&self) -> u64 {
         self.tree.size_on_disk().unwrap_or(0)
+    }
+
+    /// What the ledger holds, for people: states by provider and the
+    /// components that failed.
+    pub(crate) fn report(&self) -> Result<crate::app::LedgerReport> {
+        use crate::model::keycode;
+        let mut providers: std::collections::BTreeMap<String, u64> = Default::default();
+        let mut failures = Vec::new();
+        let mut states = 0;
+        let entries = self.all_entries()?;
+        for (component, entry) in &entries {
+            for s in &entry.states {
+                states += 1;
+                let name = keycode::split_state_path(&s.path)
+                    .and_then(|(provider, _)| keycode::provider_name(provider))
+                    .unwrap_or_else(|| "(undecodable provider)".to_string());
+                *providers.entry(name).or_default() += 1;
+            }
+            if let Some(cause) = &entry.failure {
+                let path = keycode::decode_component(component)
+                    .map(|segments| {
+                        segments
+                            .into_iter()
+                            .fold(crate::model::ComponentPath::root(), |p, k| p.child(k))
+                    })
+                    .ok_or_else(|| self.corrupt("a component key is malformed"))?;
+                failures.push((path, cause.clone()));
+            }
+        }
+        failures.sort_by_key(|f| f.0.to_string());
+        Ok(crate::app::LedgerReport {
+            path: self.dir.to_string(),
+            format_version: FORMAT_VERSION,
+            size_on_disk: self.size_on_disk(),
+            components: entries.len() as u64,
+            target_states: states,
+            providers: providers.into_iter().collect(),
+            failures,
+        })
     }
 
     /// Counts what the ledger tracks: (components, states).
@@ -600,6 +648,9 @@ impl BatchBuilder<'_> {
                 self.index_removes.push((path, component));
             }
             LedgerOp::Fold(intent) => {
+                // The component's states may now differ from what its memo
+                // key stands for: it must run again.
+                self.del(key(P_MEMO, &intent.component));
                 self.note_container(
                     intent.container.as_ref().map(|c| c.as_slice()),
                     &intent.component,
@@ -695,7 +746,18 @@ impl BatchBuilder<'_> {
                 }
             }
             LedgerOp::SetFailure { component, failure } => {
+                if failure.is_some() {
+                    // A failed component is never memoized.
+                    self.del(key(P_MEMO, &component));
+                }
                 self.edit(&component)?.base.failure = failure;
+            }
+            LedgerOp::SetMemo { component, memo } => {
+                let k = key(P_MEMO, &component);
+                match memo {
+                    Some(m) => self.put(k, m),
+                    None => self.del(k),
+                }
             }
             LedgerOp::RemoveComponent { component, parent } => {
                 let entry = self.entry(&component)?;
@@ -711,6 +773,7 @@ impl BatchBuilder<'_> {
                     return Ok(());
                 }
                 self.edit(&component)?.base.failure = None;
+                self.del(key(P_MEMO, &component));
                 self.children.insert(component.clone(), Vec::new());
                 self.child_removals.remove(&component);
                 if let Some((parent, key)) = parent {

@@ -168,6 +168,11 @@ pub(crate) enum LedgerOp {
         component: Vec<u8>,
         failure: Option<String>,
     },
+    /// Record (or forget) the memo key of a component that committed.
+    SetMemo {
+        component: Vec<u8>,
+        memo: Option<Vec<u8>>,
+    },
     /// Forget a component that is no longer mounted, once it holds no
     /// state and has no children left; then drop it from its parent's
     /// child list. Apply children before parents.

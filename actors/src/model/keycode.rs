@@ -86,7 +86,6 @@ pub(crate) fn component_key(segments: &[StableKey]) -> Vec<u8> {
 }
 
 /// One decoded segment of a path.
-#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Segment {
     Provider(Arc<str>),
@@ -166,7 +165,6 @@ impl<'a> Reader<'a> {
 
 /// Decodes a path made of provider, attachment and key segments.
 /// Returns `None` when the bytes are not a valid encoding.
-#[cfg(test)]
 pub(crate) fn decode_segments(bytes: &[u8]) -> Option<Vec<Segment>> {
     let mut reader = Reader { bytes, pos: 0 };
     let mut out = Vec::new();
@@ -201,7 +199,6 @@ pub(crate) fn split_state_path(bytes: &[u8]) -> Option<(&[u8], StableKey)> {
 }
 
 /// Decodes the encoding of a component path made by [`component_key`].
-#[cfg(test)]
 pub(crate) fn decode_component(bytes: &[u8]) -> Option<Vec<StableKey>> {
     let (last, body) = bytes.split_last()?;
     if *last != TAG_COMPONENT_END {
@@ -214,6 +211,31 @@ pub(crate) fn decode_component(bytes: &[u8]) -> Option<Vec<StableKey>> {
             _ => None,
         })
         .collect()
+}
+
+/// The readable name of an encoded provider path, as
+/// [`ProviderPath`](super::provider::ProviderPath) spells it:
+/// `table`, `table/child-key`, `table@attachment`.
+pub(crate) fn provider_name(bytes: &[u8]) -> Option<String> {
+    let mut name = String::new();
+    for segment in decode_segments(bytes)? {
+        match segment {
+            Segment::Provider(p) => name.push_str(&p),
+            Segment::Attachment(a) => {
+                name.push('@');
+                name.push_str(&a);
+            }
+            Segment::Key(StableKey::Str(s)) => {
+                name.push('/');
+                name.push_str(&s);
+            }
+            Segment::Key(k) => {
+                name.push('/');
+                name.push_str(&k.to_string());
+            }
+        }
+    }
+    Some(name)
 }
 
 /// A stable 64-bit hash of encoded bytes (FNV-1a), used to pick shards.

@@ -1,0 +1,184 @@
+//! Long-running use: shutdown requests, run reports and live mode
+//! ([`App::watch`]).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::app::App;
+use crate::ctx::Ctx;
+use crate::error::{ComponentFailure, Error, Result};
+use crate::run::UpdateStats;
+
+/// Asks an [`App`] to stop, from anywhere (a signal handler, another task).
+///
+/// Once requested, a running update stops starting new components: the
+/// components already running finish and commit, the ones not started are
+/// left for the next run, and their parent fails with
+/// [`Error::Interrupted`] (so nothing it no longer reached is deleted).
+/// [`App::watch`] returns after its current run. A request cannot be taken
+/// back: the app is shutting down.
+///
+/// Cheap to clone; every clone controls the same app.
+#[derive(Clone, Debug)]
+pub struct ShutdownHandle {
+    requested: Arc<watch::Sender<bool>>,
+}
+
+impl Default for ShutdownHandle {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ShutdownHandle {
+    /// A handle not yet requested.
+    pub(crate) fn new() -> Self {
+        Self {
+            requested: Arc::new(watch::Sender::new(false)),
+        }
+    }
+
+    /// Requests the shutdown.
+    pub fn shutdown(&self) {
+        self.requested.send_replace(true);
+    }
+
+    /// Whether a shutdown was requested.
+    pub fn is_requested(&self) -> bool {
+        *self.requested.borrow()
+    }
+
+    /// Waits until a shutdown is requested (at once when it already was).
+    pub async fn requested(&self) {
+        let mut rx = self.requested.subscribe();
+        // The sender lives in `self`, so the channel cannot close here.
+        let _ = rx.wait_for(|requested| *requested).await;
+    }
+}
+
+/// What one update did: its statistics and the components that failed.
+///
+/// Returned by [`App::run_report`], which, unlike [`App::run`], reports
+/// failed components here instead of as an error, so a caller gets the
+/// statistics of a run in which some components failed.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct RunReport {
+    /// What the update did.
+    pub stats: UpdateStats,
+    /// The components that failed, with their causes.
+    pub failures: Vec<ComponentFailure>,
+}
+
+/// A source of change notifications for [`App::watch`]: each `Some` means
+/// "something may have changed, run again"; `None` means the feed ended.
+///
+/// A feed should debounce: wait for a burst of changes to settle and
+/// report it once.
+pub trait ChangeFeed: Send {
+    /// Waits for the next batch of changes. Returns a short description of
+    /// what changed (for logs), or `None` when no more changes will come.
+    fn next_change(&mut self) -> impl Future<Output = Option<Vec<String>>> + Send;
+}
+
+/// What [`App::watch`] reports after each run.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WatchEvent {
+    /// A run finished. `changes` lists what triggered it (empty for the
+    /// first run).
+    Ran {
+        /// The changes that triggered the run.
+        changes: Vec<String>,
+        /// What the run did.
+        report: RunReport,
+    },
+    /// A run failed as a whole (not just some of its components); live mode
+    /// goes on and tries again on the next change.
+    Failed {
+        /// The changes that triggered the run.
+        changes: Vec<String>,
+        /// Why it failed.
+        error: Error,
+    },
+}
+
+impl App {
+    /// A handle that asks this app to stop (see [`ShutdownHandle`]).
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.engine.shutdown.clone()
+    }
+
+    /// Like [`App::run`], but components that fail are listed in the
+    /// report rather than turned into an error.
+    ///
+    /// # Errors
+    /// Only when the run as a whole fails: a ledger error, or the root
+    /// component's own code failing is reported as a failure, not an error.
+    pub async fn run_report<F, Fut>(&self, f: F) -> Result<RunReport>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        let (result, stats, failures) = self.execute_collecting(f).await?;
+        // The root's own failure is among `failures` already.
+        let _ = result;
+        Ok(RunReport { stats, failures })
+    }
+
+    /// Live mode: runs `f` as an update, then again each time `feed`
+    /// reports a change, until the feed ends or a shutdown is requested
+    /// (see [`App::shutdown_handle`]); `on_event` hears about each run.
+    ///
+    /// Each run is a whole update: use [`Ctx::mount_each_memo`] in `f` so
+    /// that only the components whose items changed run again, while items
+    /// that disappeared are reconciled away as in any update.
+    ///
+    /// A shutdown requested during a run lets the components already
+    /// running finish and commit, then returns.
+    ///
+    /// # Errors
+    /// Never for a failed run (that is reported to `on_event`); only when
+    /// the app's engine has stopped.
+    pub async fn watch<C, F, Fut, E>(&self, mut feed: C, f: F, mut on_event: E) -> Result<()>
+    where
+        C: ChangeFeed,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+        E: FnMut(WatchEvent) + Send,
+    {
+        let f = Arc::new(f);
+        let shutdown = self.shutdown_handle();
+        let mut changes = Vec::new();
+        loop {
+            let run_f = Arc::clone(&f);
+            let event = match self.run_report(move |ctx| run_f(ctx)).await {
+                Ok(report) => WatchEvent::Ran {
+                    changes: std::mem::take(&mut changes),
+                    report,
+                },
+                Err(Error::Shutdown(detail)) => return Err(Error::Shutdown(detail)),
+                Err(error) => WatchEvent::Failed {
+                    changes: std::mem::take(&mut changes),
+                    error,
+                },
+            };
+            on_event(event);
+            if shutdown.is_requested() {
+                return Ok(());
+            }
+            tokio::select! {
+                next = feed.next_change() => match next {
+                    Some(c) => {
+                        metrics::counter!(crate::metrics::LIVE_CHANGES).increment(1);
+                        changes = c;
+                    }
+                    None => return Ok(()),
+                },
+                () = shutdown.requested() => return Ok(()),
+            }
+        }
+    }
+}
