@@ -239,6 +239,33 @@ async fn a_mounted_container_is_ensured_before_its_rows_are_created_through_the_
     Ok(())
 }
 
+#[tokio::test]
+async fn an_unchanged_container_is_refreshed_without_a_sink_call_and_counts_as_unchanged(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let rig = TableRig::new();
+    sync_table(&app, &rig, "g1", None, &[("a", "1")]).await?;
+    rig.clear();
+
+    sync_table(&app, &rig, "g1", None, &[("a", "1"), ("b", "2")]).await?;
+
+    // The child handler still comes from the factory, from the action the
+    // container answered with, but that action is not applied.
+    assert_eq!(rig.factory_calls.load(Ordering::SeqCst), 1);
+    assert!(
+        rig.table_log.entries().is_empty(),
+        "{:?}",
+        rig.table_log.entries()
+    );
+    assert_eq!(rig.row_log.entries(), strings(&["create b=2"]));
+    // A changed container is still applied.
+    rig.clear();
+    sync_table(&app, &rig, "g2", None, &[("a", "1"), ("b", "2")]).await?;
+    assert_eq!(rig.table_log.entries(), strings(&["ensure docs"]));
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // 2. Invalidation modes (guarantee 8)
 // ---------------------------------------------------------------------------

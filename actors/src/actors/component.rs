@@ -451,6 +451,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         for (i, r) in results.iter().enumerate() {
             if let (Some(out), Some(d)) = (r.as_ref().and_then(|r| r.output.as_ref()), decls.get(i))
             {
+                if r.as_ref().is_some_and(|r| is_refresh(state, d, r)) {
+                    continue;
+                }
                 preview.push(PreviewAction {
                     provider: d.provider.path.name.to_string(),
                     key: d.key.clone(),
@@ -475,6 +478,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                 continue;
             };
             let Some(out) = &r.output else { continue };
+            if is_refresh(state, d, r) {
+                continue;
+            }
             let planned = PlannedAction {
                 action: EncodedAction {
                     kind: out.kind,
@@ -557,6 +563,11 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                     ops.push(forget_memo(from));
                 }
             }
+            Some(_) if is_refresh(state, d, r) => {
+                run.counters
+                    .unchanged
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             Some(out) => {
                 run.counters.count_action(out.kind, 1);
                 match &out.record {
@@ -630,6 +641,27 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     }
     note_children_and_orphans(state, &prev_children, orphans);
     Ok(())
+}
+
+/// Whether a container's action only refreshes it: an update whose record
+/// is the one committed, with no child invalidation, by its owner. A
+/// container's handler must answer with an action on every run (its child
+/// handler is built from it); such an answer is not applied and counts as
+/// unchanged, as a `None` from a leaf would.
+fn is_refresh(state: &ComponentState, d: &Declaration, r: &Reconciled) -> bool {
+    let (Some(out), Some(prev)) = (&r.output, &r.prev) else {
+        return false;
+    };
+    d.child.is_some()
+        && out.kind == ActionKind::Update
+        && out.child_invalidation.is_none()
+        && !prev.may_be_missing
+        && prev.gen == generation(&d.provider).current
+        && r.location.as_deref() == Some(&*state.key)
+        && match (&out.record, prev.records.as_slice()) {
+            (Some(record), [committed]) => committed.as_slice() == record.as_slice(),
+            _ => false,
+        }
 }
 
 /// A component that lost a state to another one no longer declares what
