@@ -13,7 +13,9 @@
 //!
 //! - [`Fingerprint::from`] (`Fingerprint::from(&value)`) hashes the
 //!   MessagePack encoding of any [`Serialize`] value;
-//! - [`Fingerprint::from_bytes`] hashes raw bytes as they are.
+//! - [`Fingerprint::from_bytes`] hashes raw bytes as they are
+//!   ([`Fingerprint::from_reader`] streams them from a reader, with the same
+//!   digest).
 
 use std::fmt;
 use std::str::FromStr;
@@ -60,6 +62,22 @@ impl Fingerprint {
         let mut hasher = blake3::Hasher::new_derive_key(BYTES_CONTEXT);
         hasher.update(bytes);
         Self::finish(&hasher)
+    }
+
+    /// Fingerprints everything `reader` yields, streamed through the hasher
+    /// in 64 KiB chunks: the content never has to be in memory at once.
+    ///
+    /// The digest is the one [`Fingerprint::from_bytes`] gives for the same
+    /// bytes, so a file can be fingerprinted from disk and compared with
+    /// the fingerprint of content held in memory. Reads interrupted by a
+    /// signal are retried.
+    ///
+    /// # Errors
+    /// The first read error other than [`std::io::ErrorKind::Interrupted`].
+    pub fn from_reader(reader: impl std::io::Read) -> std::io::Result<Fingerprint> {
+        let mut hasher = blake3::Hasher::new_derive_key(BYTES_CONTEXT);
+        hasher.update_reader(reader)?;
+        Ok(Self::finish(&hasher))
     }
 
     /// The 16 bytes of the fingerprint.
@@ -422,6 +440,36 @@ mod tests {
             }
         }
         Bin(bytes)
+    }
+
+    #[test]
+    fn streamed_bytes_have_the_fingerprint_of_the_same_bytes_in_memory() -> std::io::Result<()> {
+        // Sizes around the 64 KiB chunk of `update_reader`, and a reader
+        // that hands out a few bytes at a time.
+        struct Trickle<'a>(&'a [u8]);
+        impl std::io::Read for Trickle<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = buf.len().min(self.0.len()).min(7);
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        for len in [0, 1, 1023, 65_535, 65_536, 65_537, 200_000] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let expected = Fingerprint::from_bytes(&bytes);
+            assert_eq!(Fingerprint::from_reader(&bytes[..])?, expected, "len {len}");
+            assert_eq!(
+                Fingerprint::from_reader(Trickle(&bytes))?,
+                expected,
+                "len {len}"
+            );
+        }
+        assert_eq!(
+            Fingerprint::from_reader(&b"weir"[..])?.to_string(),
+            "1d9789aa1b49e869a38ed7142ba4013f"
+        );
+        Ok(())
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! The local-directory target: files in a directory on this machine.
+//! Local directories on this machine: a target (files weir writes) and a
+//! source (files weir reads).
 //!
-//! A directory is a container target; its files are its children.
+//! As a target, a directory is a container target; its files are its
+//! children. The source is described [below](self#source-reading-a-directory).
 //!
 //! ```no_run
 //! # async fn example() -> weir_actors::Result<()> {
@@ -69,10 +71,60 @@
 //! Whether the directory existed is read when it is declared, so a
 //! directory created by someone else between that moment and weir's own
 //! creation of it is taken for weir's.
+//!
+//! # Source: reading a directory
+//!
+//! [`walk_dir`] lists the files under a directory as [`SourceFile`]s, sorted
+//! by key (the path relative to the directory, with `/` separators, as for
+//! the target). It follows symbolic links, respects `.gitignore` and
+//! `.ignore` files (also outside a git repository), always skips `.git`,
+//! and selects with include and exclude globs and excluded paths
+//! ([`WalkOptions`]). A problem met on the way (an unreadable directory, a
+//! link loop, a name that is not UTF-8) does not stop the walk: it is an
+//! item whose [`SourceFile::error`] is set. A file's content is read only
+//! when asked for ([`SourceFile::read`], [`SourceFile::fingerprint`]), and
+//! a [`FingerprintCache`] shared by successive walks keeps unchanged files
+//! (same size and modification time) from being read again.
+//!
+//! [`DirWatcher`] reports, in debounced batches, the keys that changed under
+//! a directory, with the same selection: a live mode walks again after each
+//! batch.
+//!
+//! ```no_run
+//! # async fn example() -> weir_actors::Result<()> {
+//! use std::time::Duration;
+//! use weir_connectors::localfs::{walk_dir, DirWatcher, FingerprintCache, WalkOptions};
+//!
+//! let options = WalkOptions::new()
+//!     .include("**/*.md")
+//!     .exclude_path("weir-ledger")
+//!     .fingerprint_cache(FingerprintCache::new());
+//! let mut watcher = DirWatcher::new("docs", &options)?;
+//! loop {
+//!     for file in walk_dir("docs", &options)? {
+//!         match file.error() {
+//!             Some(problem) => eprintln!("skipping {}: {problem}", file.key()),
+//!             None => println!("{} {}", file.key(), file.fingerprint()?),
+//!         }
+//!     }
+//!     if watcher.changed(Duration::from_millis(200)).await.is_none() {
+//!         break;
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 mod path;
 mod sink;
+mod source;
 mod target;
+mod watch;
+
+pub use source::{
+    walk_dir, FingerprintCache, SourceFile, WalkOptions, FINGERPRINT_CACHE_RACY_WINDOW,
+};
+pub use watch::DirWatcher;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -297,6 +297,15 @@ impl TableTarget {
         &self.name
     }
 
+    /// A string that changes whenever the table is rebuilt or changed in a
+    /// way that loses or may lose its rows (a destructive or lossy schema
+    /// change). Put it in the memo key of components that declare rows
+    /// (see `Ctx::mount_each_memo`), so that they run again and declare
+    /// their rows into the new table.
+    pub fn memo_key(&self) -> String {
+        self.rows.memo_key()
+    }
+
     /// The table's schema.
     pub fn schema(&self) -> &TableSchema {
         &self.schema

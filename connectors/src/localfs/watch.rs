@@ -1,0 +1,266 @@
+//! The local-directory watcher: the keys of the files that changed under a
+//! root, in debounced batches, from the operating system's notifications
+//! (`notify`'s recommended watcher: inotify, FSEvents, ReadDirectoryChangesW).
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use notify::{EventKind, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use weir_actors::{Error, Result};
+
+use super::source::{key_of, Filter};
+use super::WalkOptions;
+
+/// What the notification thread tells the watcher.
+enum Notice {
+    /// These keys changed.
+    Changed(Vec<String>),
+    /// Events were lost (or the watcher failed): anything may have changed.
+    Rescan,
+}
+
+/// Watches a directory tree and reports, in debounced batches, the keys of
+/// the files that changed under it (created, modified, removed, renamed).
+///
+/// The keys are those of [`walk_dir`](super::walk_dir): paths relative to
+/// the root with `/` separators. The selection of [`WalkOptions`] applies:
+/// events under `.git`, under an excluded path or matching an exclude glob
+/// are dropped, and include globs drop events on files they do not select.
+/// Of the ignore files, only the root's `.gitignore` and `.ignore`, as they
+/// are when the watcher starts, filter events (when
+/// [`WalkOptions::gitignore`] is on).
+///
+/// A directory that appeared (created, or moved in) is reported as the
+/// selected files it holds when the batch is returned, including those
+/// written before the operating system watched it.
+///
+/// # Caveats
+///
+/// - A batch is a hint, not a diff: it may name a key that no longer
+///   exists, a directory that was removed or moved out as a whole (its
+///   files are not listed), or a file excluded by an ignore file below the
+///   root. Walk again to learn the current state.
+/// - When the operating system drops events (its queue overflowed), the
+///   batch is empty: something changed, and only a new walk tells what.
+/// - Changes made through a symbolic link to a directory outside the root
+///   are not reported.
+pub struct DirWatcher {
+    /// Kept alive: dropping it stops the notifications.
+    _watcher: notify::RecommendedWatcher,
+    events: mpsc::UnboundedReceiver<Notice>,
+    selection: Arc<Selection>,
+    /// The keys of the batch being collected, kept across cancelled calls.
+    pending: BTreeSet<String>,
+    /// Whether the batch being collected is a rescan.
+    pending_rescan: bool,
+}
+
+impl DirWatcher {
+    /// Starts watching `root` recursively.
+    ///
+    /// Events for paths excluded by `options` (exclude globs,
+    /// [`WalkOptions::exclude_path`] entries, `.git`) are dropped, and
+    /// include globs filter files too (a path that no longer exists passes
+    /// them, since it may have been a directory).
+    ///
+    /// # Errors
+    /// As [`walk_dir`](super::walk_dir) for the root and the globs, and an
+    /// error naming the directory when the operating system refuses to
+    /// watch it (on Linux, too many inotify watches, say).
+    pub fn new(root: impl AsRef<Path>, options: &WalkOptions) -> Result<DirWatcher> {
+        let filter = Filter::new(root.as_ref(), options)?;
+        let root = filter.root.clone();
+        let gitignore = if options.respects_gitignore() {
+            root_gitignore(&root)
+        } else {
+            None
+        };
+        let selection = Arc::new(Selection { filter, gitignore });
+        let (tx, events) = mpsc::unbounded_channel();
+        let handler = {
+            let selection = Arc::clone(&selection);
+            move |event: notify::Result<notify::Event>| {
+                let notice = match event {
+                    Ok(event) if event.need_rescan() => Some(Notice::Rescan),
+                    Ok(event) => selection.keys(&event).map(Notice::Changed),
+                    Err(_) => Some(Notice::Rescan),
+                };
+                if let Some(notice) = notice {
+                    // The channel is closed only when the watcher is dropped.
+                    let _ = tx.send(notice);
+                }
+            }
+        };
+        let mut watcher =
+            notify::recommended_watcher(handler).map_err(|e| watch_error(&root, &e))?;
+        watcher
+            .watch(&root, RecursiveMode::Recursive)
+            .map_err(|e| watch_error(&root, &e))?;
+        Ok(DirWatcher {
+            _watcher: watcher,
+            events,
+            selection,
+            pending: BTreeSet::new(),
+            pending_rescan: false,
+        })
+    }
+
+    /// Waits for the next batch of changes: waits for at least one relevant
+    /// event, then keeps collecting until `debounce` passes without a new
+    /// one. Returns the changed keys, sorted and deduplicated; an empty
+    /// batch means events were lost and anything may have changed.
+    ///
+    /// Directories in the batch that exist are listed (on tokio's blocking
+    /// pool) and replaced by their selected files.
+    ///
+    /// Returns `None` when the watcher has stopped (its notification thread
+    /// is gone); a batch collected until then is returned first.
+    ///
+    /// Cancel-safe: when the future is dropped (in a `tokio::select!`),
+    /// the events collected so far are kept for the next call.
+    pub async fn changed(&mut self, debounce: Duration) -> Option<Vec<String>> {
+        if self.pending.is_empty() && !self.pending_rescan {
+            let notice = self.events.recv().await?;
+            self.absorb(notice);
+        }
+        // Until `debounce` passes quietly, or the channel closes.
+        while let Ok(Some(notice)) = tokio::time::timeout(debounce, self.events.recv()).await {
+            self.absorb(notice);
+        }
+        if self.pending_rescan {
+            self.pending.clear();
+            self.pending_rescan = false;
+            return Some(Vec::new());
+        }
+        // `pending` is cleared only once the listing is done, so a call
+        // cancelled while it runs loses nothing.
+        let keys = self.pending.clone();
+        let selection = Arc::clone(&self.selection);
+        let listed = tokio::task::spawn_blocking(move || Selection::expand(selection, keys)).await;
+        let keys = std::mem::take(&mut self.pending);
+        Some(listed.unwrap_or_else(|_| keys.into_iter().collect()))
+    }
+
+    fn absorb(&mut self, notice: Notice) {
+        match notice {
+            Notice::Changed(keys) => self.pending.extend(keys),
+            Notice::Rescan => self.pending_rescan = true,
+        }
+    }
+}
+
+impl fmt::Debug for DirWatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DirWatcher")
+            .field("root", &self.selection.filter.root)
+            .field("pending", &self.pending)
+            .field("pending_rescan", &self.pending_rescan)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Decides which keys an event changed (on the notification thread), and
+/// lists new directories (on a blocking thread).
+struct Selection {
+    filter: Filter,
+    gitignore: Option<Gitignore>,
+}
+
+impl Selection {
+    /// The selected keys of the event's paths, or `None` when there is none.
+    fn keys(&self, event: &notify::Event) -> Option<Vec<String>> {
+        if matches!(event.kind, EventKind::Access(_)) {
+            return None;
+        }
+        let keys: Vec<String> = event
+            .paths
+            .iter()
+            .filter_map(|path| self.key(path))
+            .collect();
+        (!keys.is_empty()).then_some(keys)
+    }
+
+    /// The key of `path` when the options select it.
+    fn key(&self, path: &Path) -> Option<String> {
+        let filter = &self.filter;
+        let relative = filter.relative(path)?;
+        if relative.as_os_str().is_empty() || filter.is_skipped_path(relative) {
+            return None;
+        }
+        let key = key_of(relative);
+        if filter.excludes_a_parent(&key) {
+            return None;
+        }
+        let metadata = fs::metadata(path).ok();
+        let is_dir = metadata.as_ref().is_some_and(fs::Metadata::is_dir);
+        let selected = match &metadata {
+            Some(_) if is_dir => !filter.excludes_dir(&key),
+            Some(_) => !filter.excludes_file(&key) && filter.includes_file(&key),
+            // Gone: it may have been a file or a directory.
+            None => !filter.excludes_file(&key),
+        };
+        let ignored = self
+            .gitignore
+            .as_ref()
+            .is_some_and(|g| g.matched_path_or_any_parents(relative, is_dir).is_ignore());
+        (selected && !ignored).then_some(key)
+    }
+
+    /// The keys, with each existing directory replaced by the selected
+    /// files under it (excluded directories are not descended into).
+    fn expand(self: Arc<Self>, keys: BTreeSet<String>) -> Vec<String> {
+        let mut expanded = BTreeSet::new();
+        for key in keys {
+            let path = self.filter.root.join(&key);
+            if !path.is_dir() {
+                expanded.insert(key);
+                continue;
+            }
+            let selection = Arc::clone(&self);
+            let walk = ignore::WalkBuilder::new(&path)
+                .standard_filters(false)
+                .follow_links(true)
+                .filter_entry(move |entry| {
+                    entry.depth() == 0 || selection.key(entry.path()).is_some()
+                })
+                .build();
+            for entry in walk.flatten() {
+                if entry.file_type().is_some_and(|t| t.is_file()) {
+                    expanded.extend(self.key(entry.path()));
+                }
+            }
+        }
+        expanded.into_iter().collect()
+    }
+}
+
+/// The root's `.gitignore` and `.ignore`, when there are any and they parse.
+fn root_gitignore(root: &Path) -> Option<Gitignore> {
+    let mut builder = GitignoreBuilder::new(root);
+    let mut any = false;
+    for name in [".gitignore", ".ignore"] {
+        let path = root.join(name);
+        if path.is_file() {
+            // A file that fails to parse in part keeps the lines that did.
+            let _ = builder.add(path);
+            any = true;
+        }
+    }
+    if !any {
+        return None;
+    }
+    builder.build().ok().filter(|g| !g.is_empty())
+}
+
+fn watch_error(root: &Path, e: &notify::Error) -> Error {
+    Error::msg(format!(
+        "cannot watch localfs source directory `{}`: {e}",
+        root.display()
+    ))
+}
