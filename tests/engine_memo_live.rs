@@ -1,6 +1,9 @@
 //! Memoized components (`Ctx::mount_each_memo`), shutdown requests, run
 //! reports, ledger inspection and live mode (`App::watch`).
 
+// Test support code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod support;
 
 use std::collections::BTreeMap;

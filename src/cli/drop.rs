@@ -1,0 +1,53 @@
+//! `weir drop`: delete everything weir created, and forget it.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use weir::{Error, Result};
+
+use super::target::{self, Database};
+use super::{job, DropArgs, EXIT_OK};
+
+pub async fn run(args: DropArgs) -> Result<u8> {
+    let db = Database::parse(&args.into.into)?;
+    let ledger = &args.ledger.ledger;
+    if !ledger.is_dir() {
+        return Err(Error::msg(format!(
+            "no ledger at {}: nothing to drop (pass --ledger if it is elsewhere)",
+            ledger.display()
+        )));
+    }
+    let target = target::open(&db, ledger).await?;
+    let report = target.app.inspect().await?;
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Error::msg(
+                "refusing to drop without confirmation: stdin is not a terminal; pass --yes",
+            ));
+        }
+        print!(
+            "This deletes the {} target states weir created in {} (its tables and their rows). Type 'yes' to go on: ",
+            report.target_states,
+            db.display()
+        );
+        std::io::stdout().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if answer.trim() != "yes" {
+            println!("nothing dropped");
+            return Ok(EXIT_OK);
+        }
+    }
+    let for_drop = db.clone();
+    let stats = target
+        .app
+        .drop_state(move |ctx| async move { job::register(&ctx, &for_drop) })
+        .await?;
+    target::clear_marker(ledger)?;
+    println!(
+        "dropped {} target states from {} in {:.2}s",
+        stats.deleted,
+        db.display(),
+        stats.elapsed.as_secs_f64()
+    );
+    Ok(EXIT_OK)
+}

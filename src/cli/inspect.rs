@@ -1,0 +1,58 @@
+//! `weir inspect`: what the ledger tracks.
+
+use weir::{App, Error, Result};
+
+use super::target::tracked_database;
+use super::{InspectArgs, EXIT_OK};
+
+pub async fn run(args: InspectArgs) -> Result<u8> {
+    let ledger = &args.ledger.ledger;
+    if !ledger.is_dir() {
+        return Err(Error::msg(format!(
+            "no ledger at {}: run `weir sync DIR` first, or pass --ledger",
+            ledger.display()
+        )));
+    }
+    let app = App::builder("weir").ledger_path(ledger).build().await?;
+    let report = app.inspect().await?;
+    println!(
+        "ledger {} (format version {}, {})",
+        report.path,
+        report.format_version,
+        human_bytes(report.size_on_disk)
+    );
+    if let Some(db) = tracked_database(ledger) {
+        println!("database: {db}");
+    }
+    println!("components: {}", report.components);
+    println!("target states: {}", report.target_states);
+    let width = report
+        .providers
+        .iter()
+        .map(|(name, _)| name.len())
+        .max()
+        .unwrap_or(0);
+    for (name, count) in &report.providers {
+        println!("  {name:<width$}  {count}");
+    }
+    println!("failed components: {}", report.failures.len());
+    for (path, cause) in &report.failures {
+        println!("  {}: {cause}", path.to_string().trim_start_matches('/'));
+    }
+    Ok(EXIT_OK)
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}

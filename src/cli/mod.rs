@@ -1,0 +1,144 @@
+//! The `weir` command line: arguments, logging and the subcommands.
+
+mod chunk;
+mod drop;
+mod inspect;
+mod job;
+mod progress;
+mod sync;
+mod target;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Everything went well.
+pub const EXIT_OK: u8 = 0;
+/// The run finished, but some files failed (they are listed).
+pub const EXIT_FAILED_FILES: u8 = 1;
+/// The command could not run: bad arguments, an unreachable database, a
+/// locked ledger.
+pub const EXIT_ERROR: u8 = 2;
+/// Interrupted by Ctrl-C or SIGTERM; what finished is committed.
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// weir keeps a database equal to a directory: one row per file in
+/// `documents`, its text split into `chunks`. It writes only what changed
+/// since the last sync, and deletes what disappeared.
+#[derive(Debug, Parser)]
+#[command(name = "weir", version, about, long_about = None)]
+pub struct Cli {
+    /// Log more (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Sync a directory into the database (once, or continuously with --live).
+    Sync(SyncArgs),
+    /// Show what the ledger tracks: target states, failed files, size.
+    Inspect(InspectArgs),
+    /// Delete everything weir created in the database, and forget it.
+    Drop(DropArgs),
+}
+
+/// Where the ledger lives.
+#[derive(Debug, Args)]
+struct LedgerArg {
+    /// The ledger directory: what weir created, so that the next sync only
+    /// writes what changed.
+    #[arg(long, default_value = ".weir", value_name = "DIR")]
+    ledger: PathBuf,
+}
+
+/// Where the rows go.
+#[derive(Debug, Args)]
+struct IntoArg {
+    /// The database: sqlite://FILE (created if missing) or
+    /// postgres://USER@HOST:PORT/DATABASE.
+    #[arg(long = "into", default_value = "sqlite://weir.db", value_name = "URL")]
+    into: String,
+}
+
+#[derive(Debug, Args)]
+struct SyncArgs {
+    /// The directory to sync.
+    dir: PathBuf,
+    #[command(flatten)]
+    into: IntoArg,
+    #[command(flatten)]
+    ledger: LedgerArg,
+    /// Keep running: watch the directory and sync each change.
+    #[arg(long)]
+    live: bool,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// Only sync files matching this glob (relative to DIR, e.g. "**/*.md"). Repeatable.
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
+    /// Skip files and directories matching this glob. Repeatable.
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Sync files that .gitignore files exclude, too.
+    #[arg(long)]
+    no_gitignore: bool,
+    /// In live mode, wait this long for a burst of changes to settle.
+    #[arg(long, default_value_t = 200, value_name = "MS")]
+    debounce_ms: u64,
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    #[command(flatten)]
+    ledger: LedgerArg,
+}
+
+#[derive(Debug, Args)]
+struct DropArgs {
+    #[command(flatten)]
+    into: IntoArg,
+    #[command(flatten)]
+    ledger: LedgerArg,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    yes: bool,
+}
+
+/// Logs to stderr: info by default, more with -v; RUST_LOG overrides.
+pub fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .without_time()
+        .try_init();
+}
+
+/// Runs the command; returns the process exit code.
+pub async fn run(cli: Cli) -> u8 {
+    let result = match cli.command {
+        Command::Sync(args) => sync::run(args).await,
+        Command::Inspect(args) => inspect::run(args).await,
+        Command::Drop(args) => drop::run(args).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_ERROR
+        }
+    }
+}

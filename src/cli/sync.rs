@@ -1,0 +1,282 @@
+//! `weir sync`: once, or live.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir::connectors::localfs::{self, DirWatcher, FingerprintCache, SourceFile, WalkOptions};
+use weir::{ChangeFeed, Error, ErrorKind, Result, RunReport, ShutdownHandle, WatchEvent};
+
+use super::progress::Progress;
+use super::target::{self, Database};
+use super::{job, SyncArgs, EXIT_FAILED_FILES, EXIT_INTERRUPTED, EXIT_OK};
+
+/// How often a sync without a terminal logs its progress.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+pub async fn run(args: SyncArgs) -> Result<u8> {
+    let db = Database::parse(&args.into.into)?;
+    let root = args.dir.clone();
+    if !root.is_dir() {
+        return Err(Error::msg(format!(
+            "cannot sync {}: no such directory",
+            root.display()
+        )));
+    }
+    let mut options = WalkOptions::new().gitignore(!args.no_gitignore);
+    for glob in &args.include {
+        options = options.include(glob.clone());
+    }
+    for glob in &args.exclude {
+        options = options.exclude(glob.clone());
+    }
+    // weir's own files never sync, wherever they are.
+    options = options.exclude_path(args.ledger.ledger.clone());
+    for file in db.files() {
+        options = options.exclude_path(file);
+    }
+    // Check the globs before touching the ledger or the database.
+    walk(&root, &options).await?;
+
+    if let Some(addr) = args.metrics {
+        weir::metrics::install_prometheus(addr)
+            .map_err(|e| Error::msg(format!("cannot serve metrics on {addr}: {e}")))?;
+        tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
+    }
+    let target = target::open(&db, &args.ledger.ledger).await?;
+    let shutdown = target.app.shutdown_handle();
+    let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
+    let code = if args.live {
+        live(
+            &target,
+            &root,
+            options,
+            Duration::from_millis(args.debounce_ms),
+        )
+        .await
+    } else {
+        once(&target, &root, options).await
+    };
+    signals.abort();
+    code
+}
+
+/// Requests a shutdown on Ctrl-C or SIGTERM.
+async fn stop_on_signal(shutdown: ShutdownHandle) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return request(&shutdown);
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+    request(&shutdown);
+}
+
+fn request(shutdown: &ShutdownHandle) {
+    tracing::info!("stopping: files being synced finish, the rest wait for the next sync");
+    shutdown.shutdown();
+}
+
+/// Lists the files to sync, off the async threads.
+async fn walk(root: &Path, options: &WalkOptions) -> Result<Vec<SourceFile>> {
+    let root = root.to_path_buf();
+    let options = options.clone();
+    tokio::task::spawn_blocking(move || localfs::walk_dir(&root, &options))
+        .await
+        .map_err(|e| Error::msg(format!("the directory walk stopped: {e}")))?
+}
+
+/// One run of the job: walk, then sync every file.
+async fn sync_run(
+    target: &target::Target,
+    root: PathBuf,
+    options: WalkOptions,
+    count: Arc<AtomicU64>,
+) -> Result<RunReport> {
+    let db = target.into.clone();
+    target
+        .app
+        .run_report(move |ctx| async move {
+            let files = walk(&root, &options).await?;
+            count.store(files.len() as u64, Ordering::Relaxed);
+            let progress = Progress::new(files.len() as u64);
+            let logger = progress.log_periodically(LOG_EVERY);
+            let result = job::sync_files(ctx, db, files, progress.clone()).await;
+            progress.finish();
+            if let Some(logger) = logger {
+                logger.abort();
+            }
+            result
+        })
+        .await
+}
+
+async fn once(target: &target::Target, root: &Path, options: WalkOptions) -> Result<u8> {
+    tracing::info!("syncing {} into {}", root.display(), target.into.display());
+    let count = Arc::new(AtomicU64::new(0));
+    let report = sync_run(target, root.to_path_buf(), options, Arc::clone(&count)).await?;
+    Ok(summarize(
+        root,
+        &target.into,
+        count.load(Ordering::Relaxed),
+        &report,
+    ))
+}
+
+/// Prints what a run did and lists failed files; returns the exit code.
+fn summarize(root: &Path, db: &Database, files: u64, report: &RunReport) -> u8 {
+    let s = &report.stats;
+    let interrupted = report
+        .failures
+        .iter()
+        .any(|f| f.path.is_root() && f.cause.contains("interrupted"));
+    let failed: Vec<_> = report
+        .failures
+        .iter()
+        .filter(|f| !f.path.is_root())
+        .collect();
+    println!(
+        "synced {files} files from {} into {} in {:.2}s: {} unchanged files skipped; rows {} created, {} updated, {} deleted, {} unchanged; {} failed",
+        root.display(),
+        db.display(),
+        s.elapsed.as_secs_f64(),
+        s.memoized,
+        s.created,
+        s.updated,
+        s.deleted,
+        s.unchanged,
+        failed.len(),
+    );
+    for f in &failed {
+        eprintln!(
+            "failed: {}: {}",
+            f.path.to_string().trim_start_matches('/'),
+            f.cause
+        );
+    }
+    if interrupted {
+        eprintln!("interrupted: the files that finished are committed; run `weir sync` again to do the rest");
+        return EXIT_INTERRUPTED;
+    }
+    if let Some(root_failure) = report.failures.iter().find(|f| f.path.is_root()) {
+        eprintln!("error: {}", root_failure.cause);
+        return super::EXIT_ERROR;
+    }
+    if failed.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_FAILED_FILES
+    }
+}
+
+/// A directory watcher as a change feed.
+struct Feed {
+    watcher: DirWatcher,
+    debounce: Duration,
+}
+
+impl ChangeFeed for Feed {
+    async fn next_change(&mut self) -> Option<Vec<String>> {
+        self.watcher.changed(self.debounce).await
+    }
+}
+
+async fn live(
+    target: &target::Target,
+    root: &Path,
+    options: WalkOptions,
+    debounce: Duration,
+) -> Result<u8> {
+    // Files are fingerprinted again only when their size or time changed.
+    let options = options.fingerprint_cache(FingerprintCache::new());
+    // Watch before the first run, so that nothing changed during it is missed.
+    let watcher = DirWatcher::new(root, &options)?;
+    tracing::info!(
+        "watching {} and syncing it into {} (Ctrl-C stops)",
+        root.display(),
+        target.into.display()
+    );
+    let db = target.into.clone();
+    let run_root = root.to_path_buf();
+    let shown_root = root.to_path_buf();
+    let mut last = EXIT_OK;
+    let count = Arc::new(AtomicU64::new(0));
+    let run_count = Arc::clone(&count);
+    target
+        .app
+        .watch(
+            Feed { watcher, debounce },
+            move |ctx| {
+                let root = run_root.clone();
+                let options = options.clone();
+                let db = db.clone();
+                let count = Arc::clone(&run_count);
+                async move {
+                    let files = walk(&root, &options).await?;
+                    count.store(files.len() as u64, Ordering::Relaxed);
+                    let progress = Progress::new(files.len() as u64);
+                    let result = job::sync_files(ctx, db, files, progress.clone()).await;
+                    progress.finish();
+                    result
+                }
+            },
+            |event| match event {
+                WatchEvent::Ran { changes, report } => {
+                    if !changes.is_empty() {
+                        tracing::info!("changed: {}", abbreviate(&changes));
+                    }
+                    last = summarize(
+                        &shown_root,
+                        &target.into,
+                        count.load(Ordering::Relaxed),
+                        &report,
+                    );
+                }
+                WatchEvent::Failed { error, .. } => {
+                    tracing::error!("the sync failed: {error}; waiting for the next change");
+                }
+                _ => {}
+            },
+        )
+        .await
+        .map_err(|e| match e.kind() {
+            ErrorKind::Shutdown => Error::msg(format!("live mode stopped: {e}")),
+            _ => e,
+        })?;
+    tracing::info!("stopped");
+    Ok(if last == EXIT_INTERRUPTED {
+        EXIT_OK
+    } else {
+        last
+    })
+}
+
+/// The first few changed paths, for a log line.
+fn abbreviate(changes: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut text = changes
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if changes.len() > SHOWN {
+        text.push_str(&format!(" and {} more", changes.len() - SHOWN));
+    }
+    text
+}

@@ -1,0 +1,232 @@
+//! The database given with `--into`, and the app that writes to it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use weir::connectors::sqlite;
+use weir::{App, ContextKey, Error, Result};
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgPool, SqlitePool};
+
+/// The context key of the SQLite database. Its name identifies the
+/// database in the ledger.
+pub static SQLITE: ContextKeyName = ContextKeyName("weir-sqlite");
+/// The context key of the PostgreSQL database.
+pub static POSTGRES: ContextKeyName = ContextKeyName("weir-postgres");
+
+/// A context key name, turned into typed keys where needed.
+pub struct ContextKeyName(&'static str);
+
+impl ContextKeyName {
+    pub fn sqlite(&self) -> ContextKey<SqlitePool> {
+        ContextKey::new(self.0)
+    }
+    pub fn postgres(&self) -> ContextKey<PgPool> {
+        ContextKey::new(self.0)
+    }
+}
+
+/// A parsed `--into` URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Database {
+    /// A SQLite database file.
+    Sqlite(PathBuf),
+    /// A PostgreSQL connection URL.
+    Postgres(String),
+}
+
+impl Database {
+    /// Parses `sqlite://FILE` (relative to the current directory, or
+    /// absolute with `sqlite:///abs/path`) or `postgres://...`.
+    pub fn parse(url: &str) -> Result<Database> {
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err(Error::msg(format!(
+                    "--into {url}: the SQLite URL names no file; use sqlite://weir.db"
+                )));
+            }
+            return Ok(Database::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Database::Postgres(url.to_string()));
+        }
+        Err(Error::msg(format!(
+            "--into {url}: unsupported database URL; use sqlite://FILE (e.g. sqlite://weir.db) or postgres://USER@HOST:PORT/DATABASE"
+        )))
+    }
+
+    /// The URL without a password, for messages and the ledger marker.
+    pub fn display(&self) -> String {
+        match self {
+            Database::Sqlite(path) => format!("sqlite://{}", path.display()),
+            Database::Postgres(url) => redact(url),
+        }
+    }
+
+    /// Files that belong to the database, to keep out of a synced
+    /// directory that contains them.
+    pub fn files(&self) -> Vec<PathBuf> {
+        match self {
+            Database::Sqlite(path) => ["", "-wal", "-shm", "-journal"]
+                .iter()
+                .map(|suffix| {
+                    let mut p = path.clone().into_os_string();
+                    p.push(suffix);
+                    PathBuf::from(p)
+                })
+                .collect(),
+            Database::Postgres(_) => Vec::new(),
+        }
+    }
+}
+
+/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+/// A connected database and an app on the ledger, writing to it.
+pub struct Target {
+    pub into: Database,
+    pub app: App,
+}
+
+/// Connects to the database and opens the ledger (creating both if
+/// missing), after checking that the ledger belongs to this database.
+pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
+    check_marker(ledger, into)?;
+    let builder = App::builder("weir").ledger_path(ledger);
+    let builder = match into {
+        Database::Sqlite(path) => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                if !parent.is_dir() {
+                    return Err(Error::msg(format!(
+                        "cannot create the SQLite database {}: the directory {} does not exist",
+                        path.display(),
+                        parent.display()
+                    )));
+                }
+            }
+            let pool = sqlite::connect(path).await?;
+            builder.provide_key(&SQLITE.sqlite(), pool)
+        }
+        Database::Postgres(url) => {
+            // One plain connection first: a wrong host or port fails at
+            // once, where the pool would retry until its timeout.
+            let probe = <sqlx::PgConnection as sqlx::Connection>::connect(url)
+                .await
+                .map_err(|e| pg_error(url, &e))?;
+            let _ = sqlx::Connection::close(probe).await;
+            let pool = PgPoolOptions::new()
+                .max_connections(8)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect(url)
+                .await
+                .map_err(|e| pg_error(url, &e))?;
+            builder.provide_key(&POSTGRES.postgres(), pool)
+        }
+    };
+    let app = builder.build().await?;
+    write_marker(ledger, into)?;
+    Ok(Target {
+        into: into.clone(),
+        app,
+    })
+}
+
+fn pg_error(url: &str, e: &sqlx::Error) -> Error {
+    Error::msg(format!(
+        "cannot connect to PostgreSQL at {}: {e}; check the URL, that the server runs, and that the user may log in",
+        redact(url)
+    ))
+}
+
+/// The file in the ledger directory that names the database it tracks.
+fn marker(ledger: &Path) -> PathBuf {
+    ledger.join("weir-target")
+}
+
+/// The database a ledger tracks, if it tracks one.
+pub fn tracked_database(ledger: &Path) -> Option<String> {
+    std::fs::read_to_string(marker(ledger))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// A ledger remembers what weir created in one database: refuse to use it
+/// with another, which would lose track of both.
+fn check_marker(ledger: &Path, into: &Database) -> Result<()> {
+    match tracked_database(ledger) {
+        Some(tracked) if tracked != into.display() => Err(Error::msg(format!(
+            "the ledger {} tracks what weir created in {tracked}, not in {}; pass --into {tracked}, pick another ledger with --ledger, or run `weir drop --ledger {} --into {tracked}` first",
+            ledger.display(),
+            into.display(),
+            ledger.display(),
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn write_marker(ledger: &Path, into: &Database) -> Result<()> {
+    std::fs::write(marker(ledger), format!("{}\n", into.display()))?;
+    Ok(())
+}
+
+/// Forgets which database the ledger tracks (after a drop).
+pub fn clear_marker(ledger: &Path) -> Result<()> {
+    match std::fs::remove_file(marker(ledger)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_and_postgres_urls_parse_and_others_are_refused_with_a_hint() {
+        assert_eq!(
+            Database::parse("sqlite://weir.db").ok(),
+            Some(Database::Sqlite(PathBuf::from("weir.db")))
+        );
+        assert_eq!(
+            Database::parse("sqlite:///tmp/x.db").ok(),
+            Some(Database::Sqlite(PathBuf::from("/tmp/x.db")))
+        );
+        assert!(matches!(
+            Database::parse("postgres://u@h/db"),
+            Ok(Database::Postgres(_))
+        ));
+        let err = Database::parse("mysql://x")
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sqlite://"), "{err}");
+        assert!(Database::parse("sqlite://").is_err());
+    }
+
+    #[test]
+    fn passwords_never_show_in_messages() {
+        assert_eq!(
+            Database::Postgres("postgres://me:hunter2@db:5432/x".into()).display(),
+            "postgres://me:***@db:5432/x"
+        );
+        assert_eq!(
+            Database::Postgres("postgres://me@db/x".into()).display(),
+            "postgres://me@db/x"
+        );
+    }
+}

@@ -1,0 +1,690 @@
+//! End-to-end tests of the `weir` command: they run the built binary on
+//! generated directories and read the database it wrote.
+
+// Test support code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::Row as _;
+use weir::Fingerprint;
+
+type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+/// How long one command may run before it counts as a hang.
+const COMMAND_LIMIT: Duration = Duration::from_secs(120);
+
+/// Runs `weir args...` in `cwd` and returns its output; kills it (and
+/// fails) when it runs longer than `COMMAND_LIMIT`.
+fn weir(cwd: &Path, args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .current_dir(cwd)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the weir binary starts");
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    loop {
+        if child.try_wait().expect("wait for weir").is_some() {
+            return child.wait_with_output().expect("weir's output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("weir {args:?} did not finish within {COMMAND_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Asserts a successful run, showing its output otherwise.
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "weir failed ({:?}):\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Writes a tree of text files (with paragraphs), one binary file and one
+/// empty file under `root`.
+fn generate_tree(root: &Path, files: usize) {
+    for i in 0..files {
+        let dir = root
+            .join(format!("dir{}", i % 3))
+            .join(format!("sub{}", i % 2));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut body = String::new();
+        for p in 0..(1 + i % 4) {
+            body.push_str(&format!(
+                "File {i}, paragraph {p}: {}\n",
+                "lorem ipsum ".repeat(20 + 40 * p)
+            ));
+            body.push('\n');
+        }
+        std::fs::write(dir.join(format!("file{i}.md")), body).unwrap();
+    }
+    std::fs::write(root.join("binary.bin"), [0u8, 159, 146, 150, 255, 0, 1]).unwrap();
+    std::fs::write(root.join("empty.txt"), "").unwrap();
+}
+
+/// A `documents` row.
+#[derive(Debug, PartialEq, Eq)]
+struct Doc {
+    size: i64,
+    fingerprint: String,
+    line_count: Option<i64>,
+    content: Option<String>,
+}
+
+/// What `documents` must hold for the files under `root` (relative paths
+/// with `/`), skipping `skip` (weir's own files).
+fn expected_documents(root: &Path, skip: &[&str]) -> BTreeMap<String, Doc> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            if skip
+                .iter()
+                .any(|s| rel == *s || rel.starts_with(&format!("{s}/")))
+            {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            let content = std::str::from_utf8(&bytes)
+                .ok()
+                .filter(|t| !t.contains('\0'))
+                .map(str::to_string);
+            out.insert(
+                rel,
+                Doc {
+                    size: bytes.len() as i64,
+                    fingerprint: Fingerprint::from_bytes(&bytes).to_string(),
+                    line_count: content.as_ref().map(|c| c.lines().count() as i64),
+                    content,
+                },
+            );
+        }
+    }
+    out
+}
+
+async fn sqlite_pool(db: &Path) -> sqlx::SqlitePool {
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(db))
+        .await
+        .unwrap()
+}
+
+/// The `documents` table.
+async fn documents_sqlite(pool: &sqlx::SqlitePool) -> BTreeMap<String, Doc> {
+    sqlx::query("SELECT path, size, fingerprint, line_count, content FROM documents")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            (
+                r.get::<String, _>(0),
+                Doc {
+                    size: r.get(1),
+                    fingerprint: r.get(2),
+                    line_count: r.get(3),
+                    content: r.get(4),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The `chunks` table: path -> chunks in index order (indexes checked
+/// contiguous from 0).
+fn group_chunks(rows: Vec<(String, i64, String)>) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
+    for (path, index, text) in rows {
+        out.entry(path).or_default().push((index, text));
+    }
+    out.into_iter()
+        .map(|(path, mut chunks)| {
+            chunks.sort();
+            for (i, (index, _)) in chunks.iter().enumerate() {
+                assert_eq!(*index, i as i64, "chunk indexes of {path} are contiguous");
+            }
+            (path, chunks.into_iter().map(|(_, t)| t).collect())
+        })
+        .collect()
+}
+
+async fn chunks_sqlite(pool: &sqlx::SqlitePool) -> BTreeMap<String, Vec<String>> {
+    let rows = sqlx::query("SELECT path, chunk_index, text FROM chunks")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    group_chunks(rows)
+}
+
+/// Chunks must cover each text document's paragraphs, in order, and
+/// nothing else; binary and empty documents have none.
+fn check_chunks(docs: &BTreeMap<String, Doc>, chunks: &BTreeMap<String, Vec<String>>) {
+    for (path, doc) in docs {
+        let paragraphs: Vec<&str> = doc
+            .content
+            .as_deref()
+            .unwrap_or("")
+            .split("\n\n")
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .collect();
+        let got = chunks.get(path).cloned().unwrap_or_default();
+        if paragraphs.is_empty() {
+            assert!(got.is_empty(), "{path} has no text, but chunks {got:?}");
+            continue;
+        }
+        assert!(
+            got.iter().all(|c| c.len() <= 2000),
+            "{path}: chunk too long"
+        );
+        let joined: Vec<&str> = got
+            .iter()
+            .flat_map(|c| c.split("\n\n"))
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .collect();
+        assert_eq!(joined, paragraphs, "chunks of {path}");
+    }
+    for path in chunks.keys() {
+        assert!(
+            docs.contains_key(path),
+            "chunks of {path}, which is no document"
+        );
+    }
+}
+
+/// Runs `weir sync` of `tree` into the SQLite file `db` with `ledger`,
+/// from `cwd`.
+fn sync_sqlite(cwd: &Path, tree: &Path, db: &Path, ledger: &Path) -> Output {
+    weir(
+        cwd,
+        &[
+            "sync",
+            tree.to_str().unwrap(),
+            "--into",
+            &format!("sqlite://{}", db.display()),
+            "--ledger",
+            ledger.to_str().unwrap(),
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_writes_one_document_and_its_chunks_per_file_and_a_resync_matches_the_tree_exactly(
+) -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    let db = tmp.path().join("out.db");
+    let ledger = tmp.path().join("ledger");
+    generate_tree(&tree, 30);
+
+    let first = ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    assert!(first.contains("synced 32 files"), "{first}");
+    let pool = sqlite_pool(&db).await;
+    let docs = documents_sqlite(&pool).await;
+    assert_eq!(docs, expected_documents(&tree, &[]));
+    check_chunks(&docs, &chunks_sqlite(&pool).await);
+
+    // Change one file, add one, delete one (a long one with chunks).
+    std::fs::write(tree.join("dir0/sub0/file0.md"), "rewritten\n\nentirely\n")?;
+    std::fs::write(tree.join("new.md"), "a new file\n")?;
+    std::fs::remove_file(tree.join("dir0/sub1/file3.md"))?;
+    let second = ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    assert!(second.contains("synced 32 files"), "{second}");
+    assert!(second.contains("30 unchanged files skipped"), "{second}");
+    let docs = documents_sqlite(&pool).await;
+    assert_eq!(docs, expected_documents(&tree, &[]));
+    let chunks = chunks_sqlite(&pool).await;
+    check_chunks(&docs, &chunks);
+    assert!(!chunks.contains_key("dir0/sub1/file3.md"));
+    assert_eq!(chunks["dir0/sub0/file0.md"], vec!["rewritten\n\nentirely"]);
+
+    // Nothing changed: every file is skipped.
+    let third = ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    assert!(third.contains("32 unchanged files skipped"), "{third}");
+    assert!(third.contains("0 created, 0 updated, 0 deleted"), "{third}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_defaults_sync_the_current_directory_into_weir_db_without_syncing_weirs_own_files(
+) -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    generate_tree(tmp.path(), 5);
+    ok(&weir(tmp.path(), &["sync", "."]));
+    assert!(tmp.path().join("weir.db").is_file());
+    assert!(tmp.path().join(".weir").is_dir());
+    let pool = sqlite_pool(&tmp.path().join("weir.db")).await;
+    let docs = documents_sqlite(&pool).await;
+    let expected = expected_documents(
+        tmp.path(),
+        &[
+            ".weir",
+            "weir.db",
+            "weir.db-wal",
+            "weir.db-shm",
+            "weir.db-journal",
+        ],
+    );
+    assert_eq!(
+        docs.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>()
+    );
+    // Its own writes are not changes: a second sync skips every file.
+    let again = ok(&weir(tmp.path(), &["sync", "."]));
+    assert!(again.contains("7 unchanged files skipped"), "{again}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_cannot_be_read_fails_alone_and_is_listed_with_a_non_zero_exit() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    let db = tmp.path().join("out.db");
+    let ledger = tmp.path().join("ledger");
+    generate_tree(&tree, 4);
+    // A link to nothing cannot be read, even by root.
+    std::os::unix::fs::symlink("missing-target", tree.join("broken.md"))?;
+
+    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("failed: broken.md"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(text(&out.stdout).contains("1 failed"));
+    let pool = sqlite_pool(&db).await;
+    let docs = documents_sqlite(&pool).await;
+    assert_eq!(docs.len(), 6, "every other file landed: {:?}", docs.keys());
+
+    let inspect = ok(&weir(
+        tmp.path(),
+        &["inspect", "--ledger", ledger.to_str().unwrap()],
+    ));
+    assert!(inspect.contains("failed components: 1"), "{inspect}");
+    assert!(inspect.contains("broken.md"), "{inspect}");
+
+    // Fixed: the next sync runs only it, and exits 0.
+    std::fs::remove_file(tree.join("broken.md"))?;
+    std::fs::write(tree.join("broken.md"), "fixed\n")?;
+    let fixed = ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    assert!(fixed.contains("6 unchanged files skipped"), "{fixed}");
+    assert_eq!(documents_sqlite(&pool).await.len(), 7);
+    Ok(())
+}
+
+#[test]
+fn bad_input_gets_a_sentence_and_exit_code_2_never_a_backtrace() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    std::fs::create_dir(tmp.path().join("tree"))?;
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["sync", "no-such-dir"], "no such directory"),
+        (
+            vec!["sync", "tree", "--into", "mysql://x"],
+            "unsupported database URL",
+        ),
+        (
+            vec!["sync", "tree", "--into", "sqlite://no/such/dir/x.db"],
+            "does not exist",
+        ),
+        (
+            vec!["sync", "tree", "--into", "postgres://nobody@127.0.0.1:1/x"],
+            "cannot connect to PostgreSQL",
+        ),
+        (vec!["sync", "tree", "--include", "[broken"], "[broken"),
+        (
+            vec!["inspect", "--ledger", "nothing-here"],
+            "run `weir sync",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = weir(tmp.path(), &args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
+            "{stderr}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_in_use_or_tied_to_another_database_is_refused_with_what_to_do() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    generate_tree(&tree, 2);
+    let ledger = tmp.path().join("ledger");
+    ok(&sync_sqlite(
+        tmp.path(),
+        &tree,
+        &tmp.path().join("a.db"),
+        &ledger,
+    ));
+
+    let other = sync_sqlite(tmp.path(), &tree, &tmp.path().join("b.db"), &ledger);
+    assert_eq!(other.status.code(), Some(2));
+    assert!(
+        text(&other.stderr).contains("tracks what weir created in"),
+        "{}",
+        text(&other.stderr)
+    );
+
+    let held = weir::App::builder("holder")
+        .ledger_path(&ledger)
+        .build()
+        .await?;
+    let locked = sync_sqlite(tmp.path(), &tree, &tmp.path().join("a.db"), &ledger);
+    assert_eq!(locked.status.code(), Some(2));
+    assert!(
+        text(&locked.stderr).contains("already open"),
+        "{}",
+        text(&locked.stderr)
+    );
+    drop(held);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_deletes_the_tables_after_confirmation_and_forgets_them() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    let db = tmp.path().join("out.db");
+    let ledger = tmp.path().join("ledger");
+    generate_tree(&tree, 3);
+    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    let into = format!("sqlite://{}", db.display());
+    let ledger_arg = ledger.to_str().unwrap();
+
+    let refused = weir(
+        tmp.path(),
+        &["drop", "--into", &into, "--ledger", ledger_arg],
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(text(&refused.stderr).contains("--yes"));
+
+    ok(&weir(
+        tmp.path(),
+        &["drop", "--into", &into, "--ledger", ledger_arg, "--yes"],
+    ));
+    let pool = sqlite_pool(&db).await;
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .fetch_all(&pool)
+            .await?;
+    assert!(tables.is_empty(), "{tables:?}");
+    let inspect = ok(&weir(tmp.path(), &["inspect", "--ledger", ledger_arg]));
+    assert!(inspect.contains("target states: 0"), "{inspect}");
+    Ok(())
+}
+
+/// Polls `check` every 20 ms until it returns true or `limit` passes;
+/// returns how long it took.
+async fn within<F, Fut>(limit: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_mode_picks_up_a_change_and_a_deletion_within_two_seconds_and_stops_on_sigterm(
+) -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    let db = tmp.path().join("out.db");
+    generate_tree(&tree, 6);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "sync",
+            tree.to_str().unwrap(),
+            "--into",
+            &format!("sqlite://{}", db.display()),
+            "--ledger",
+            tmp.path().join("ledger").to_str().unwrap(),
+            "--live",
+            "--debounce-ms",
+            "100",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let result = async {
+        let first = within(Duration::from_secs(60), || async {
+            db.exists() && {
+                let pool = sqlite_pool(&db).await;
+                let n: std::result::Result<i64, _> =
+                    sqlx::query_scalar("SELECT count(*) FROM documents")
+                        .fetch_one(&pool)
+                        .await;
+                n.ok() == Some(8)
+            }
+        })
+        .await;
+        assert!(first.is_some(), "the first sync landed");
+        let pool = sqlite_pool(&db).await;
+
+        std::fs::write(tree.join("dir0/sub0/file0.md"), "changed live\n")?;
+        let changed = within(Duration::from_secs(2), || async {
+            let content: Option<String> = sqlx::query_scalar(
+                "SELECT content FROM documents WHERE path = 'dir0/sub0/file0.md'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .ok()
+            .flatten();
+            content.as_deref() == Some("changed live\n")
+        })
+        .await;
+        eprintln!("live change landed after {changed:?}");
+        assert!(changed.is_some(), "the change landed within 2 s");
+
+        std::fs::remove_file(tree.join("dir1/sub1/file1.md"))?;
+        let deleted = within(Duration::from_secs(2), || async {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM documents WHERE path = 'dir1/sub1/file1.md'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap_or(1);
+            n == 0
+        })
+        .await;
+        eprintln!("live deletion landed after {deleted:?}");
+        assert!(deleted.is_some(), "the deletion landed within 2 s");
+        TestResult::Ok(())
+    }
+    .await;
+
+    // SIGTERM stops it gracefully, with exit code 0.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    result?;
+    let status = status.expect("weir --live stops within 30 s of SIGTERM");
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert!(stderr.contains("stopped"), "{stderr}");
+    Ok(())
+}
+
+/// A fresh PostgreSQL database for one test, dropped at the end; `None`
+/// (after a loud message) when there is no server and `CI` is not `true`.
+struct PgDatabase {
+    admin: sqlx::PgPool,
+    name: String,
+    url: String,
+}
+
+impl PgDatabase {
+    async fn create(
+        test: &str,
+    ) -> std::result::Result<Option<PgDatabase>, Box<dyn std::error::Error>> {
+        let base = std::env::var("WEIR_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string());
+        let connect = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&base);
+        let admin = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+            Ok(Ok(pool)) => pool,
+            other => {
+                let why = format!("{base}: {:?}", other.map(|r| r.map(|_| ())));
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    return Err(format!("no PostgreSQL server for the tests ({why})").into());
+                }
+                eprintln!("SKIPPED: no PostgreSQL server ({why}); set WEIR_TEST_POSTGRES_URL");
+                return Ok(None);
+            }
+        };
+        let name = format!(
+            "weir_{test}_{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .subsec_nanos()
+        );
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await?;
+        let (prefix, _) = base.rsplit_once('/').ok_or("a database URL has a path")?;
+        let url = format!("{prefix}/{name}");
+        Ok(Some(PgDatabase { admin, name, url }))
+    }
+
+    async fn drop(self) {
+        let _ = sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ))
+        .execute(&self.admin)
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_into_postgres_matches_the_tree_after_changes() -> TestResult {
+    let Some(pg) = PgDatabase::create("cli_sync").await? else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    let ledger = tmp.path().join("ledger");
+    generate_tree(&tree, 12);
+    let sync = || {
+        weir(
+            tmp.path(),
+            &[
+                "sync",
+                tree.to_str().unwrap(),
+                "--into",
+                &pg.url,
+                "--ledger",
+                ledger.to_str().unwrap(),
+            ],
+        )
+    };
+    let outcome = async {
+        ok(&sync());
+        std::fs::write(tree.join("dir0/sub0/file0.md"), "new text\n")?;
+        std::fs::remove_file(tree.join("dir2/sub0/file2.md"))?;
+        std::fs::write(tree.join("added.md"), "added\n\nhere\n")?;
+        let second = ok(&sync());
+        assert!(second.contains("12 unchanged files skipped"), "{second}");
+
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&pg.url)
+            .await?;
+        let docs: BTreeMap<String, Doc> =
+            sqlx::query("SELECT path, size, fingerprint, line_count, content FROM documents")
+                .fetch_all(&pool)
+                .await?
+                .into_iter()
+                .map(|r| {
+                    (
+                        r.get::<String, _>(0),
+                        Doc {
+                            size: r.get(1),
+                            fingerprint: r.get(2),
+                            line_count: r.get(3),
+                            content: r.get(4),
+                        },
+                    )
+                })
+                .collect();
+        assert_eq!(docs, expected_documents(&tree, &[]));
+        let rows: Vec<(String, i32, String)> =
+            sqlx::query_as("SELECT path, chunk_index, text FROM chunks")
+                .fetch_all(&pool)
+                .await?;
+        let chunks = group_chunks(
+            rows.into_iter()
+                .map(|(p, i, t)| (p, i64::from(i), t))
+                .collect(),
+        );
+        check_chunks(&docs, &chunks);
+        pool.close().await;
+        TestResult::Ok(())
+    }
+    .await;
+    pg.drop().await;
+    outcome
+}
