@@ -45,6 +45,15 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
         tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
     }
     let target = target::open(&db, &args.ledger.ledger).await?;
+    // Files whose size and time did not change are not read again to be
+    // fingerprinted: their fingerprints are kept next to the ledger.
+    let cache_file = args.ledger.ledger.join(FINGERPRINT_CACHE_FILE);
+    let cache = FingerprintCache::load(&cache_file);
+    let options = options.fingerprint_cache(cache.clone());
+    let saver = CacheSaver {
+        cache,
+        file: cache_file,
+    };
     let shutdown = target.app.shutdown_handle();
     let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
     let code = if args.live {
@@ -53,13 +62,34 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
             &root,
             options,
             Duration::from_millis(args.debounce_ms),
+            &saver,
         )
         .await
     } else {
-        once(&target, &root, options).await
+        let code = once(&target, &root, options).await;
+        saver.save();
+        code
     };
     signals.abort();
     code
+}
+
+/// The file next to the ledger that keeps files' fingerprints.
+const FINGERPRINT_CACHE_FILE: &str = "fingerprints";
+
+/// Saves the fingerprint cache after a run.
+struct CacheSaver {
+    cache: FingerprintCache,
+    file: PathBuf,
+}
+
+impl CacheSaver {
+    fn save(&self) {
+        // Losing the cache only costs reading the files again next time.
+        if let Err(e) = self.cache.save(&self.file) {
+            tracing::warn!("{e}");
+        }
+    }
 }
 
 /// Requests a shutdown on Ctrl-C or SIGTERM.
@@ -201,9 +231,8 @@ async fn live(
     root: &Path,
     options: WalkOptions,
     debounce: Duration,
+    saver: &CacheSaver,
 ) -> Result<u8> {
-    // Files are fingerprinted again only when their size or time changed.
-    let options = options.fingerprint_cache(FingerprintCache::new());
     // Watch before the first run, so that nothing changed during it is missed.
     let watcher = DirWatcher::new(root, &options)?;
     tracing::info!(
@@ -240,6 +269,7 @@ async fn live(
                     if !changes.is_empty() {
                         tracing::info!("changed: {}", abbreviate(&changes));
                     }
+                    saver.save();
                     last = summarize(
                         &shown_root,
                         &target.into,

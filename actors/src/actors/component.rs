@@ -148,7 +148,12 @@ where
     let ctx = crate::ctx::Ctx::from_state(Arc::clone(&state));
     let outcome = AssertUnwindSafe(f(ctx)).catch_unwind().await;
     let result = match outcome {
-        Ok(Ok(value)) => match AssertUnwindSafe(finish(&state)).catch_unwind().await {
+        // Boxed: the commit state machine is large, and a task that never
+        // gets there (a memoized or failed component) should not carry it.
+        Ok(Ok(value)) => match AssertUnwindSafe(Box::pin(finish(&state)))
+            .catch_unwind()
+            .await
+        {
             Ok(done) => done.map(|()| value),
             Err(panic) => {
                 let e = Error::msg(format!(

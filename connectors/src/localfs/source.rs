@@ -171,6 +171,12 @@ pub struct FingerprintCache {
     entries: Arc<Mutex<HashMap<PathBuf, CacheEntry>>>,
 }
 
+/// The format version of a saved cache.
+const SAVED_CACHE_VERSION: u32 = 1;
+/// A saved cache entry: path, size, modification time (seconds and
+/// nanoseconds since the epoch) and fingerprint.
+type SavedEntry = (String, u64, u64, u32, Fingerprint);
+
 /// What the cache knows of one file.
 #[derive(Clone, Copy)]
 struct CacheEntry {
@@ -231,6 +237,68 @@ impl FingerprintCache {
             };
             self.lock().insert(path.to_path_buf(), entry);
         }
+    }
+
+    /// Loads a cache written by [`FingerprintCache::save`], so that a new
+    /// process does not read files that did not change since. A missing,
+    /// unreadable or damaged file gives an empty cache: it is only a cache,
+    /// so the worst outcome is reading every file once more.
+    pub fn load(file: impl AsRef<Path>) -> FingerprintCache {
+        let cache = FingerprintCache::new();
+        let Ok(bytes) = fs::read(file.as_ref()) else {
+            return cache;
+        };
+        let Ok((version, saved)) = rmp_serde::from_slice::<(u32, Vec<SavedEntry>)>(&bytes) else {
+            return cache;
+        };
+        if version != SAVED_CACHE_VERSION {
+            return cache;
+        }
+        let mut entries = cache.lock();
+        for (path, size, secs, nanos, fingerprint) in saved {
+            let modified = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+            entries.insert(
+                PathBuf::from(path),
+                CacheEntry {
+                    size,
+                    modified,
+                    fingerprint,
+                },
+            );
+        }
+        drop(entries);
+        cache
+    }
+
+    /// Writes the cache to `file` (atomically: a temporary file renamed
+    /// over it). Entries of paths that are not valid UTF-8 are left out.
+    ///
+    /// # Errors
+    /// When the file cannot be written, naming it.
+    pub fn save(&self, file: impl AsRef<Path>) -> Result<()> {
+        let file = file.as_ref();
+        let saved: Vec<SavedEntry> = self
+            .lock()
+            .iter()
+            .filter_map(|(path, e)| {
+                let since = e.modified.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+                Some((
+                    path.to_str()?.to_string(),
+                    e.size,
+                    since.as_secs(),
+                    since.subsec_nanos(),
+                    e.fingerprint,
+                ))
+            })
+            .collect();
+        let bytes = rmp_serde::to_vec(&(SAVED_CACHE_VERSION, saved))?;
+        let mut tmp = file.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let shown = file.display();
+        fs::write(&tmp, bytes)
+            .and_then(|()| fs::rename(&tmp, file))
+            .map_err(|e| Error::msg(format!("cannot save the fingerprint cache `{shown}`: {e}")))
     }
 
     /// Drops the entries under `root` whose path is not in `seen`.
@@ -541,7 +609,8 @@ pub(super) struct Filter {
     /// The `dir` of each `dir/**` exclude, matched against directories.
     excluded_dirs: GlobSet,
     /// Each excluded path, absolute, and canonical when it exists.
-    excluded_paths: Vec<PathBuf>,
+    /// Excluded paths relative to the root.
+    excluded_relative: Vec<PathBuf>,
 }
 
 impl Filter {
@@ -593,13 +662,34 @@ impl Filter {
             }
             excluded_paths.push(absolute);
         }
+        let root_canonical = fs::canonicalize(&absolute).ok();
+        // Excluded paths as paths relative to the root (either spelling of
+        // it), so that checking an entry is a cheap prefix test; an empty
+        // one (a path containing the root) excludes everything.
+        let mut excluded_relative: Vec<PathBuf> = Vec::new();
+        for excluded in &excluded_paths {
+            for root in std::iter::once(&absolute).chain(root_canonical.as_ref()) {
+                let relative = if let Ok(rel) = excluded.strip_prefix(root) {
+                    Some(rel.to_path_buf())
+                } else if root.starts_with(excluded) {
+                    Some(PathBuf::new())
+                } else {
+                    None
+                };
+                if let Some(rel) = relative {
+                    if !excluded_relative.contains(&rel) {
+                        excluded_relative.push(rel);
+                    }
+                }
+            }
+        }
         Ok(Filter {
-            root_canonical: fs::canonicalize(&absolute).ok(),
+            root_canonical,
             root: absolute,
             includes,
             excludes: glob_set(&options.excludes, "exclude", false)?,
             excluded_dirs: glob_set(&options.excludes, "exclude", true)?,
-            excluded_paths,
+            excluded_relative,
         })
     }
 
@@ -619,15 +709,9 @@ impl Filter {
         if relative.components().any(|c| c.as_os_str() == ".git") {
             return true;
         }
-        if self.excluded_paths.is_empty() {
-            return false;
-        }
-        let absolute = self.root.join(relative);
-        let canonical = self.root_canonical.as_ref().map(|root| root.join(relative));
-        self.excluded_paths.iter().any(|excluded| {
-            absolute.starts_with(excluded)
-                || canonical.as_ref().is_some_and(|c| c.starts_with(excluded))
-        })
+        self.excluded_relative
+            .iter()
+            .any(|excluded| relative.starts_with(excluded))
     }
 
     /// Whether a directory with this key matches an exclude glob.
@@ -990,6 +1074,22 @@ mod tests {
                 ("c", Some("one; two"), 0)
             ]
         );
+    }
+
+    #[test]
+    fn a_saved_cache_loads_back_and_a_damaged_one_loads_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = FingerprintCache::new();
+        let old = SystemTime::UNIX_EPOCH + Duration::new(1_600_000_000, 123);
+        let fp = Fingerprint::from_bytes(b"x");
+        cache.store(Path::new("/a/b"), 1, old, fp, SystemTime::now());
+        let file = dir.path().join("cache");
+        cache.save(&file).unwrap();
+        let loaded = FingerprintCache::load(&file);
+        assert_eq!(loaded.lookup(Path::new("/a/b"), 1, old), Some(fp));
+        std::fs::write(&file, b"garbage").unwrap();
+        assert!(FingerprintCache::load(&file).is_empty());
+        assert!(FingerprintCache::load(dir.path().join("missing")).is_empty());
     }
 
     #[test]
