@@ -117,16 +117,32 @@ async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()
             );
         }
     }
-    // Retries were counted, and a retry is not a failure of its own.
-    let retries: u64 = snapshot
-        .iter()
-        .filter(|(k, _, _, _)| k.key().name() == weir::metrics::SINK_RETRIES)
-        .map(|(_, _, _, v)| match v {
-            DebugValue::Counter(n) => *n,
-            _ => 0,
-        })
-        .sum();
+    // Retries, splits and failures were counted (their series exist at
+    // zero from a sink's first call, so presence alone proves nothing).
+    let total = |name: &str| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(k, _, _, _)| k.key().name() == name)
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum()
+    };
+    let retries = total(weir::metrics::SINK_RETRIES);
     assert!(retries >= 1, "retries: {retries}");
+    assert!(
+        total(weir::metrics::SINK_SPLITS) >= 1,
+        "a split was counted"
+    );
+    assert!(
+        total(weir::metrics::SINK_FAILURES) >= 1,
+        "a failure was counted"
+    );
+    assert!(
+        total(weir::metrics::LIVE_CHANGES) >= 1,
+        "a live change was counted"
+    );
     let memoized = snapshot.iter().any(|(k, _, _, _)| {
         k.key().name() == weir::metrics::COMPONENT_RUNS
             && k.key().labels().any(|l| l.value() == "memoized")

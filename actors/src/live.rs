@@ -151,6 +151,8 @@ impl App {
     {
         let f = Arc::new(f);
         let shutdown = self.shutdown_handle();
+        // Exported from the start, at zero.
+        metrics::counter!(crate::metrics::LIVE_CHANGES).increment(0);
         let mut changes = Vec::new();
         loop {
             let run_f = Arc::clone(&f);

@@ -391,6 +391,15 @@ impl SinkActor {
         let label = self.label(&batch);
         metrics::histogram!(crate::metrics::SINK_BATCH_SIZE, "sink" => label.clone())
             .record(actions.len() as f64);
+        // A sink's failure series exist from its first call, at zero, so
+        // that dashboards show 0 rather than no data.
+        for name in [
+            crate::metrics::SINK_FAILURES,
+            crate::metrics::SINK_RETRIES,
+            crate::metrics::SINK_SPLITS,
+        ] {
+            metrics::counter!(name, "sink" => label.clone()).increment(0);
+        }
         let fut = async move {
             if !intents.is_empty() {
                 match env.ledger.write_intents(intents).await {
