@@ -1023,3 +1023,161 @@ async fn a_row_declared_twice_in_one_run_fails_its_component_naming_the_key() ->
     assert!(err.to_string().contains("\"a\""), "{err}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_schema_derived_from_a_sample_row_creates_the_table_its_rows_land_in() -> Result<()> {
+    let f = fixture().await?;
+    let schema = TableSchema::from_sample(&doc("sample", "t", Some(1)))?
+        .primary_key(["id"])
+        .build()?;
+    assert!(schema.column("n").is_some_and(|c| c.nullable));
+    sync_rows(
+        &f,
+        schema,
+        vec![doc("a", "A", Some(1)), doc("b", "B", None)],
+    )
+    .await?;
+    assert_eq!(
+        read_docs(&f.pool).await?,
+        expected(&[("a", "A", Some(1)), ("b", "B", None)])
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Chapter {
+    id: i64,
+    book_id: i64,
+    heading: String,
+}
+
+/// Three user-managed tables with real foreign keys: chapters -> books ->
+/// authors, declared children first.
+async fn sync_chain(
+    f: &Fixture,
+    authors: Vec<Author>,
+    books: Vec<Book>,
+    chapters: Vec<Chapter>,
+) -> Result<UpdateStats> {
+    bounded(f.app.run(move |ctx| async move {
+        let user = || TableOptions {
+            managed_by: ManagedBy::User,
+        };
+        let a = sqlite::mount_table_target_with(&ctx, &db(), "authors", authors_schema()?, user())
+            .await?;
+        let b = sqlite::mount_table_target_with(&ctx, &db(), "books", books_schema()?, user())
+            .await?
+            .depends_on(&a);
+        let chapters_schema = TableSchema::builder()
+            .column("id", ColumnType::BigInt)
+            .column("book_id", ColumnType::BigInt)
+            .column("heading", ColumnType::Text)
+            .primary_key(["id"])
+            .build()?;
+        let c = sqlite::mount_table_target_with(&ctx, &db(), "chapters", chapters_schema, user())
+            .await?
+            .depends_on(&b);
+        for chapter in &chapters {
+            c.declare_row(&ctx, chapter)?;
+        }
+        for book in &books {
+            b.declare_row(&ctx, book)?;
+        }
+        for author in &authors {
+            a.declare_row(&ctx, author)?;
+        }
+        Ok(())
+    }))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chain_of_three_dependent_tables_writes_parents_first_and_deletes_children_first(
+) -> Result<()> {
+    let f = fixture().await?;
+    for ddl in [
+        "CREATE TABLE authors (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
+        "CREATE TABLE books (id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL \
+         REFERENCES authors(id), title TEXT NOT NULL)",
+        "CREATE TABLE chapters (id INTEGER PRIMARY KEY, book_id INTEGER NOT NULL \
+         REFERENCES books(id), heading TEXT NOT NULL)",
+    ] {
+        sqlx::query(ddl).execute(&f.pool).await?;
+    }
+    let authors = || {
+        vec![Author {
+            id: 1,
+            name: "Le Guin".into(),
+        }]
+    };
+    let books = || {
+        vec![Book {
+            id: 10,
+            author_id: 1,
+            title: "Earthsea".into(),
+        }]
+    };
+    let chapters = || {
+        (0..3)
+            .map(|i| Chapter {
+                id: 100 + i,
+                book_id: 10,
+                heading: format!("chapter {i}"),
+            })
+            .collect::<Vec<_>>()
+    };
+    // All three levels created in one run, in one sink call per database.
+    let stats = sync_chain(&f, authors(), books(), chapters()).await?;
+    assert_eq!(stats.created, 3 + 5, "three tables, five rows: {stats:?}");
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM chapters JOIN books ON books.id = book_id \
+         JOIN authors ON authors.id = author_id",
+    )
+    .fetch_one(&f.pool)
+    .await?;
+    assert_eq!(n, 3);
+    // All three levels deleted in one run: grandchildren first.
+    let stats = sync_chain(&f, vec![], vec![], vec![]).await?;
+    assert_eq!(stats.deleted, 5, "{stats:?}");
+    for table in ["authors", "books", "chapters"] {
+        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(&f.pool)
+            .await?;
+        assert_eq!(n, 0, "{table}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_locked_by_another_writer_is_waited_for_and_the_rows_land() -> Result<()> {
+    let f = fixture().await?;
+    sync_docs(&f, vec![doc("a", "A", Some(1))]).await?;
+    // Another connection holds the write lock for a while.
+    let mut other = f.pool.acquire().await?;
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut *other).await?;
+    sqlx::query("INSERT INTO docs (id, title) VALUES ('theirs', 'x')")
+        .execute(&mut *other)
+        .await?;
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        sqlx::query("COMMIT").execute(&mut *other).await.map(|_| ())
+    });
+    let started = std::time::Instant::now();
+    sync_docs(&f, vec![doc("a", "A2", Some(1)), doc("b", "B", None)]).await?;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "weir waited for the lock rather than failing"
+    );
+    release
+        .await
+        .map_err(|e| Error::msg(format!("the lock holder panicked: {e}")))??;
+    assert_eq!(
+        read_docs(&f.pool).await?,
+        expected(&[
+            ("a", "A2", Some(1)),
+            ("b", "B", None),
+            ("theirs", "x", None)
+        ])
+    );
+    Ok(())
+}

@@ -106,6 +106,17 @@ impl TableSchemaBuilder {
         self
     }
 
+    /// Changes the type of a column already listed (for instance one
+    /// derived by [`TableSchema::from_sample`]), keeping its nullability;
+    /// adds it as NOT NULL when it is not listed.
+    pub fn column_type(mut self, name: &str, ty: ColumnType) -> Self {
+        match self.columns.iter_mut().find(|c| c.name == name) {
+            Some(column) => column.ty = ty,
+            None => return self.column(name, ty),
+        }
+        self
+    }
+
     /// Validates the schema.
     ///
     /// # Errors
@@ -150,6 +161,95 @@ impl TableSchemaBuilder {
     }
 }
 
+/// Column types derived from a sample row.
+mod derive {
+    use serde::Serialize;
+    use serde_reflection::{ContainerFormat, Format, Registry, Samples, Tracer, TracerConfig};
+    use weir_actors::{Error, Result};
+
+    use super::{Column, ColumnType};
+
+    pub(super) fn columns_of<R: Serialize>(sample: &R) -> Result<Vec<Column>> {
+        let mut tracer = Tracer::new(TracerConfig::default().is_human_readable(true));
+        let mut samples = Samples::new();
+        let (format, _) = tracer.trace_value(&mut samples, sample).map_err(|e| {
+            Error::permanent(format!("cannot derive a table schema from the sample: {e}"))
+        })?;
+        let registry = tracer.registry_unchecked();
+        let fields = match resolve(&format) {
+            Format::TypeName(name) => match registry.get(&name) {
+                Some(ContainerFormat::Struct(fields)) => fields.clone(),
+                _ => return Err(not_a_struct(&name)),
+            },
+            _ => return Err(not_a_struct("the sample")),
+        };
+        fields
+            .into_iter()
+            .map(|field| {
+                let (ty, nullable) = match resolve(&field.value) {
+                    Format::Option(inner) => (column_type(&field.name, &inner, &registry)?, true),
+                    other => (column_type(&field.name, &other, &registry)?, false),
+                };
+                Ok(Column {
+                    name: field.name,
+                    ty,
+                    nullable,
+                })
+            })
+            .collect()
+    }
+
+    fn not_a_struct(what: &str) -> Error {
+        Error::permanent(format!(
+            "cannot derive a table schema: {what} is not a struct with named fields"
+        ))
+    }
+
+    /// The format behind a traced variable (unknown when never seen).
+    fn resolve(format: &Format) -> Format {
+        match format {
+            Format::Variable(v) => v.borrow().as_ref().map_or(Format::Unit, resolve),
+            other => other.clone(),
+        }
+    }
+
+    fn column_type(field: &str, format: &Format, registry: &Registry) -> Result<ColumnType> {
+        let unknown = || {
+            Error::permanent(format!(
+                "cannot derive the type of column `{field}` from the sample: its value says nothing of its type (a None, or an empty list); give it a value in the sample, or set the type with column_type"
+            ))
+        };
+        Ok(match resolve(format) {
+            Format::Bool => ColumnType::Boolean,
+            Format::I8 | Format::I16 | Format::U8 => ColumnType::SmallInt,
+            Format::I32 | Format::U16 => ColumnType::Integer,
+            Format::I64 | Format::I128 | Format::U32 | Format::U64 | Format::U128 => {
+                ColumnType::BigInt
+            }
+            Format::F32 => ColumnType::Real,
+            Format::F64 => ColumnType::Double,
+            Format::Char | Format::Str => ColumnType::Text,
+            Format::Bytes => ColumnType::Bytes,
+            Format::Seq(inner) => match resolve(&inner) {
+                Format::Unit => return Err(unknown()),
+                inner => match column_type(field, &inner, registry)? {
+                    ColumnType::Json | ColumnType::Array(_) => ColumnType::Json,
+                    scalar => ColumnType::Array(Box::new(scalar)),
+                },
+            },
+            Format::TypeName(name) => match registry.get(&name) {
+                Some(ContainerFormat::NewTypeStruct(inner)) => column_type(field, inner, registry)?,
+                _ => ColumnType::Json,
+            },
+            Format::Option(_)
+            | Format::Map { .. }
+            | Format::Tuple(_)
+            | Format::TupleArray { .. } => ColumnType::Json,
+            Format::Unit | Format::Variable(_) => return Err(unknown()),
+        })
+    }
+}
+
 /// How a table must change to go from one schema to another.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SchemaChange {
@@ -184,6 +284,47 @@ impl SchemaChange {
 }
 
 impl TableSchema {
+    /// A builder with one column per field of `sample`, a row of the type
+    /// you will declare: its field names, and its types as serde sees them.
+    /// Add the primary key (and override types with
+    /// [`TableSchemaBuilder::column_type`]) before building.
+    ///
+    /// | field type | column |
+    /// | --- | --- |
+    /// | `bool` | `Boolean` |
+    /// | `i8`, `i16`, `u8` | `SmallInt` |
+    /// | `i32`, `u16` | `Integer` |
+    /// | `i64`, `u32`, `u64`, `i128`, `u128` | `BigInt` (values must fit an `i64`) |
+    /// | `f32` / `f64` | `Real` / `Double` |
+    /// | `String`, `char`, and types serialized as strings (UUIDs, `chrono` times) | `Text` (override with `Uuid` or `Timestamp`) |
+    /// | `serde_bytes` bytes | `Bytes` |
+    /// | `Vec<T>` of one of the above | `Array(T)` |
+    /// | maps, nested structs, enums, tuples | `Json` |
+    /// | `Option<T>` | `T`, nullable |
+    ///
+    /// ```
+    /// # use weir_connectors::sql::{ColumnType, TableSchema};
+    /// #[derive(serde::Serialize)]
+    /// struct Doc { id: i64, title: String, tags: Vec<String>, score: Option<f64> }
+    ///
+    /// let sample = Doc { id: 1, title: "t".into(), tags: vec!["a".into()], score: Some(0.5) };
+    /// let schema = TableSchema::from_sample(&sample)?.primary_key(["id"]).build()?;
+    /// assert_eq!(schema.column("tags").map(|c| &c.ty), Some(&ColumnType::Array(Box::new(ColumnType::Text))));
+    /// assert!(schema.column("score").is_some_and(|c| c.nullable));
+    /// # Ok::<(), weir_actors::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// When `sample` is not a struct with named fields, or a field's type
+    /// cannot be seen from the sample: a `None` (give the sample a `Some`)
+    /// or an empty `Vec` of structs.
+    pub fn from_sample<R: Serialize>(sample: &R) -> Result<TableSchemaBuilder> {
+        derive::columns_of(sample).map(|columns| TableSchemaBuilder {
+            columns,
+            primary_key: Vec::new(),
+        })
+    }
+
     /// A builder.
     pub fn builder() -> TableSchemaBuilder {
         TableSchemaBuilder::default()
@@ -259,6 +400,100 @@ impl TableSchema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Serialize)]
+    struct Sample {
+        id: i64,
+        small: i16,
+        count: u32,
+        ok: bool,
+        ratio: f32,
+        score: Option<f64>,
+        name: String,
+        #[serde(with = "serde_bytes")]
+        blob: Vec<u8>,
+        tags: Vec<String>,
+        meta: std::collections::BTreeMap<String, i64>,
+        when: chrono::DateTime<chrono::Utc>,
+        nested: Inner,
+    }
+
+    #[derive(Serialize)]
+    struct Inner {
+        a: i32,
+    }
+
+    fn sample() -> Sample {
+        Sample {
+            id: 1,
+            small: 2,
+            count: 3,
+            ok: true,
+            ratio: 0.5,
+            score: Some(1.5),
+            name: "n".into(),
+            blob: vec![1, 2],
+            tags: vec!["t".into()],
+            meta: [("k".to_string(), 1)].into_iter().collect(),
+            when: chrono::DateTime::UNIX_EPOCH,
+            nested: Inner { a: 1 },
+        }
+    }
+
+    #[test]
+    fn a_schema_derived_from_a_sample_maps_each_field_type_to_a_column() -> Result<()> {
+        let schema = TableSchema::from_sample(&sample())?
+            .column_type("when", ColumnType::Timestamp)
+            .primary_key(["id"])
+            .build()?;
+        let types: Vec<(&str, &ColumnType, bool)> = schema
+            .columns()
+            .iter()
+            .map(|c| (c.name.as_str(), &c.ty, c.nullable))
+            .collect();
+        assert_eq!(
+            types,
+            vec![
+                ("id", &ColumnType::BigInt, false),
+                ("small", &ColumnType::SmallInt, false),
+                ("count", &ColumnType::BigInt, false),
+                ("ok", &ColumnType::Boolean, false),
+                ("ratio", &ColumnType::Real, false),
+                ("score", &ColumnType::Double, true),
+                ("name", &ColumnType::Text, false),
+                ("blob", &ColumnType::Bytes, false),
+                (
+                    "tags",
+                    &ColumnType::Array(Box::new(ColumnType::Text)),
+                    false
+                ),
+                ("meta", &ColumnType::Json, false),
+                ("when", &ColumnType::Timestamp, false),
+                ("nested", &ColumnType::Json, false),
+            ]
+        );
+        assert_eq!(schema.primary_key(), ["id".to_string()]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_sample_whose_field_is_none_is_refused_naming_the_field() {
+        #[derive(Serialize)]
+        struct Row {
+            id: i64,
+            maybe: Option<i64>,
+        }
+        let err = TableSchema::from_sample(&Row { id: 1, maybe: None })
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(matches!(&err, Err(m) if m.contains("`maybe`")), "{err:?}");
+    }
+
+    #[test]
+    fn a_sample_that_is_not_a_struct_is_refused() {
+        assert!(TableSchema::from_sample(&5_i64).is_err());
+        assert!(TableSchema::from_sample(&vec![1, 2]).is_err());
+    }
 
     fn base() -> Result<TableSchema> {
         TableSchema::builder()
