@@ -165,16 +165,14 @@ async fn once(target: &target::Target, root: &Path, options: WalkOptions) -> Res
         &target.into,
         count.load(Ordering::Relaxed),
         &report,
+        target.app.shutdown_handle().is_requested(),
     ))
 }
 
 /// Prints what a run did and lists failed files; returns the exit code.
-fn summarize(root: &Path, db: &Database, files: u64, report: &RunReport) -> u8 {
+/// `interrupted`: a shutdown was requested during the run.
+fn summarize(root: &Path, db: &Database, files: u64, report: &RunReport, interrupted: bool) -> u8 {
     let s = &report.stats;
-    let interrupted = report
-        .failures
-        .iter()
-        .any(|f| f.path.is_root() && f.cause.contains("interrupted"));
     let failed: Vec<_> = report
         .failures
         .iter()
@@ -246,6 +244,7 @@ async fn live(
     let mut last = EXIT_OK;
     let count = Arc::new(AtomicU64::new(0));
     let run_count = Arc::clone(&count);
+    let stopping = target.app.shutdown_handle();
     target
         .app
         .watch(
@@ -275,6 +274,7 @@ async fn live(
                         &target.into,
                         count.load(Ordering::Relaxed),
                         &report,
+                        stopping.is_requested(),
                     );
                 }
                 WatchEvent::Failed { error, .. } => {
