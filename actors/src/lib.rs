@@ -10,9 +10,12 @@
 //!   pipeline that wires them (crate-private).
 //! - `ledger`: the sled store: key layout, records, format version
 //!   (crate-private).
+//! - [`fault`]: crash-test hooks, active only with the `fault-injection`
+//!   feature.
 //!
 //! Users depend on the `weir` facade crate, which re-exports all of this.
 
+pub mod fault;
 pub mod metrics;
 pub mod model;
 

@@ -154,6 +154,7 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
         } else {
             ledger.apply(ops)
         };
+        crate::fault::point(crate::fault::LEDGER_GROUP_COMMIT);
         let flushed = ledger.flush();
         metrics::counter!(crate::metrics::LEDGER_COMMITS).increment(1);
         metrics::histogram!(crate::metrics::LEDGER_COMMIT_DURATION)

@@ -340,6 +340,7 @@ impl Handler<ReconcileBatch> for ReconcilerActor {
     type Result = ();
 
     fn handle(&mut self, mut msg: ReconcileBatch, _ctx: &mut Context<Self>) {
+        crate::fault::point(crate::fault::RECONCILE_BATCH);
         let started = std::time::Instant::now();
         let decls = std::mem::take(&mut msg.decls);
         let calls = decls.len() as u64;

@@ -413,7 +413,11 @@ impl SinkActor {
                 }
             }
             let started = std::time::Instant::now();
+            crate::fault::point(crate::fault::SINK_BEFORE_APPLY);
             let res = call_sink(core, &env, actions).await;
+            if res.is_ok() {
+                crate::fault::point(crate::fault::SINK_AFTER_APPLY);
+            }
             metrics::histogram!(crate::metrics::SINK_APPLY_DURATION, "sink" => label.clone())
                 .record(started.elapsed().as_secs_f64());
             let outcome = if res.is_ok() { "ok" } else { "failed" };
