@@ -189,6 +189,10 @@ fn prepare(
     options: &TableOptions,
 ) -> Result<Prepared> {
     validate_identifier("table", table_name)?;
+    // A schema can be deserialized without its builder: check it again.
+    for column in schema.columns() {
+        validate_identifier("column", &column.name)?;
+    }
     types::validate_schema(table_name, schema)?;
     let mut key_schema = TableSchema::builder();
     for k in schema.primary_key() {

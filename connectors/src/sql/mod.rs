@@ -6,8 +6,10 @@
 //!   then always quoted; values are always bound, never interpolated.
 //! - [`value`]: turning any `Serialize` row (a struct, or a map of column
 //!   names to values) into typed [`SqlValue`]s, rejecting what a database
-//!   cannot store faithfully (NaN and infinite floats, NUL bytes in text).
+//!   cannot store faithfully (NaN and infinite floats, NUL bytes in text)
+//!   and values nested too deeply to convert safely ([`value::MAX_NESTING`]).
 
+mod depth;
 pub mod ident;
 pub mod schema;
 pub mod value;

@@ -10,7 +10,16 @@ use rmpv::Value;
 use serde::{Deserialize, Serialize};
 use weir_actors::{Error, Result, StableKey};
 
+use super::depth::{Bounded, Limits};
 use super::schema::{ColumnType, TableSchema};
+
+/// How deep a row may nest, the row itself being the first level: a column
+/// value may nest one level less (a JSON column, 127 levels of arrays or
+/// objects). Deeper values are refused when a row is converted, before
+/// anything recurses through them: every level costs stack in
+/// serialization, decoding and conversion, and a value nested deeply enough
+/// would overflow it and abort the process.
+pub const MAX_NESTING: usize = 128;
 
 /// One column value, typed for binding.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -52,15 +61,28 @@ impl Row {
     /// # Errors
     /// A permanent error naming the table, the column and what is wrong: a
     /// NULL in a NOT NULL column, a value of the wrong type or out of range,
-    /// a NaN or infinite float, a NUL byte in text.
+    /// a NaN or infinite float, a NUL byte in text, a value nested more than
+    /// [`MAX_NESTING`] levels deep.
     pub fn from_serialize<T: Serialize + ?Sized>(
         table: &str,
         schema: &TableSchema,
         row: &T,
     ) -> Result<Row> {
-        let bytes = rmp_serde::to_vec_named(row)?;
-        let value = rmpv::decode::read_value(&mut bytes.as_slice())
-            .map_err(|e| Error::permanent(format!("table {table}: cannot read the row: {e}")))?;
+        // Bounded: deeper values are cut (and refused below, when they are
+        // columns) before anything recurses through them.
+        let limits = Limits::new(MAX_NESTING);
+        let bytes = rmp_serde::to_vec_named(&Bounded::new(row, &limits))?;
+        if limits.cut_outside() {
+            return Err(Error::permanent(format!(
+                "table {table}: the row is nested more than {MAX_NESTING} levels deep"
+            )));
+        }
+        // rmpv counts two steps per level of nesting, and one per leaf.
+        let value =
+            rmpv::decode::read_value_with_max_depth(&mut bytes.as_slice(), 2 * MAX_NESTING + 4)
+                .map_err(|e| {
+                    Error::permanent(format!("table {table}: cannot read the row: {e}"))
+                })?;
         let Value::Map(fields) = value else {
             return Err(Error::permanent(format!(
                 "table {table}: a row must be a struct or a map of column names, not {value}"
@@ -70,8 +92,18 @@ impl Row {
         for column in schema.columns() {
             let found = fields
                 .iter()
-                .find(|(k, _)| k.as_str() == Some(column.name.as_str()))
-                .map(|(_, v)| v);
+                .enumerate()
+                .find(|(_, (k, _))| k.as_str() == Some(column.name.as_str()));
+            if let Some((position, _)) = found {
+                if limits.cut_entry(position) {
+                    return Err(Error::permanent(format!(
+                        "table {table}, column {}: the value is nested more than {} levels deep",
+                        column.name,
+                        limits.max() - 1
+                    )));
+                }
+            }
+            let found = found.map(|(_, (_, v))| v);
             let value = match found {
                 None | Some(Value::Nil) => {
                     if !column.nullable {
