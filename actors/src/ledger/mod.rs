@@ -8,6 +8,7 @@
 //! | prefix | key after the prefix            | value                          |
 //! |--------|---------------------------------|--------------------------------|
 //! | `m`    | `format`                        | the format version, u32 BE     |
+//! | `m`    | `seq`                           | the number of commits, u64 BE  |
 //! | `c`    | encoded component path          | [`ComponentEntry`]: its states |
 //! | `h`    | encoded component path          | its child component keys       |
 //! | `d`    | container path, component path, u32 BE length of the component path | empty |
@@ -24,6 +25,16 @@
 //! Intents are the records of actions about to be applied; commit collapses
 //! them, and opening a ledger folds leftovers from a crash into the entries
 //! as possible records.
+//!
+//! # Damage
+//!
+//! sled opens some damaged stores without an error: a truncated or
+//! overwritten log reads as empty, or as an earlier state. Either would make
+//! weir forget what it created. So every commit counts itself in the store
+//! (`mseq`), and after each flush the count is also written to `weir.seq`
+//! beside the store (atomically, by rename; it may lag, never lead). A
+//! ledger whose `weir.seq` exists but whose store has no format version, or
+//! counts fewer commits than `weir.seq`, is refused as corrupt.
 
 pub(crate) mod index;
 pub(crate) mod pack;
@@ -56,6 +67,9 @@ const PACK_MIN: usize = 4;
 const P_INTENT: u8 = b'i';
 const P_MEMO: u8 = b'o';
 const FORMAT_KEY: &[u8] = b"mformat";
+const SEQ_KEY: &[u8] = b"mseq";
+/// The file beside the store that holds the commit count last flushed.
+const SEQ_FILE: &str = "weir.seq";
 
 fn key(prefix: u8, rest: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(rest.len() + 1);
@@ -73,6 +87,10 @@ pub(crate) struct Ledger {
     dir: Arc<str>,
     index: Arc<RwLock<OwnerIndex>>,
     packs: Arc<RwLock<pack::PackIndex>>,
+    /// Commits applied so far (stored under `mseq` by each batch).
+    seq: Arc<std::sync::atomic::AtomicU64>,
+    /// `weir.seq`: the commit count last flushed.
+    seq_file: Arc<PathBuf>,
     _lock: Arc<File>,
 }
 
@@ -136,16 +154,58 @@ impl Ledger {
             dir: display,
             index: Arc::new(RwLock::new(OwnerIndex::default())),
             packs: Arc::new(RwLock::new(pack::PackIndex::default())),
+            seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            seq_file: Arc::new(dir.join(SEQ_FILE)),
             _lock: Arc::new(lock),
         };
-        ledger.check_format(existed)?;
+        let flushed_seq = ledger.read_seq_file();
+        ledger.check_format(existed, flushed_seq.is_some())?;
+        ledger.check_seq(flushed_seq)?;
         ledger.load_packs()?;
         ledger.build_index()?;
         ledger.recover()?;
         Ok(ledger)
     }
 
-    fn check_format(&self, existed: bool) -> Result<()> {
+    /// The commit count in `weir.seq`; `None` when there is none (a new
+    /// ledger, one written by an older build) or it cannot be read (a
+    /// crash while it was replaced; it only ever lags the store).
+    fn read_seq_file(&self) -> Option<u64> {
+        std::fs::read_to_string(&*self.seq_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+
+    /// Refuses a store that lost commits `weir.seq` saw flushed, then
+    /// records the store's count.
+    fn check_seq(&self, flushed: Option<u64>) -> Result<()> {
+        let stored = match self.tree.get(SEQ_KEY)? {
+            Some(v) => u64::from_be_bytes(
+                v.as_ref()
+                    .try_into()
+                    .map_err(|_| self.corrupt("the commit count is not 8 bytes"))?,
+            ),
+            None => 0,
+        };
+        if let Some(flushed) = flushed.filter(|f| *f > stored) {
+            return Err(self.corrupt(format!(
+                "its store holds {stored} commits, but {flushed} had been written ({SEQ_FILE}): the store was truncated or damaged and lost writes"
+            )));
+        }
+        self.seq.store(stored, std::sync::atomic::Ordering::SeqCst);
+        self.write_seq_file()
+    }
+
+    /// Writes the commit count to `weir.seq` (by rename, so it is whole).
+    fn write_seq_file(&self) -> Result<()> {
+        let seq = self.seq.load(std::sync::atomic::Ordering::SeqCst);
+        let tmp = self.seq_file.with_extension("seq.tmp");
+        std::fs::write(&tmp, format!("{seq}\n"))?;
+        std::fs::rename(&tmp, &*self.seq_file)?;
+        Ok(())
+    }
+
+    fn check_format(&self, existed: bool, was_written: bool) -> Result<()> {
         match self.tree.get(FORMAT_KEY)? {
             Some(v) => {
                 let raw: [u8; 4] = v
@@ -165,6 +225,9 @@ impl Ledger {
             None if existed && !self.tree.is_empty() => {
                 Err(self.corrupt("the format version is missing"))
             }
+            None if was_written => Err(self.corrupt(format!(
+                "its store is empty or unreadable, but it had been written ({SEQ_FILE} exists)"
+            ))),
             None => {
                 self.tree
                     .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
@@ -389,7 +452,7 @@ impl Ledger {
     /// Makes everything written so far durable.
     pub(crate) fn flush(&self) -> Result<()> {
         self.tree.flush()?;
-        Ok(())
+        self.write_seq_file()
     }
 
     /// The size of the ledger on disk, in bytes.
@@ -872,7 +935,14 @@ impl BatchBuilder<'_> {
                 self.put(k, Vec::new());
             }
         }
+        // Count the commit in the batch; the count in memory moves only once
+        // the batch is applied, so `weir.seq` never leads the store.
+        let seq = self.ledger.seq.load(std::sync::atomic::Ordering::SeqCst) + 1;
+        self.batch.insert(SEQ_KEY, &seq.to_be_bytes());
         self.ledger.tree.apply_batch(self.batch)?;
+        self.ledger
+            .seq
+            .store(seq, std::sync::atomic::Ordering::SeqCst);
         metrics::counter!(crate::metrics::LEDGER_RECORDS).increment(self.keys);
         metrics::counter!(crate::metrics::LEDGER_WRITTEN_BYTES).increment(self.bytes);
         {
@@ -973,6 +1043,77 @@ mod tests {
             component: component.as_bytes().to_vec(),
             path: path.as_bytes().to_vec(),
         }
+    }
+
+    /// Opens a ledger in `dir`, commits `n` batches, flushes and closes it.
+    fn commit_batches(dir: &Path, n: usize) -> Result<()> {
+        let ledger = Ledger::open(dir, 1 << 20)?;
+        for i in 0..n {
+            ledger.apply(vec![fresh(&format!("c{i}"), &format!("p{i}"))])?;
+            ledger.flush()?;
+        }
+        Ok(())
+    }
+
+    fn refusal(dir: &Path) -> String {
+        match Ledger::open(dir, 1 << 20) {
+            Ok(_) => "opened".to_string(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn every_commit_is_counted_and_a_reopened_ledger_keeps_counting() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        commit_batches(dir.path(), 3)?;
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(SEQ_FILE))?.trim(),
+            "3"
+        );
+        commit_batches(dir.path(), 2)?;
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(SEQ_FILE))?.trim(),
+            "5"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_store_that_lost_flushed_commits_is_refused_as_corrupt() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        commit_batches(dir.path(), 3)?;
+        // As if the store had rolled back to an earlier state.
+        std::fs::write(dir.path().join(SEQ_FILE), "9\n")?;
+        let err = refusal(dir.path());
+        assert!(
+            err.contains("is corrupt") && err.contains("lost writes"),
+            "{err}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn an_empty_store_of_a_ledger_that_was_written_is_refused_as_corrupt() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        commit_batches(dir.path(), 2)?;
+        std::fs::remove_dir_all(dir.path().join("sled"))?;
+        let err = refusal(dir.path());
+        assert!(err.contains("is corrupt") && err.contains("empty"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_ledger_without_a_commit_count_file_opens_and_gets_one() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        commit_batches(dir.path(), 2)?;
+        // As written by a build before the count existed, or lost in a crash.
+        std::fs::remove_file(dir.path().join(SEQ_FILE))?;
+        commit_batches(dir.path(), 1)?;
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(SEQ_FILE))?.trim(),
+            "3"
+        );
+        Ok(())
     }
 
     #[test]
