@@ -5,7 +5,7 @@
 //! have exactly its declared rows in the external store; after a final
 //! clean run of the last plan, the store must equal exactly that plan's rows.
 //!
-//! `PROPTEST_CASES` raises the number of cases (default 64); the seed is
+//! `PROPTEST_CASES` raises the number of cases (default 256); the seed is
 //! fixed unless `PROPTEST_RNG_SEED` gives another.
 
 mod support;
@@ -270,7 +270,7 @@ fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(64);
+        .unwrap_or(256);
     let base = ProptestConfig::default();
     // Deterministic by default; `PROPTEST_RNG_SEED` picks another seed.
     let rng_seed = match base.rng_seed {
