@@ -12,7 +12,10 @@
 //! `WEIR_BENCH_SHARDS=n` sets the shard count (default: cores);
 //! `WEIR_BENCH_INFLIGHT=n` sets `max_inflight_components`;
 //! `WEIR_BENCH_METRICS=1` records metrics into a Prometheus recorder (to
-//! compare with the default, where no recorder is installed).
+//! compare with the default, where no recorder is installed);
+//! `WEIR_BENCH_METRICS=compare` runs each repeat both ways, back to back in
+//! alternating order, and ends each phase with
+//! `RESULT engine_metrics <shape> <phase> off_secs=<s> on_secs=<s> median_paired_ratio=<r>`.
 
 // weir allocates across many threads; glibc malloc costs it about a third
 // of its CPU time. Binaries built on weir should use mimalloc or jemalloc,
@@ -279,6 +282,66 @@ fn median(values: &mut [f64]) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// One child run of a shape: `(phase, secs, peak RSS MB)` per phase; other
+/// output lines are printed.
+fn run_child(exe: &std::path::Path, name: &str, metrics: Option<bool>) -> Result<Vec<(String, f64, f64)>> {
+    let mut cmd = Command::new(exe);
+    cmd.env("WEIR_BENCH_CHILD", name);
+    match metrics {
+        Some(true) => {
+            cmd.env("WEIR_BENCH_METRICS", "1");
+        }
+        Some(false) => {
+            cmd.env_remove("WEIR_BENCH_METRICS");
+        }
+        None => {}
+    }
+    let out = cmd.output()?;
+    if !out.status.success() {
+        return Err(Error::msg(format!(
+            "shape {name} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let mut samples = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let mut fields = line.split_whitespace();
+        if fields.next() != Some("SAMPLE") {
+            println!("{line}");
+            continue;
+        }
+        let (Some(_), Some(phase), Some(secs), Some(rss)) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        samples.push((
+            phase.to_string(),
+            secs.parse().unwrap_or(f64::NAN),
+            rss.parse().unwrap_or(f64::NAN),
+        ));
+    }
+    Ok(samples)
+}
+
+/// Adds a child's samples to per-phase samples, in phase order.
+fn collect(phases: &mut Vec<(String, Samples)>, child: Vec<(String, f64, f64)>) {
+    for (phase, secs, rss) in child {
+        let idx = match phases.iter().position(|(p, _)| *p == phase) {
+            Some(i) => i,
+            None => {
+                phases.push((phase, Samples::default()));
+                phases.len() - 1
+            }
+        };
+        if let Some((_, s)) = phases.get_mut(idx) {
+            s.secs.push(secs);
+            s.rss.push(rss);
+        }
+    }
+}
+
 fn main() -> Result<()> {
     if let Ok(shape) = std::env::var("WEIR_BENCH_CHILD") {
         let (name, c, p) = SHAPES
@@ -294,6 +357,9 @@ fn main() -> Result<()> {
         .and_then(|r| r.parse().ok())
         .unwrap_or(3)
         .max(1);
+    // `compare`: each repeat runs the shape without a recorder and with
+    // one, in alternating order, and reports the overhead of metrics.
+    let compare = std::env::var("WEIR_BENCH_METRICS").is_ok_and(|v| v == "compare");
     let exe = std::env::current_exe()?;
     println!("each shape runs {repeat} times in its own process; RESULT lines give the median");
     for (name, c, p) in SHAPES {
@@ -304,46 +370,35 @@ fn main() -> Result<()> {
         }
         let total = if *c == 0 { *p } else { c * p };
         let mut phases: Vec<(String, Samples)> = Vec::new();
-        for _ in 0..repeat {
-            let out = Command::new(&exe).env("WEIR_BENCH_CHILD", name).output()?;
-            if !out.status.success() {
-                return Err(Error::msg(format!(
-                    "shape {name} failed: {}\n{}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                )));
+        let mut with_metrics: Vec<(String, Samples)> = Vec::new();
+        for round in 0..repeat {
+            if !compare {
+                collect(&mut phases, run_child(&exe, name, None)?);
+                continue;
             }
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                let mut fields = line.split_whitespace();
-                if fields.next() != Some("SAMPLE") {
-                    println!("{line}");
-                    continue;
-                }
-                let (Some(_), Some(phase), Some(secs), Some(rss)) =
-                    (fields.next(), fields.next(), fields.next(), fields.next())
-                else {
-                    continue;
-                };
-                let idx = match phases.iter().position(|(p, _)| p == phase) {
-                    Some(i) => i,
-                    None => {
-                        phases.push((phase.to_string(), Samples::default()));
-                        phases.len() - 1
-                    }
-                };
-                if let Some((_, s)) = phases.get_mut(idx) {
-                    s.secs.push(secs.parse().unwrap_or(f64::NAN));
-                    s.rss.push(rss.parse().unwrap_or(f64::NAN));
-                }
+            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+            for metrics in order {
+                let samples = run_child(&exe, name, Some(metrics))?;
+                collect(if metrics { &mut with_metrics } else { &mut phases }, samples);
             }
         }
-        for (phase, mut s) in phases {
-            let secs = median(&mut s.secs);
-            let rss = median(&mut s.rss);
+        for (phase, s) in &mut phases {
+            let secs = median(&mut s.secs.clone());
+            let rss = median(&mut s.rss.clone());
             println!(
                 "RESULT engine {name} {phase} secs={secs:.3} states_per_sec={:.0} peak_rss_mb={rss:.0}",
                 total as f64 / secs
             );
+            if let Some((_, m)) = with_metrics.iter_mut().find(|(p, _)| p == phase) {
+                // Paired by round: the two runs of a round ran back to back.
+                let mut ratios: Vec<f64> =
+                    m.secs.iter().zip(&s.secs).map(|(on, off)| on / off).collect();
+                let on = median(&mut m.secs.clone());
+                println!(
+                    "RESULT engine_metrics {name} {phase} off_secs={secs:.3} on_secs={on:.3} median_paired_ratio={:.3}",
+                    median(&mut ratios)
+                );
+            }
         }
     }
     Ok(())
