@@ -632,6 +632,28 @@ impl BatchBuilder<'_> {
             .ok_or_else(|| Error::Shutdown("ledger entry vanished".into()))
     }
 
+    /// Whether the component's entry already holds exactly what `intent`
+    /// says, committed: the record as its only one (or, for a delete, no
+    /// state at all), not possibly missing, under the same generations.
+    /// Then the action was applied and its commit landed, and folding the
+    /// intent would only make the next run redo it. (An intent that equals
+    /// the committed state is never written for an action still to apply:
+    /// such an action needs none.)
+    fn already_committed(&mut self, intent: &Intent) -> Result<bool> {
+        let entry = self.entry(&intent.component)?;
+        Ok(match (entry.find(&intent.path), &intent.record) {
+            (Err(_), None) => true,
+            (Ok(i), Some(record)) => entry.states.get(i).is_some_and(|s| {
+                !s.may_be_missing
+                    && s.records.len() == 1
+                    && s.records.first() == Some(record)
+                    && s.gen == intent.gen
+                    && (intent.child_gen.is_none() || s.child_gen == intent.child_gen)
+            }),
+            _ => false,
+        })
+    }
+
     /// The component's entry with every recorded edit applied.
     fn entry(&mut self, component: &[u8]) -> Result<&mut ComponentEntry> {
         let edit = self.edit(component)?;
@@ -711,6 +733,9 @@ impl BatchBuilder<'_> {
                 self.index_removes.push((path, component));
             }
             LedgerOp::Fold(intent) => {
+                if self.already_committed(&intent)? {
+                    return Ok(());
+                }
                 // The component's states may now differ from what its memo
                 // key stands for: it must run again.
                 self.del(key(P_MEMO, &intent.component));
@@ -1043,6 +1068,66 @@ mod tests {
             component: component.as_bytes().to_vec(),
             path: path.as_bytes().to_vec(),
         }
+    }
+
+    fn fold(component: &str, path: &str, record: Option<&str>) -> LedgerOp {
+        LedgerOp::Fold(Intent {
+            component: buf(component.as_bytes()),
+            path: buf(path.as_bytes()),
+            record: record.map(|r| buf(r.as_bytes())),
+            gen: 0,
+            child_gen: None,
+            container: None,
+        })
+    }
+
+    fn state_of(ledger: &Ledger, component: &str, path: &str) -> Option<StateEntry> {
+        ledger
+            .component(component.as_bytes())
+            .ok()
+            .flatten()
+            .and_then(|e| {
+                e.states
+                    .into_iter()
+                    .find(|s| s.path.as_slice() == path.as_bytes())
+            })
+    }
+
+    #[test]
+    fn an_intent_whose_commit_landed_is_not_folded_back() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        // Committed: c holds p with record r; q was deleted.
+        ledger.apply(vec![fresh("c", "p")])?;
+        ledger.apply(vec![fold("c", "p", Some("r")), fold("c", "q", None)])?;
+        let p = state_of(&ledger, "c", "p");
+        assert!(p.as_ref().is_some_and(|s| !s.may_be_missing), "{p:?}");
+        assert!(
+            state_of(&ledger, "c", "q").is_none(),
+            "no phantom for a committed delete"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn an_intent_whose_commit_did_not_land_is_folded_as_a_possible_record() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        ledger.apply(vec![fresh("c", "p")])?;
+        // An update to r2, a delete of p's sibling that exists, a create.
+        ledger.apply(vec![
+            fold("c", "p", Some("r2")),
+            fold("c", "new", Some("n")),
+        ])?;
+        let p = state_of(&ledger, "c", "p").expect("p is kept");
+        assert!(p.may_be_missing);
+        assert_eq!(p.records.len(), 2);
+        let created = state_of(&ledger, "c", "new").expect("the attempted create is tracked");
+        assert!(created.may_be_missing);
+        ledger.apply(vec![fold("c", "p", None)])?;
+        let p = state_of(&ledger, "c", "p").expect("an attempted delete keeps the state");
+        assert!(p.may_be_missing);
+        Ok(())
     }
 
     /// Opens a ledger in `dir`, commits `n` batches, flushes and closes it.
