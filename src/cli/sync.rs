@@ -19,10 +19,12 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     let db = Database::parse(&args.into.into)?;
     let root = args.dir.clone();
     if !root.is_dir() {
-        return Err(Error::msg(format!(
-            "cannot sync {}: no such directory",
-            root.display()
-        )));
+        let why = if root.exists() {
+            "it is not a directory"
+        } else {
+            "no such directory"
+        };
+        return Err(Error::msg(format!("cannot sync {}: {why}", root.display())));
     }
     let mut options = WalkOptions::new().gitignore(!args.no_gitignore);
     for glob in &args.include {
