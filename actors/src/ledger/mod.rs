@@ -1109,6 +1109,39 @@ mod tests {
         Ok(())
     }
 
+    fn set_memo(component: &str, memo: &str) -> LedgerOp {
+        LedgerOp::SetMemo {
+            component: component.as_bytes().to_vec(),
+            memo: Some(memo.as_bytes().to_vec()),
+        }
+    }
+
+    #[test]
+    fn a_folded_intent_forgets_the_memo_of_its_component_and_a_committed_one_keeps_it() -> Result<()>
+    {
+        let dir = tempfile::tempdir()?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        ledger.apply(vec![
+            fresh("a", "p"),
+            fresh("b", "q"),
+            set_memo("a", "m1"),
+            set_memo("b", "m2"),
+        ])?;
+        ledger.apply(vec![
+            fold("a", "p", Some("r")),
+            fold("b", "q", Some("changed")),
+        ])?;
+        assert!(ledger.memo(b"a")?.is_some(), "a's intent had committed");
+        assert!(ledger.memo(b"b")?.is_none(), "b may differ from its memo");
+        // A failure forgets the memo too.
+        ledger.apply(vec![LedgerOp::SetFailure {
+            component: b"a".to_vec(),
+            failure: Some("boom".into()),
+        }])?;
+        assert!(ledger.memo(b"a")?.is_none());
+        Ok(())
+    }
+
     #[test]
     fn an_intent_whose_commit_did_not_land_is_folded_as_a_possible_record() -> Result<()> {
         let dir = tempfile::tempdir()?;
