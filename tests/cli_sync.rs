@@ -4,6 +4,8 @@
 // Test support code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod pg;
+
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
@@ -577,22 +579,8 @@ impl PgDatabase {
     async fn create(
         test: &str,
     ) -> std::result::Result<Option<PgDatabase>, Box<dyn std::error::Error>> {
-        let base = std::env::var("WEIR_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string());
-        let connect = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(&base);
-        let admin = match tokio::time::timeout(Duration::from_secs(10), connect).await {
-            Ok(Ok(pool)) => pool,
-            other => {
-                let why = format!("{base}: {:?}", other.map(|r| r.map(|_| ())));
-                if std::env::var("CI").as_deref() == Ok("true") {
-                    return Err(format!("no PostgreSQL server for the tests ({why})").into());
-                }
-                eprintln!("SKIPPED: no PostgreSQL server ({why}); set WEIR_TEST_POSTGRES_URL");
-                return Ok(None);
-            }
+        let Some((base, admin)) = pg::server(2).await? else {
+            return Ok(None);
         };
         let name = format!(
             "weir_{test}_{}_{}",

@@ -7,6 +7,8 @@
 //! uses tables of its own (test name + a unique suffix), so tests run in
 //! parallel, and drops them at the end.
 
+mod pg;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -34,32 +36,10 @@ fn db() -> ContextKey<PgPool> {
 /// A pool on the test server, or `None` (after a loud message) when there
 /// is none and `CI` is not `true`.
 async fn server() -> Result<Option<PgPool>> {
-    let urls: Vec<String> = match std::env::var("WEIR_TEST_POSTGRES_URL") {
-        Ok(url) => vec![url],
-        Err(_) => vec![
-            "postgres://postgres@127.0.0.1:5432/test".into(),
-            "postgres://root@127.0.0.1:5432/test".into(),
-        ],
-    };
-    let mut last = String::new();
-    for url in &urls {
-        let connect = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(url);
-        match tokio::time::timeout(Duration::from_secs(10), connect).await {
-            Ok(Ok(pool)) => return Ok(Some(pool)),
-            Ok(Err(e)) => last = format!("{url}: {e}"),
-            Err(_) => last = format!("{url}: timed out"),
-        }
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        return Err(Error::msg(format!(
-            "no PostgreSQL server for the tests ({last})"
-        )));
-    }
-    eprintln!("SKIPPED: no PostgreSQL server ({last}); set WEIR_TEST_POSTGRES_URL");
-    Ok(None)
+    Ok(pg::server(8)
+        .await
+        .map_err(Error::msg)?
+        .map(|(_, pool)| pool))
 }
 
 /// A table name unique to this test and this process.

@@ -1,5 +1,7 @@
 //! Review findings for the target connectors, as failing tests.
 
+mod pg;
+
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -13,23 +15,10 @@ fn db() -> ContextKey<PgPool> {
 }
 
 async fn server() -> Result<Option<PgPool>> {
-    let url = std::env::var("WEIR_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let connect = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect(&url);
-    match tokio::time::timeout(Duration::from_secs(10), connect).await {
-        Ok(Ok(pool)) => Ok(Some(pool)),
-        Ok(Err(e)) => {
-            eprintln!("SKIPPED: {url}: {e}");
-            Ok(None)
-        }
-        Err(_) => {
-            eprintln!("SKIPPED: {url}: timed out");
-            Ok(None)
-        }
-    }
+    Ok(pg::server(4)
+        .await
+        .map_err(Error::msg)?
+        .map(|(_, pool)| pool))
 }
 
 fn unique(test: &str) -> String {

@@ -19,6 +19,7 @@
 // Test support code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod pg;
 mod support;
 
 use std::collections::BTreeMap;
@@ -568,32 +569,10 @@ fn pg() -> ContextKey<PgPool> {
 /// A pool on the test server, or `None` (after a loud message) when there
 /// is none and `CI` is not `true`.
 async fn server() -> Result<Option<PgPool>> {
-    let urls: Vec<String> = match std::env::var("WEIR_TEST_POSTGRES_URL") {
-        Ok(url) => vec![url],
-        Err(_) => vec![
-            "postgres://postgres@127.0.0.1:5432/test".into(),
-            "postgres://root@127.0.0.1:5432/test".into(),
-        ],
-    };
-    let mut last = String::new();
-    for url in &urls {
-        let connect = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(url);
-        match tokio::time::timeout(Duration::from_secs(10), connect).await {
-            Ok(Ok(pool)) => return Ok(Some(pool)),
-            Ok(Err(e)) => last = format!("{url}: {e}"),
-            Err(_) => last = format!("{url}: timed out"),
-        }
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        return Err(Error::msg(format!(
-            "no PostgreSQL server for the tests ({last})"
-        )));
-    }
-    eprintln!("SKIPPED: no PostgreSQL server ({last}); set WEIR_TEST_POSTGRES_URL");
-    Ok(None)
+    Ok(pg::server(4)
+        .await
+        .map_err(Error::msg)?
+        .map(|(_, pool)| pool))
 }
 
 /// A name unique to this test and process.

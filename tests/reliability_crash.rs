@@ -51,6 +51,8 @@
 //! `postgres://postgres@127.0.0.1:5432/test`; without one the tests print
 //! `SKIPPED` and pass, except under `CI=true`, where they fail.
 
+mod pg;
+
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -577,24 +579,10 @@ fn diff<'a>(found: &'a Table, declared: &'a Table) -> impl Iterator<Item = Diffe
 /// A server for the tests and its URL, or `None` (after a loud message)
 /// when there is none and `CI` is not `true`.
 async fn server() -> Result<Option<(PgPool, String)>> {
-    let url = std::env::var("WEIR_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let connect = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect(&url);
-    let last = match tokio::time::timeout(Duration::from_secs(10), connect).await {
-        Ok(Ok(pool)) => return Ok(Some((pool, url))),
-        Ok(Err(e)) => format!("{url}: {e}"),
-        Err(_) => format!("{url}: timed out"),
-    };
-    if std::env::var("CI").as_deref() == Ok("true") {
-        return Err(Error::msg(format!(
-            "no PostgreSQL server for the crash tests ({last})"
-        )));
-    }
-    eprintln!("SKIPPED: no PostgreSQL server ({last}); set WEIR_TEST_POSTGRES_URL");
-    Ok(None)
+    Ok(pg::server(2)
+        .await
+        .map_err(Error::msg)?
+        .map(|(url, pool)| (pool, url)))
 }
 
 /// A table name unique to this test and this process.

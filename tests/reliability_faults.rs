@@ -8,6 +8,7 @@
 //! failures are seeded (`WEIR_TEST_SEED`, printed; see `chaos/mod.rs`).
 
 mod chaos;
+mod pg;
 mod support;
 
 use std::collections::BTreeMap;
@@ -173,32 +174,7 @@ fn pg() -> ContextKey<PgPool> {
 /// The test server's URL and an administrative pool on it, or `None`
 /// (after a loud message) when there is none and `CI` is not `true`.
 async fn server() -> Result<Option<(String, PgPool)>> {
-    let urls: Vec<String> = match std::env::var("WEIR_TEST_POSTGRES_URL") {
-        Ok(url) => vec![url],
-        Err(_) => vec![
-            "postgres://postgres@127.0.0.1:5432/test".into(),
-            "postgres://root@127.0.0.1:5432/test".into(),
-        ],
-    };
-    let mut last = String::new();
-    for url in &urls {
-        let connect = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(url);
-        match tokio::time::timeout(Duration::from_secs(10), connect).await {
-            Ok(Ok(pool)) => return Ok(Some((url.clone(), pool))),
-            Ok(Err(e)) => last = format!("{url}: {e}"),
-            Err(_) => last = format!("{url}: timed out"),
-        }
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        return Err(Error::msg(format!(
-            "no PostgreSQL server for the tests ({last})"
-        )));
-    }
-    eprintln!("SKIPPED: no PostgreSQL server ({last}); set WEIR_TEST_POSTGRES_URL");
-    Ok(None)
+    pg::server(2).await.map_err(Error::msg)
 }
 
 /// A name unique to this test run (tables, application names).
