@@ -284,7 +284,11 @@ fn median(values: &mut [f64]) -> f64 {
 
 /// One child run of a shape: `(phase, secs, peak RSS MB)` per phase; other
 /// output lines are printed.
-fn run_child(exe: &std::path::Path, name: &str, metrics: Option<bool>) -> Result<Vec<(String, f64, f64)>> {
+fn run_child(
+    exe: &std::path::Path,
+    name: &str,
+    metrics: Option<bool>,
+) -> Result<Vec<(String, f64, f64)>> {
     let mut cmd = Command::new(exe);
     cmd.env("WEIR_BENCH_CHILD", name);
     match metrics {
@@ -376,10 +380,21 @@ fn main() -> Result<()> {
                 collect(&mut phases, run_child(&exe, name, None)?);
                 continue;
             }
-            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+            let order = if round % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
             for metrics in order {
                 let samples = run_child(&exe, name, Some(metrics))?;
-                collect(if metrics { &mut with_metrics } else { &mut phases }, samples);
+                collect(
+                    if metrics {
+                        &mut with_metrics
+                    } else {
+                        &mut phases
+                    },
+                    samples,
+                );
             }
         }
         for (phase, s) in &mut phases {
@@ -391,8 +406,12 @@ fn main() -> Result<()> {
             );
             if let Some((_, m)) = with_metrics.iter_mut().find(|(p, _)| p == phase) {
                 // Paired by round: the two runs of a round ran back to back.
-                let mut ratios: Vec<f64> =
-                    m.secs.iter().zip(&s.secs).map(|(on, off)| on / off).collect();
+                let mut ratios: Vec<f64> = m
+                    .secs
+                    .iter()
+                    .zip(&s.secs)
+                    .map(|(on, off)| on / off)
+                    .collect();
                 let on = median(&mut m.secs.clone());
                 println!(
                     "RESULT engine_metrics {name} {phase} off_secs={secs:.3} on_secs={on:.3} median_paired_ratio={:.3}",

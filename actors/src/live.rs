@@ -26,12 +26,6 @@ pub struct ShutdownHandle {
     requested: Arc<watch::Sender<bool>>,
 }
 
-impl Default for ShutdownHandle {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl ShutdownHandle {
     /// A handle not yet requested.
     pub(crate) fn new() -> Self {
@@ -122,9 +116,8 @@ impl App {
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
-        let (result, stats, failures) = self.execute_collecting(f).await?;
-        // The root's own failure is among `failures` already.
-        let _ = result;
+        // The root's own error, if any, is among `failures` already.
+        let (_root, stats, failures) = self.execute_collecting(f).await?;
         Ok(RunReport { stats, failures })
     }
 
