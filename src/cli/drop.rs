@@ -44,10 +44,10 @@ pub async fn run(args: DropArgs) -> Result<u8> {
         .await?;
     target::clear_marker(ledger)?;
     println!(
-        "dropped {} target states from {} in {:.2}s",
-        stats.deleted,
+        "dropped what weir created in {} in {:.2}s: {} target states deleted (a table takes its rows with it)",
         db.display(),
-        stats.elapsed.as_secs_f64()
+        stats.elapsed.as_secs_f64(),
+        stats.deleted,
     );
     Ok(EXIT_OK)
 }
