@@ -676,3 +676,33 @@ async fn sync_into_postgres_matches_the_tree_after_changes() -> TestResult {
     pg.drop().await;
     outcome
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_over_the_content_limit_is_recorded_without_its_content() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    let db = tmp.path().join("out.db");
+    std::fs::create_dir_all(&tree)?;
+    let big = "line of text\n".repeat(17 * 1024 * 1024 / 13 + 1);
+    std::fs::write(tree.join("big.txt"), &big)?;
+    std::fs::write(tree.join("small.txt"), "small\n")?;
+    ok(&sync_sqlite(
+        tmp.path(),
+        &tree,
+        &db,
+        &tmp.path().join("ledger"),
+    ));
+    let pool = sqlite_pool(&db).await;
+    let docs = documents_sqlite(&pool).await;
+    let row = &docs["big.txt"];
+    assert_eq!(row.size, big.len() as i64);
+    assert_eq!(
+        row.fingerprint,
+        Fingerprint::from_bytes(big.as_bytes()).to_string()
+    );
+    assert_eq!((row.content.as_deref(), row.line_count), (None, None));
+    assert_eq!(docs["small.txt"].content.as_deref(), Some("small\n"));
+    let chunks = chunks_sqlite(&pool).await;
+    assert!(!chunks.contains_key("big.txt"));
+    Ok(())
+}

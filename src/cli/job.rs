@@ -20,6 +20,10 @@ pub const LOGIC_VERSION: u32 = 1;
 pub const DOCUMENTS: &str = "documents";
 /// The table of chunks of files' text.
 pub const CHUNKS: &str = "chunks";
+/// Files larger than this are fingerprinted by streaming and recorded
+/// without their content, line count or chunks, so that a large binary in
+/// the tree costs no memory.
+pub const MAX_CONTENT_BYTES: u64 = 16 * 1024 * 1024;
 
 /// One row of `documents`.
 #[derive(Serialize)]
@@ -174,6 +178,19 @@ pub async fn sync_files(
 
 /// Declares one file's document row and chunk rows.
 fn sync_file(ctx: &Ctx, tables: &Tables, file: &SourceFile) -> Result<()> {
+    if file.size() > MAX_CONTENT_BYTES {
+        return tables.document(
+            ctx,
+            &Document {
+                path: file.key(),
+                size: i64::try_from(file.size()).unwrap_or(i64::MAX),
+                fingerprint: file.fingerprint()?.to_string(),
+                modified: file.modified().map(rfc3339),
+                line_count: None,
+                content: None,
+            },
+        );
+    }
     let bytes = file.read()?;
     // Text with NUL bytes is binary in all but name.
     let text = std::str::from_utf8(&bytes)
