@@ -683,7 +683,7 @@ async fn a_file_over_the_content_limit_is_recorded_without_its_content() -> Test
     let tree = tmp.path().join("tree");
     let db = tmp.path().join("out.db");
     std::fs::create_dir_all(&tree)?;
-    let big = "line of text\n".repeat(17 * 1024 * 1024 / 13 + 1);
+    let big = "line of text\n".repeat(5 * 1024 * 1024 / 13 + 1);
     std::fs::write(tree.join("big.txt"), &big)?;
     std::fs::write(tree.join("small.txt"), "small\n")?;
     ok(&sync_sqlite(

@@ -23,7 +23,7 @@ pub const CHUNKS: &str = "chunks";
 /// Files larger than this are fingerprinted by streaming and recorded
 /// without their content, line count or chunks, so that a large binary in
 /// the tree costs no memory.
-pub const MAX_CONTENT_BYTES: u64 = 16 * 1024 * 1024;
+pub const MAX_CONTENT_BYTES: u64 = 4 * 1024 * 1024;
 
 /// One row of `documents`.
 #[derive(Serialize)]

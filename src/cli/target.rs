@@ -27,6 +27,9 @@ impl ContextKeyName {
     }
 }
 
+/// How many files are synced at once.
+pub const MAX_INFLIGHT_FILES: usize = 1024;
+
 /// A parsed `--into` URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Database {
@@ -105,7 +108,12 @@ pub struct Target {
 /// missing), after checking that the ledger belongs to this database.
 pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
     check_marker(ledger, into)?;
-    let builder = App::builder("weir").ledger_path(ledger);
+    // A file's rows stay in memory until its component commits: fewer
+    // files in flight than the engine's default bound the memory a tree of
+    // large text files can take (1024 × 2 × MAX_CONTENT_BYTES at most).
+    let builder = App::builder("weir")
+        .ledger_path(ledger)
+        .max_inflight_components(MAX_INFLIGHT_FILES);
     let builder = match into {
         Database::Sqlite(path) => {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
