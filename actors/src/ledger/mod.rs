@@ -1152,13 +1152,15 @@ mod tests {
             fold("c", "p", Some("r2")),
             fold("c", "new", Some("n")),
         ])?;
-        let p = state_of(&ledger, "c", "p").expect("p is kept");
+        let p = state_of(&ledger, "c", "p").ok_or_else(|| Error::msg("p is kept"))?;
         assert!(p.may_be_missing);
         assert_eq!(p.records.len(), 2);
-        let created = state_of(&ledger, "c", "new").expect("the attempted create is tracked");
+        let created = state_of(&ledger, "c", "new")
+            .ok_or_else(|| Error::msg("the attempted create is tracked"))?;
         assert!(created.may_be_missing);
         ledger.apply(vec![fold("c", "p", None)])?;
-        let p = state_of(&ledger, "c", "p").expect("an attempted delete keeps the state");
+        let p = state_of(&ledger, "c", "p")
+            .ok_or_else(|| Error::msg("an attempted delete keeps the state"))?;
         assert!(p.may_be_missing);
         Ok(())
     }
