@@ -364,7 +364,7 @@ impl Ledger {
         for item in self.tree.scan_prefix([P_INTENT]) {
             let (k, v) = item?;
             let intents: Vec<Intent> = self.decode(&v, "an intent batch")?;
-            ops.extend(intents.into_iter().map(LedgerOp::Fold));
+            ops.extend(intents.into_iter().map(LedgerOp::Recover));
             let raw: [u8; 8] = k
                 .get(1..)
                 .and_then(|s| s.try_into().ok())
@@ -732,10 +732,12 @@ impl BatchBuilder<'_> {
                 self.edit(&component)?.remove(&path);
                 self.index_removes.push((path, component));
             }
-            LedgerOp::Fold(intent) => {
-                if self.already_committed(&intent)? {
-                    return Ok(());
+            LedgerOp::Recover(intent) => {
+                if !self.already_committed(&intent)? {
+                    self.op(LedgerOp::Fold(intent))?;
                 }
+            }
+            LedgerOp::Fold(intent) => {
                 // The component's states may now differ from what its memo
                 // key stands for: it must run again.
                 self.del(key(P_MEMO, &intent.component));
@@ -1070,8 +1072,8 @@ mod tests {
         }
     }
 
-    fn fold(component: &str, path: &str, record: Option<&str>) -> LedgerOp {
-        LedgerOp::Fold(Intent {
+    fn recovered(component: &str, path: &str, record: Option<&str>) -> LedgerOp {
+        LedgerOp::Recover(Intent {
             component: buf(component.as_bytes()),
             path: buf(path.as_bytes()),
             record: record.map(|r| buf(r.as_bytes())),
@@ -1099,7 +1101,10 @@ mod tests {
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
         // Committed: c holds p with record r; q was deleted.
         ledger.apply(vec![fresh("c", "p")])?;
-        ledger.apply(vec![fold("c", "p", Some("r")), fold("c", "q", None)])?;
+        ledger.apply(vec![
+            recovered("c", "p", Some("r")),
+            recovered("c", "q", None),
+        ])?;
         let p = state_of(&ledger, "c", "p");
         assert!(p.as_ref().is_some_and(|s| !s.may_be_missing), "{p:?}");
         assert!(
@@ -1128,8 +1133,8 @@ mod tests {
             set_memo("b", "m2"),
         ])?;
         ledger.apply(vec![
-            fold("a", "p", Some("r")),
-            fold("b", "q", Some("changed")),
+            recovered("a", "p", Some("r")),
+            recovered("b", "q", Some("changed")),
         ])?;
         assert!(ledger.memo(b"a")?.is_some(), "a's intent had committed");
         assert!(ledger.memo(b"b")?.is_none(), "b may differ from its memo");
@@ -1149,8 +1154,8 @@ mod tests {
         ledger.apply(vec![fresh("c", "p")])?;
         // An update to r2, a delete of p's sibling that exists, a create.
         ledger.apply(vec![
-            fold("c", "p", Some("r2")),
-            fold("c", "new", Some("n")),
+            recovered("c", "p", Some("r2")),
+            recovered("c", "new", Some("n")),
         ])?;
         let p = state_of(&ledger, "c", "p").ok_or_else(|| Error::msg("p is kept"))?;
         assert!(p.may_be_missing);
@@ -1158,7 +1163,7 @@ mod tests {
         let created = state_of(&ledger, "c", "new")
             .ok_or_else(|| Error::msg("the attempted create is tracked"))?;
         assert!(created.may_be_missing);
-        ledger.apply(vec![fold("c", "p", None)])?;
+        ledger.apply(vec![recovered("c", "p", None)])?;
         let p = state_of(&ledger, "c", "p")
             .ok_or_else(|| Error::msg("an attempted delete keeps the state"))?;
         assert!(p.may_be_missing);

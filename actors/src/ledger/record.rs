@@ -154,6 +154,9 @@ pub(crate) enum LedgerOp {
     /// Merge a possible new record into a state: the state may now be in
     /// either form, or missing.
     Fold(Intent),
+    /// An intent left by a crash: folded, unless the entry shows that its
+    /// action was applied and committed.
+    Recover(Intent),
     /// Remove every state below a container (its children and attachments),
     /// wherever they are owned.
     DropDescendants { path: Vec<u8> },
