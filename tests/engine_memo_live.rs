@@ -502,3 +502,133 @@ async fn watch_returns_when_its_feed_ends() -> Result<()> {
     assert_eq!(rig.store.snapshot(), map(&[("k", "v")]));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_that_stopped_declaring_a_state_is_memoized_only_once_its_deletion_is_done(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let rig = Rig::new();
+    let handler = rig.handler();
+    let runs = Arc::new(AtomicUsize::new(0));
+    // One component declaring `keys` (memoized on the list itself).
+    let sync = |keys: Vec<&'static str>| {
+        let handler = handler.clone();
+        let runs = Arc::clone(&runs);
+        app.run_report(move |ctx| async move {
+            let rows =
+                register_root_target_states_provider::<String, _>(&ctx, ROWS, handler.clone())?;
+            ctx.mount_each_memo(
+                vec![keys],
+                |_| "only",
+                |keys: &Vec<&'static str>| Ok(keys.clone()),
+                move |ctx, keys| {
+                    let rows = rows.clone();
+                    let runs = Arc::clone(&runs);
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        for k in keys {
+                            declare_target_state(&ctx, rows.target_state(k, "v".to_string()))?;
+                        }
+                        Ok(())
+                    }
+                },
+            )
+            .await
+        })
+    };
+    sync(vec!["a", "b"]).await?;
+    // b is no longer declared: deleted at the end of this run, so this
+    // run's memo key is not recorded when the component commits.
+    let report = sync(vec!["a"]).await?;
+    assert_eq!(report.stats.deleted, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let again = sync(vec!["a"]).await?;
+    assert_eq!(again.stats.memoized, 0, "run once more: {:?}", again.stats);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let last = sync(vec!["a"]).await?;
+    assert_eq!(last.stats.memoized, 1, "{:?}", last.stats);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(rig.store.snapshot(), map(&[("a", "v")]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_that_ignores_an_interruption_still_fails_and_deletes_none_of_its_children(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let rig = Rig::new();
+    {
+        let app = app(dir.path()).await?;
+        sync_with_shutdown(&app, &rig, 10, "v1", None).await?;
+    }
+    let app = app(dir.path()).await?;
+    app.shutdown_handle().shutdown();
+    let handler = rig.handler();
+    let report = app
+        .run_report(move |ctx| async move {
+            let rows =
+                register_root_target_states_provider::<String, _>(&ctx, ROWS, handler.clone())?;
+            // The interruption is ignored: the code goes on and returns Ok.
+            let ignored = ctx
+                .mount_each(
+                    0..10_u64,
+                    |i| *i,
+                    move |ctx, i| {
+                        let rows = rows.clone();
+                        async move {
+                            declare_target_state(
+                                &ctx,
+                                rows.target_state(format!("k{i:03}"), "v2".to_string()),
+                            )
+                        }
+                    },
+                )
+                .await;
+            assert!(matches!(ignored, Err(Error::Interrupted(_))), "{ignored:?}");
+            Ok(())
+        })
+        .await?;
+    assert!(
+        report.failures.iter().any(|f| f.path.is_root()),
+        "the root fails: {:?}",
+        report.failures
+    );
+    assert_eq!(rig.store.snapshot().len(), 10, "no child was deleted");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_memo_function_runs_the_component_instead() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let rig = Rig::new();
+    let handler = rig.handler();
+    let report = tokio::time::timeout(
+        Duration::from_secs(30),
+        app.run_report(move |ctx| async move {
+            let rows =
+                register_root_target_states_provider::<String, _>(&ctx, ROWS, handler.clone())?;
+            ctx.mount_each_memo(
+                vec!["a", "b"],
+                |k| *k,
+                |k: &&str| -> Result<String> {
+                    if *k == "b" {
+                        panic!("memo of b");
+                    }
+                    Ok(k.to_string())
+                },
+                move |ctx, k| {
+                    let rows = rows.clone();
+                    async move { declare_target_state(&ctx, rows.target_state(k, "v".to_string())) }
+                },
+            )
+            .await
+        }),
+    )
+    .await
+    .expect("the run does not hang")?;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(rig.store.snapshot(), map(&[("a", "v"), ("b", "v")]));
+    Ok(())
+}

@@ -235,7 +235,7 @@ where
     T: Send + 'static,
 {
     if parent.run.engine.shutdown.is_requested() {
-        return Err(Error::Interrupted(parent.path.clone()));
+        return Err(interrupted(parent));
     }
     parent.add_child(&key)?;
     let child = ComponentState::new(Arc::clone(&parent.run), parent.path.child(key));
@@ -297,7 +297,7 @@ where
     let run = Arc::clone(&parent.run);
     let shutdown = run.engine.shutdown.clone();
     if shutdown.is_requested() {
-        return Err(Error::Interrupted(parent.path.clone()));
+        return Err(interrupted(parent));
     }
     for (k, _) in &items {
         parent.add_child(k)?;
@@ -359,9 +359,18 @@ where
     }
     parent.resume(had_slot).await;
     if interrupted {
-        return Err(Error::Interrupted(parent.path.clone()));
+        return Err(self::interrupted(parent));
     }
     Ok(())
+}
+
+/// The error of a component whose mounting was cut short by a shutdown
+/// request. The component fails even if its code goes on: committing it
+/// would delete the children it did not reach (and record its memo key).
+fn interrupted(parent: &ComponentState) -> Error {
+    let err = Error::Interrupted(parent.path.clone());
+    parent.poison(&err);
+    err
 }
 
 /// Decides whether a memoized child can be skipped. When it can, it is
@@ -371,7 +380,10 @@ fn memoized<T>(
     memo_fn: &(dyn Fn(&T) -> Option<Vec<u8>> + Send + Sync),
     item: &T,
 ) -> bool {
-    let Some(memo) = memo_fn(item) else {
+    // A panicking memo function only costs the memoization: the child
+    // runs, and meets the problem itself.
+    let computed = std::panic::catch_unwind(AssertUnwindSafe(|| memo_fn(item)));
+    let Ok(Some(memo)) = computed else {
         return false;
     };
     let run = &child.run;
@@ -636,9 +648,14 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         });
     }
     if let Some(memo) = state.memo.get() {
+        // States it no longer declares, and children it no longer mounts,
+        // are deleted only at the end of the run: until that has happened,
+        // its memo key does not describe what exists, so it is not
+        // recorded (the next run runs the component again and records it).
+        let pending = !orphans.is_empty() || removes_children(state, &prev_children);
         ops.push(LedgerOp::SetMemo {
             component: own,
-            memo: Some(memo.clone()),
+            memo: (!pending).then(|| memo.clone()),
         });
     }
     if !ops.is_empty() {
@@ -735,6 +752,12 @@ fn children_change(state: &ComponentState, prev: &[StableKey]) -> Option<Vec<Sta
         .cloned()
         .collect();
     (!added.is_empty()).then_some(added)
+}
+
+/// Whether a child of the last run is not mounted in this one.
+fn removes_children(state: &ComponentState, prev_children: &[StableKey]) -> bool {
+    let children = lock(&state.children);
+    prev_children.iter().any(|k| !children.set.contains(k))
 }
 
 /// After a success: children no longer mounted are removed, and states no

@@ -639,19 +639,40 @@ impl BatchBuilder<'_> {
     /// intent would only make the next run redo it. (An intent that equals
     /// the committed state is never written for an action still to apply:
     /// such an action needs none.)
+    ///
+    /// The intent names the component that held the state when the action
+    /// was planned; a state that moved is committed in its new owner, so the
+    /// other components the owner index names are looked at too.
     fn already_committed(&mut self, intent: &Intent) -> Result<bool> {
-        let entry = self.entry(&intent.component)?;
-        Ok(match (entry.find(&intent.path), &intent.record) {
-            (Err(_), None) => true,
-            (Ok(i), Some(record)) => entry.states.get(i).is_some_and(|s| {
+        let Some(record) = &intent.record else {
+            // A delete landed when no component holds the state any more.
+            let mut holders = self.ledger.owner_candidates(&intent.path);
+            holders.push(Arc::from(intent.component.as_slice()));
+            for holder in holders {
+                let entry = self.entry(&holder)?;
+                if entry.find(&intent.path).is_ok() {
+                    return Ok(false);
+                }
+            }
+            return Ok(true);
+        };
+        let mut holders: Vec<Arc<[u8]>> = vec![Arc::from(intent.component.as_slice())];
+        holders.extend(self.ledger.owner_candidates(&intent.path));
+        for holder in holders {
+            let entry = self.entry(&holder)?;
+            let Ok(i) = entry.find(&intent.path) else {
+                continue;
+            };
+            let committed = entry.states.get(i).is_some_and(|s| {
                 !s.may_be_missing
                     && s.records.len() == 1
                     && s.records.first() == Some(record)
                     && s.gen == intent.gen
                     && (intent.child_gen.is_none() || s.child_gen == intent.child_gen)
-            }),
-            _ => false,
-        })
+            });
+            return Ok(committed);
+        }
+        Ok(false)
     }
 
     /// The component's entry with every recorded edit applied.
@@ -1144,6 +1165,23 @@ mod tests {
             failure: Some("boom".into()),
         }])?;
         assert!(ledger.memo(b"a")?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn an_intent_for_a_state_that_moved_and_committed_in_its_new_owner_is_not_folded_back(
+    ) -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        // p moved from a to b, and b's commit landed (p committed as "r").
+        ledger.apply(vec![fresh("b", "p")])?;
+        ledger.apply(vec![recovered("a", "p", Some("r"))])?;
+        assert!(
+            state_of(&ledger, "a", "p").is_none(),
+            "a does not get p back"
+        );
+        let p = state_of(&ledger, "b", "p");
+        assert!(p.as_ref().is_some_and(|s| !s.may_be_missing), "{p:?}");
         Ok(())
     }
 
