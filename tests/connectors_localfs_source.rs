@@ -751,3 +751,29 @@ async fn the_watcher_debounces_a_burst_into_one_sorted_batch_and_keeps_it_across
     assert_eq!(seen, ["a.txt", "b.txt"]);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_written_without_pause_does_not_hold_changes_back_forever() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path().to_path_buf();
+    let mut watcher = DirWatcher::new(&root, &WalkOptions::new())?;
+    let writer_root = root.clone();
+    let writer = tokio::spawn(async move {
+        for i in 0..200 {
+            let _ = std::fs::write(writer_root.join("busy.log"), format!("line {i}\n"));
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    });
+    // Debounce 200 ms: the batch is reported after at most 10 rounds (2 s),
+    // although the log never pauses for 200 ms.
+    let batch = tokio::time::timeout(
+        Duration::from_secs(6),
+        watcher.changed(Duration::from_millis(200)),
+    )
+    .await
+    .expect("a batch is reported while the writes go on")
+    .expect("the watcher stopped");
+    writer.abort();
+    assert_eq!(batch, ["busy.log"]);
+    Ok(())
+}

@@ -124,7 +124,7 @@ mod watch;
 pub use source::{
     walk_dir, FingerprintCache, SourceFile, WalkOptions, FINGERPRINT_CACHE_RACY_WINDOW,
 };
-pub use watch::DirWatcher;
+pub use watch::{DirWatcher, MAX_DEBOUNCE_ROUNDS};
 
 use std::path::Path;
 use std::sync::Arc;

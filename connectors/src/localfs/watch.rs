@@ -25,6 +25,10 @@ enum Notice {
     Rescan,
 }
 
+/// How many debounce intervals a batch of changes may keep growing before
+/// it is reported anyway.
+pub const MAX_DEBOUNCE_ROUNDS: u32 = 10;
+
 /// Watches a directory tree and reports, in debounced batches, the keys of
 /// the files that changed under it (created, modified, removed, renamed).
 ///
@@ -113,8 +117,9 @@ impl DirWatcher {
 
     /// Waits for the next batch of changes: waits for at least one relevant
     /// event, then keeps collecting until `debounce` passes without a new
-    /// one. Returns the changed keys, sorted and deduplicated; an empty
-    /// batch means events were lost and anything may have changed.
+    /// one, or [`MAX_DEBOUNCE_ROUNDS`] times `debounce` has passed. Returns
+    /// the changed keys, sorted and deduplicated; an empty batch means
+    /// events were lost and anything may have changed.
     ///
     /// Directories in the batch that exist are listed (on tokio's blocking
     /// pool) and replaced by their selected files.
@@ -129,9 +134,20 @@ impl DirWatcher {
             let notice = self.events.recv().await?;
             self.absorb(notice);
         }
-        // Until `debounce` passes quietly, or the channel closes.
-        while let Ok(Some(notice)) = tokio::time::timeout(debounce, self.events.recv()).await {
+        // Until `debounce` passes quietly, or the channel closes; but never
+        // longer than `MAX_DEBOUNCE_ROUNDS` debounces, so that a file
+        // written without pause (a log) cannot hold every change back.
+        let deadline = tokio::time::Instant::now() + debounce * MAX_DEBOUNCE_ROUNDS;
+        while let Ok(Some(notice)) = tokio::time::timeout(
+            debounce.min(deadline.saturating_duration_since(tokio::time::Instant::now())),
+            self.events.recv(),
+        )
+        .await
+        {
             self.absorb(notice);
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
         }
         if self.pending_rescan {
             self.pending.clear();
