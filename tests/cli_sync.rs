@@ -706,3 +706,106 @@ async fn a_file_over_the_content_limit_is_recorded_without_its_content() -> Test
     assert!(!chunks.contains_key("big.txt"));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_database_named_from_another_directory_is_recognized() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    generate_tree(&tree, 3);
+    let sub = tmp.path().join("sub");
+    std::fs::create_dir(&sub)?;
+    let tree_arg = tree.to_str().unwrap();
+    ok(&weir(
+        tmp.path(),
+        &[
+            "sync",
+            tree_arg,
+            "--into",
+            "sqlite://out.db",
+            "--ledger",
+            "ledger",
+        ],
+    ));
+    // From `sub`, the same file and ledger are named differently.
+    let again = ok(&weir(
+        &sub,
+        &[
+            "sync",
+            tree_arg,
+            "--into",
+            "sqlite://../out.db",
+            "--ledger",
+            "../ledger",
+        ],
+    ));
+    assert!(again.contains("5 unchanged files skipped"), "{again}");
+    // Another file with the same name elsewhere is another database.
+    let other = weir(
+        &sub,
+        &[
+            "sync",
+            tree_arg,
+            "--into",
+            "sqlite://out.db",
+            "--ledger",
+            "../ledger",
+        ],
+    );
+    assert_eq!(other.status.code(), Some(2), "{}", text(&other.stderr));
+    Ok(())
+}
+
+#[test]
+fn a_directory_inside_the_ledger_is_refused() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    std::fs::create_dir_all(tmp.path().join("ledger/inner"))?;
+    let out = weir(tmp.path(), &["sync", "ledger/inner", "--ledger", "ledger"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("inside the ledger directory"),
+        "{}",
+        text(&out.stderr)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_that_cannot_be_read_keeps_the_rows_of_the_files_under_it() -> TestResult {
+    // Root reads every directory: only an unprivileged user can meet one it
+    // cannot list.
+    if std::process::Command::new("id").arg("-u").output()?.stdout == b"0\n" {
+        let probe = tempfile::tempdir()?;
+        let dir = probe.path().join("locked");
+        std::fs::create_dir(&dir)?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o000))?;
+        if std::fs::read_dir(&dir).is_ok() {
+            eprintln!("SKIPPED: running as root, which can list a directory with mode 000");
+            return Ok(());
+        }
+    }
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    let db = tmp.path().join("out.db");
+    let ledger = tmp.path().join("ledger");
+    generate_tree(&tree, 6);
+    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    let locked = tree.join("dir1");
+    std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o000))?;
+    std::fs::write(tree.join("dir0/sub0/file0.md"), "changed\n")?;
+    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
+    std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("could not be read"),
+        "{}",
+        text(&out.stderr)
+    );
+    let pool = sqlite_pool(&db).await;
+    let docs = documents_sqlite(&pool).await;
+    assert_eq!(
+        docs,
+        expected_documents(&tree, &[]),
+        "nothing under dir1 was deleted"
+    );
+    Ok(())
+}

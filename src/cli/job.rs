@@ -7,7 +7,7 @@ use serde::Serialize;
 use weir::connectors::localfs::SourceFile;
 use weir::connectors::sql::{ColumnType, TableSchema};
 use weir::connectors::{postgres, sqlite};
-use weir::{Ctx, Fingerprint, Result};
+use weir::{Ctx, Error, Fingerprint, Result};
 
 use super::chunk::{chunk_text, MAX_CHUNK_BYTES};
 use super::progress::Progress;
@@ -148,6 +148,13 @@ pub async fn sync_files(
 ) -> Result<()> {
     let tables = Tables::mount(&ctx, &db).await?;
     let tables_memo: Arc<str> = Arc::from(tables.memo_key());
+    let unreadable_dirs: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            f.error().is_some() && std::fs::symlink_metadata(f.path()).is_ok_and(|m| m.is_dir())
+        })
+        .map(|f| format!("{} ({})", f.key(), f.error().unwrap_or_default()))
+        .collect();
     let checked = progress.clone();
     ctx.mount_each_memo(
         files,
@@ -173,7 +180,22 @@ pub async fn sync_files(
             }
         },
     )
-    .await
+    .await?;
+    if unreadable_dirs.is_empty() {
+        return Ok(());
+    }
+    // The files under a directory that cannot be listed are not seen, and
+    // would be taken for deleted: failing here keeps every file this run
+    // did not see (the files it did see are committed all the same).
+    Err(Error::msg(format!(
+        "{} could not be read: {}; files that disappeared are not deleted until it can be, so that nothing under it is lost (fix its permissions, or leave it out with --exclude)",
+        if unreadable_dirs.len() == 1 {
+            "a directory"
+        } else {
+            "directories"
+        },
+        unreadable_dirs.join(", ")
+    )))
 }
 
 /// Declares one file's document row and chunk rows.

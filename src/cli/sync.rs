@@ -26,6 +26,17 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
         };
         return Err(Error::msg(format!("cannot sync {}: {why}", root.display())));
     }
+    let ledger = &args.ledger.ledger;
+    if let (Ok(ledger_abs), Ok(root_abs)) = (absolute_canonical(ledger), absolute_canonical(&root))
+    {
+        if root_abs.starts_with(&ledger_abs) {
+            return Err(Error::msg(format!(
+                "cannot sync {}: it is inside the ledger directory {}; pick a ledger elsewhere with --ledger",
+                root.display(),
+                ledger.display()
+            )));
+        }
+    }
     let mut options = WalkOptions::new().gitignore(!args.no_gitignore);
     for glob in &args.include {
         options = options.include(glob.clone());
@@ -76,6 +87,12 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     code
 }
 
+/// `path` made absolute, with symbolic links resolved as far as it exists.
+fn absolute_canonical(path: &Path) -> std::io::Result<PathBuf> {
+    let absolute = std::path::absolute(path)?;
+    Ok(std::fs::canonicalize(&absolute).unwrap_or(absolute))
+}
+
 /// The file next to the ledger that keeps files' fingerprints.
 const FINGERPRINT_CACHE_FILE: &str = "fingerprints";
 
@@ -120,8 +137,18 @@ async fn stop_on_signal(shutdown: ShutdownHandle) {
 }
 
 fn request(shutdown: &ShutdownHandle) {
-    tracing::info!("stopping: files being synced finish, the rest wait for the next sync");
+    tracing::info!(
+        "stopping: files being synced finish, the rest wait for the next sync (Ctrl-C again to quit at once)"
+    );
     shutdown.shutdown();
+    // A second request quits at once: what committed stays committed, and
+    // the ledger's intents cover what was being applied.
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("interrupted again: quitting now");
+            std::process::exit(i32::from(EXIT_INTERRUPTED));
+        }
+    });
 }
 
 /// Lists the files to sync, off the async threads.
@@ -204,8 +231,9 @@ fn summarize(root: &Path, db: &Database, files: u64, report: &RunReport, interru
         return EXIT_INTERRUPTED;
     }
     if let Some(root_failure) = report.failures.iter().find(|f| f.path.is_root()) {
+        // The files it reached are committed: a partial success.
         eprintln!("error: {}", root_failure.cause);
-        return super::EXIT_ERROR;
+        return EXIT_FAILED_FILES;
     }
     if failed.is_empty() {
         EXIT_OK

@@ -67,6 +67,26 @@ impl Database {
         }
     }
 
+    /// What identifies the database in the ledger's marker: the SQLite
+    /// file's absolute path (its directory's links resolved), so that the
+    /// same file named from another directory is the same database, and
+    /// another file is not; the URL without its password for PostgreSQL.
+    pub fn identity(&self) -> String {
+        match self {
+            Database::Sqlite(path) => {
+                let absolute = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+                let resolved = match (absolute.parent(), absolute.file_name()) {
+                    (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+                        .map(|dir| dir.join(name))
+                        .unwrap_or(absolute.clone()),
+                    _ => absolute,
+                };
+                format!("sqlite://{}", resolved.display())
+            }
+            Database::Postgres(url) => redact(url),
+        }
+    }
+
     /// Files that belong to the database, to keep out of a synced
     /// directory that contains them.
     pub fn files(&self) -> Vec<PathBuf> {
@@ -176,7 +196,7 @@ pub fn tracked_database(ledger: &Path) -> Option<String> {
 /// with another, which would lose track of both.
 fn check_marker(ledger: &Path, into: &Database) -> Result<()> {
     match tracked_database(ledger) {
-        Some(tracked) if tracked != into.display() => Err(Error::msg(format!(
+        Some(tracked) if tracked != into.identity() => Err(Error::msg(format!(
             "the ledger {} tracks what weir created in {tracked}, not in {}; pass --into {tracked}, pick another ledger with --ledger, or run `weir drop --ledger {} --into {tracked}` first",
             ledger.display(),
             into.display(),
@@ -187,7 +207,7 @@ fn check_marker(ledger: &Path, into: &Database) -> Result<()> {
 }
 
 fn write_marker(ledger: &Path, into: &Database) -> Result<()> {
-    std::fs::write(marker(ledger), format!("{}\n", into.display()))?;
+    std::fs::write(marker(ledger), format!("{}\n", into.identity()))?;
     Ok(())
 }
 
