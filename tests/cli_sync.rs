@@ -809,3 +809,77 @@ async fn a_directory_that_cannot_be_read_keeps_the_rows_of_the_files_under_it() 
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_sync_commits_what_finished_and_the_next_sync_does_the_rest() -> TestResult
+{
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    let db = tmp.path().join("out.db");
+    let ledger = tmp.path().join("ledger");
+    generate_tree(&tree, 4000);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "sync",
+            tree.to_str().unwrap(),
+            "--into",
+            &format!("sqlite://{}", db.display()),
+            "--ledger",
+            ledger.to_str().unwrap(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Signal once some rows have landed.
+    let landed = within(Duration::from_secs(60), || async {
+        db.exists() && {
+            let pool = sqlite_pool(&db).await;
+            let n: std::result::Result<i64, _> =
+                sqlx::query_scalar("SELECT count(*) FROM documents")
+                    .fetch_one(&pool)
+                    .await;
+            n.is_ok_and(|n| n > 0)
+        }
+    })
+    .await;
+    assert!(landed.is_some(), "rows started to land");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "weir stops after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    match status.code() {
+        Some(130) => {
+            assert!(stderr.contains("interrupted"), "{stderr}");
+            let pool = sqlite_pool(&db).await;
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM documents")
+                .fetch_one(&pool)
+                .await?;
+            assert!(n > 0 && n < 4002, "part of the files landed: {n}");
+        }
+        // On a fast machine the sync may finish before the signal lands.
+        Some(0) => {
+            eprintln!("the sync finished before SIGTERM; the interruption was not exercised")
+        }
+        other => panic!("unexpected exit {other:?}: {stderr}"),
+    }
+    // The next sync does the rest, and the table equals the tree.
+    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    let pool = sqlite_pool(&db).await;
+    assert_eq!(
+        documents_sqlite(&pool).await,
+        expected_documents(&tree, &[])
+    );
+    Ok(())
+}
