@@ -27,7 +27,7 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 /// `documents`, its text split into `chunks`. It writes only what changed
 /// since the last sync, and deletes what disappeared.
 #[derive(Debug, Parser)]
-#[command(name = "weir", version, about, long_about = None)]
+#[command(name = "weir", version)]
 pub struct Cli {
     /// Log more (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
