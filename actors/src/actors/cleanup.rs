@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use super::ledger::LedgerHandle;
 use super::reconciler::{shard_of, FilterOrphans, Orphan, ReconcileOrphans};
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
@@ -101,7 +102,7 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
         }
     }
     run.activity.enter();
-    let mut waiting = Vec::new();
+    let mut waiting: HashMap<Vec<u8>, UnitWaiter> = HashMap::new();
     for (component, unit) in &units {
         if unit.error.is_some() {
             continue;
@@ -121,33 +122,32 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
             groups.add(&out.sink, &provider.name, &provider.root, planned);
         }
         groups.dispatch(run, &waiter);
-        waiting.push((component.clone(), waiter));
+        waiting.insert(component.clone(), waiter);
     }
     run.activity.leave();
 
-    let mut results: HashMap<Vec<u8>, Option<Error>> = HashMap::new();
-    for (component, waiter) in waiting {
-        let failure = waiter.wait().await;
-        results.insert(component, failure);
-    }
-
+    // Each unit is committed as soon as its deletions are done, so that a
+    // crash later in the run does not make the next run repeat them.
+    let mut commits = Vec::new();
     for (component, unit) in units {
-        let failure = match unit.error {
-            Some(e) => Some(e),
-            None => results.remove(&component).flatten(),
+        let failure = match (unit.error, waiting.remove(&component)) {
+            (Some(e), _) => Some(e),
+            (None, Some(waiter)) => waiter.wait().await,
+            (None, None) => None,
         };
+        let mut unit_ops = Vec::new();
         match failure {
             None => {
                 for (orphan, _, _, out) in unit.items {
                     if let Some(out) = &out {
                         run.counters.count_action(out.kind, 1);
                     }
-                    ops.push(LedgerOp::Remove {
+                    unit_ops.push(LedgerOp::Remove {
                         component: component.clone(),
                         path: orphan.entry.path.to_vec(),
                     });
                     if orphan.entry.child_gen.is_some() {
-                        ops.push(LedgerOp::DropDescendants {
+                        unit_ops.push(LedgerOp::DropDescendants {
                             path: orphan.entry.path.to_vec(),
                         });
                     }
@@ -156,10 +156,10 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
             Some(err) => {
                 for (orphan, _, _, out) in unit.items {
                     if out.is_some() {
-                        ops.push(LedgerOp::Fold(delete_intent(&orphan)));
+                        unit_ops.push(LedgerOp::Fold(delete_intent(&orphan)));
                     }
                 }
-                ops.push(LedgerOp::SetFailure {
+                unit_ops.push(LedgerOp::SetFailure {
                     component: component.clone(),
                     failure: Some(err.to_string()),
                 });
@@ -171,6 +171,12 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
                 ));
             }
         }
+        if !unit_ops.is_empty() {
+            commits.push(run.engine.ledger_handle.commit_start(unit_ops)?);
+        }
+    }
+    for commit in commits {
+        LedgerHandle::committed(commit).await?;
     }
     // Children were found after their parents: forget them first.
     for path in removed.into_iter().rev() {

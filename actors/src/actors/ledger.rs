@@ -60,6 +60,23 @@ impl LedgerHandle {
         rx.await.map_err(|_| gone())?
     }
 
+    /// Sends `ops` to be committed at once, without waiting: the returned
+    /// receiver answers once they are durable. Commits are applied in the
+    /// order they were sent.
+    pub(crate) fn commit_start(&self, ops: Vec<LedgerOp>) -> Result<oneshot::Receiver<Result<()>>> {
+        let (reply, rx) = oneshot::channel();
+        self.send(LedgerMsg::Commit {
+            ops,
+            reply: Some(reply),
+        })?;
+        Ok(rx)
+    }
+
+    /// Waits for a commit started with [`LedgerHandle::commit_start`].
+    pub(crate) async fn committed(rx: oneshot::Receiver<Result<()>>) -> Result<()> {
+        rx.await.map_err(|_| gone())?
+    }
+
     fn send(&self, msg: LedgerMsg) -> Result<()> {
         self.tx.send(msg).map_err(|_| gone())
     }
