@@ -75,8 +75,9 @@ struct SyncArgs {
     /// Keep running: watch the directory and sync each change.
     #[arg(long)]
     live: bool,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
-    #[arg(long, value_name = "ADDR")]
+    /// Serve Prometheus metrics at http://ADDR/metrics (ADDR defaults to
+    /// the loopback address 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9464")]
     metrics: Option<SocketAddr>,
     /// Only sync files matching this glob (relative to DIR, e.g. "**/*.md"). Repeatable.
     #[arg(long, value_name = "GLOB")]

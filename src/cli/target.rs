@@ -195,15 +195,21 @@ pub fn tracked_database(ledger: &Path) -> Option<String> {
 /// A ledger remembers what weir created in one database: refuse to use it
 /// with another, which would lose track of both.
 fn check_marker(ledger: &Path, into: &Database) -> Result<()> {
-    match tracked_database(ledger) {
-        Some(tracked) if tracked != into.identity() => Err(Error::msg(format!(
-            "the ledger {} tracks what weir created in {tracked}, not in {}; pass --into {tracked}, pick another ledger with --ledger, or run `weir drop --ledger {} --into {tracked}` first",
-            ledger.display(),
-            into.display(),
-            ledger.display(),
-        ))),
-        _ => Ok(()),
+    let Some(tracked) = tracked_database(ledger) else {
+        return Ok(());
+    };
+    // A marker is written as an identity; one naming a relative SQLite
+    // path (as early builds wrote it) is read relative to here.
+    let tracked = Database::parse(&tracked).map_or(tracked, |db| db.identity());
+    if tracked == into.identity() {
+        return Ok(());
     }
+    Err(Error::msg(format!(
+        "the ledger {} tracks what weir created in {tracked}, not in {}; pass --into {tracked}, pick another ledger with --ledger, or run `weir drop --ledger {} --into {tracked}` first",
+        ledger.display(),
+        into.identity(),
+        ledger.display(),
+    )))
 }
 
 fn write_marker(ledger: &Path, into: &Database) -> Result<()> {
