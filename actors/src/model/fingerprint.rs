@@ -93,10 +93,23 @@ impl Fingerprint {
     }
 }
 
+/// The hasher of serialized values with its derived key, made once.
+fn serde_hasher() -> &'static blake3::Hasher {
+    static HASHER: std::sync::OnceLock<blake3::Hasher> = std::sync::OnceLock::new();
+    HASHER.get_or_init(|| blake3::Hasher::new_derive_key(SERDE_CONTEXT))
+}
+
+/// The largest encoding buffer kept between fingerprints, per thread.
+const MAX_KEPT_BUFFER: usize = 64 * 1024;
+
+thread_local! {
+    static ENCODE_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Fingerprints any serializable value.
 ///
 /// The value is encoded with MessagePack (`rmp_serde`, structs as arrays)
-/// straight into the hasher, without an intermediate buffer. The digest
+/// and hashed. The digest
 /// therefore follows the serialized form: two values with the same encoding
 /// have the same fingerprint, whatever their Rust types. For a stable
 /// fingerprint the encoding must be deterministic: prefer `BTreeMap` to
@@ -110,8 +123,29 @@ impl Fingerprint {
 /// that fail with the same message share it.
 impl<T: Serialize + ?Sized> From<&T> for Fingerprint {
     fn from(value: &T) -> Self {
-        let mut hasher = blake3::Hasher::new_derive_key(SERDE_CONTEXT);
-        match rmp_serde::encode::write(&mut hasher, value) {
+        // The context's key is derived once; the value is encoded into a
+        // reused buffer and hashed in one call (many tiny `update` calls
+        // cost more than the copy). The digest is the same either way.
+        let mut hasher = serde_hasher().clone();
+        let mut hash_encoded = |buf: &mut Vec<u8>| {
+            buf.clear();
+            rmp_serde::encode::write(&mut *buf, value).map(|()| {
+                hasher.update(buf);
+            })
+        };
+        let encoded = ENCODE_BUFFER.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => {
+                let done = hash_encoded(&mut buf);
+                // Do not keep a huge buffer alive for the thread's lifetime.
+                if buf.capacity() > MAX_KEPT_BUFFER {
+                    *buf = Vec::new();
+                }
+                done
+            }
+            // A fingerprint taken while serializing the value of another.
+            Err(_) => hash_encoded(&mut Vec::new()),
+        });
+        match encoded {
             Ok(()) => Self::finish(&hasher),
             Err(error) => {
                 let mut hasher = blake3::Hasher::new_derive_key(SERDE_ERROR_CONTEXT);
@@ -341,6 +375,24 @@ mod tests {
         assert_eq!(
             Fingerprint::from_bytes(b"").to_string(),
             "8c2a1a6f4cc4e2ee04afffd6dfa4ad77"
+        );
+    }
+
+    /// Serializes as the fingerprint of its text, taken while serializing.
+    struct Nested(&'static str);
+
+    impl Serialize for Nested {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            Fingerprint::from(&self.0).serialize(s)
+        }
+    }
+
+    #[test]
+    fn a_fingerprint_taken_while_serializing_another_value_is_the_same() {
+        let inner = Fingerprint::from(&"inner");
+        assert_eq!(
+            Fingerprint::from(&(Nested("inner"), 1u8)),
+            Fingerprint::from(&(inner, 1u8))
         );
     }
 
