@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use weir::connectors::localfs::{self, DirWatcher, FingerprintCache, SourceFile, WalkOptions};
@@ -49,15 +49,6 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     for file in db.files() {
         options = options.exclude_path(file);
     }
-    // Check the globs before touching the ledger or the database.
-    walk(&root, &options).await?;
-
-    if let Some(addr) = args.metrics {
-        weir::metrics::install_prometheus(addr)
-            .map_err(|e| Error::msg(format!("cannot serve metrics on {addr}: {e}")))?;
-        tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
-    }
-    let target = target::open(&db, &args.ledger.ledger).await?;
     // Files whose size and time did not change are not read again to be
     // fingerprinted: their fingerprints are kept next to the ledger.
     let cache_file = args.ledger.ledger.join(FINGERPRINT_CACHE_FILE);
@@ -67,19 +58,35 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
         cache,
         file: cache_file,
     };
+    // The walk checks the globs before the ledger or the database is
+    // touched; its list serves the first run.
+    let files = walk(&root, &options).await?;
+
+    if let Some(addr) = args.metrics {
+        weir::metrics::install_prometheus(addr)
+            .map_err(|e| Error::msg(format!("cannot serve metrics on {addr}: {e}")))?;
+        tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
+    }
+    let target = target::open(&db, &args.ledger.ledger).await?;
+    let job = Arc::new(Job {
+        root: root.clone(),
+        options,
+        db: db.clone(),
+        walked: Mutex::new(Some(files)),
+        files: AtomicU64::new(0),
+    });
     let shutdown = target.app.shutdown_handle();
     let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
     let code = if args.live {
         live(
             &target,
-            &root,
-            options,
+            job,
             Duration::from_millis(args.debounce_ms),
             &saver,
         )
         .await
     } else {
-        let code = once(&target, &root, options).await;
+        let code = once(&target, job).await;
         saver.save();
         code
     };
@@ -160,42 +167,57 @@ async fn walk(root: &Path, options: &WalkOptions) -> Result<Vec<SourceFile>> {
         .map_err(|e| Error::msg(format!("the directory walk stopped: {e}")))?
 }
 
-/// One run of the job: walk, then sync every file.
-async fn sync_run(
-    target: &target::Target,
+/// The job of every run: list the files, then sync each.
+struct Job {
     root: PathBuf,
     options: WalkOptions,
-    count: Arc<AtomicU64>,
-) -> Result<RunReport> {
-    let db = target.into.clone();
-    target
-        .app
-        .run_report(move |ctx| async move {
-            let files = walk(&root, &options).await?;
-            count.store(files.len() as u64, Ordering::Relaxed);
-            let progress = Progress::new(files.len() as u64);
-            let logger = progress.log_periodically(LOG_EVERY);
-            let result = job::sync_files(ctx, db, files, progress.clone()).await;
-            progress.finish();
-            if let Some(logger) = logger {
-                logger.abort();
-            }
-            result
-        })
-        .await
+    db: Database,
+    /// The list walked before the first run (taken by it).
+    walked: Mutex<Option<Vec<SourceFile>>>,
+    /// How many files the last run saw.
+    files: AtomicU64,
 }
 
-async fn once(target: &target::Target, root: &Path, options: WalkOptions) -> Result<u8> {
-    tracing::info!("syncing {} into {}", root.display(), target.into.display());
-    let count = Arc::new(AtomicU64::new(0));
-    let report = sync_run(target, root.to_path_buf(), options, Arc::clone(&count)).await?;
-    Ok(summarize(
-        root,
-        &target.into,
-        count.load(Ordering::Relaxed),
-        &report,
-        target.app.shutdown_handle().is_requested(),
-    ))
+impl Job {
+    /// The root component of one run.
+    async fn run(self: Arc<Self>, ctx: weir::Ctx) -> Result<()> {
+        let walked = self.walked.lock().map_or(None, |mut walked| walked.take());
+        let files = match walked {
+            Some(files) => files,
+            None => walk(&self.root, &self.options).await?,
+        };
+        self.files.store(files.len() as u64, Ordering::Relaxed);
+        let progress = Progress::new(files.len() as u64);
+        let logger = progress.log_periodically(LOG_EVERY);
+        let result = job::sync_files(ctx, self.db.clone(), files, progress.clone()).await;
+        progress.finish();
+        if let Some(logger) = logger {
+            logger.abort();
+        }
+        result
+    }
+
+    /// Prints what a run did; returns the exit code.
+    fn summarize(&self, report: &RunReport, interrupted: bool) -> u8 {
+        summarize(
+            &self.root,
+            &self.db,
+            self.files.load(Ordering::Relaxed),
+            report,
+            interrupted,
+        )
+    }
+}
+
+async fn once(target: &target::Target, job: Arc<Job>) -> Result<u8> {
+    tracing::info!(
+        "syncing {} into {}",
+        job.root.display(),
+        target.into.display()
+    );
+    let run = Arc::clone(&job);
+    let report = target.app.run_report(move |ctx| run.run(ctx)).await?;
+    Ok(job.summarize(&report, target.app.shutdown_handle().is_requested()))
 }
 
 /// Prints what a run did and lists failed files; returns the exit code.
@@ -256,56 +278,36 @@ impl ChangeFeed for Feed {
 
 async fn live(
     target: &target::Target,
-    root: &Path,
-    options: WalkOptions,
+    job: Arc<Job>,
     debounce: Duration,
     saver: &CacheSaver,
 ) -> Result<u8> {
-    // Watch before the first run, so that nothing changed during it is missed.
-    let watcher = DirWatcher::new(root, &options)?;
+    // Watch before the first run, so that nothing changed during it is
+    // missed: the list walked before the watch started may be stale.
+    let watcher = DirWatcher::new(&job.root, &job.options)?;
+    if let Ok(mut walked) = job.walked.lock() {
+        walked.take();
+    }
     tracing::info!(
         "watching {} and syncing it into {} (Ctrl-C stops)",
-        root.display(),
+        job.root.display(),
         target.into.display()
     );
-    let db = target.into.clone();
-    let run_root = root.to_path_buf();
-    let shown_root = root.to_path_buf();
     let mut last = EXIT_OK;
-    let count = Arc::new(AtomicU64::new(0));
-    let run_count = Arc::clone(&count);
     let stopping = target.app.shutdown_handle();
+    let run = Arc::clone(&job);
     target
         .app
         .watch(
             Feed { watcher, debounce },
-            move |ctx| {
-                let root = run_root.clone();
-                let options = options.clone();
-                let db = db.clone();
-                let count = Arc::clone(&run_count);
-                async move {
-                    let files = walk(&root, &options).await?;
-                    count.store(files.len() as u64, Ordering::Relaxed);
-                    let progress = Progress::new(files.len() as u64);
-                    let result = job::sync_files(ctx, db, files, progress.clone()).await;
-                    progress.finish();
-                    result
-                }
-            },
+            move |ctx| Arc::clone(&run).run(ctx),
             |event| match event {
                 WatchEvent::Ran { changes, report } => {
                     if !changes.is_empty() {
                         tracing::info!("changed: {}", abbreviate(&changes));
                     }
                     saver.save();
-                    last = summarize(
-                        &shown_root,
-                        &target.into,
-                        count.load(Ordering::Relaxed),
-                        &report,
-                        stopping.is_requested(),
-                    );
+                    last = job.summarize(&report, stopping.is_requested());
                 }
                 WatchEvent::Failed { error, .. } => {
                     tracing::error!("the sync failed: {error}; waiting for the next change");
