@@ -59,7 +59,7 @@ impl Fingerprint {
     /// (which hashes the MessagePack encoding of `b`): pick one form per
     /// tracking record and stick to it.
     pub fn from_bytes(bytes: &[u8]) -> Fingerprint {
-        let mut hasher = blake3::Hasher::new_derive_key(BYTES_CONTEXT);
+        let mut hasher = bytes_hasher();
         hasher.update(bytes);
         Self::finish(&hasher)
     }
@@ -75,7 +75,7 @@ impl Fingerprint {
     /// # Errors
     /// The first read error other than [`std::io::ErrorKind::Interrupted`].
     pub fn from_reader(reader: impl std::io::Read) -> std::io::Result<Fingerprint> {
-        let mut hasher = blake3::Hasher::new_derive_key(BYTES_CONTEXT);
+        let mut hasher = bytes_hasher();
         hasher.update_reader(reader)?;
         Ok(Self::finish(&hasher))
     }
@@ -93,10 +93,26 @@ impl Fingerprint {
     }
 }
 
-/// The hasher of serialized values with its derived key, made once.
-fn serde_hasher() -> &'static blake3::Hasher {
+/// A hasher in one of the key-derivation contexts, its key derived once
+/// (cloning it gives the same digests as deriving the key again).
+fn context_hasher(
+    cell: &'static std::sync::OnceLock<blake3::Hasher>,
+    context: &str,
+) -> blake3::Hasher {
+    cell.get_or_init(|| blake3::Hasher::new_derive_key(context))
+        .clone()
+}
+
+/// The hasher of serialized values.
+fn serde_hasher() -> blake3::Hasher {
     static HASHER: std::sync::OnceLock<blake3::Hasher> = std::sync::OnceLock::new();
-    HASHER.get_or_init(|| blake3::Hasher::new_derive_key(SERDE_CONTEXT))
+    context_hasher(&HASHER, SERDE_CONTEXT)
+}
+
+/// The hasher of raw bytes.
+fn bytes_hasher() -> blake3::Hasher {
+    static HASHER: std::sync::OnceLock<blake3::Hasher> = std::sync::OnceLock::new();
+    context_hasher(&HASHER, BYTES_CONTEXT)
 }
 
 /// The largest encoding buffer kept between fingerprints, per thread.
@@ -126,7 +142,7 @@ impl<T: Serialize + ?Sized> From<&T> for Fingerprint {
         // The context's key is derived once; the value is encoded into a
         // reused buffer and hashed in one call (many tiny `update` calls
         // cost more than the copy). The digest is the same either way.
-        let mut hasher = serde_hasher().clone();
+        let mut hasher = serde_hasher();
         let mut hash_encoded = |buf: &mut Vec<u8>| {
             buf.clear();
             rmp_serde::encode::write(&mut *buf, value).map(|()| {
