@@ -315,13 +315,14 @@ impl App {
     pub(crate) async fn execute_collecting<F, Fut>(
         &self,
         f: F,
-    ) -> Result<(Result<()>, UpdateStats, Vec<ComponentFailure>)>
+    ) -> Result<(UpdateStats, Vec<ComponentFailure>)>
     where
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
+        // The root's own error, if any, is among the failures already.
         let done = self.execute_inner(f, Mode::Apply).await?;
-        Ok((done.result, done.stats, done.failures))
+        Ok((done.stats, done.failures))
     }
 
     async fn execute_inner<F, Fut, T>(&self, f: F, mode: Mode) -> Result<Executed<T>>

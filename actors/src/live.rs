@@ -116,8 +116,7 @@ impl App {
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
-        // The root's own error, if any, is among `failures` already.
-        let (_root, stats, failures) = self.execute_collecting(f).await?;
+        let (stats, failures) = self.execute_collecting(f).await?;
         Ok(RunReport { stats, failures })
     }
 
