@@ -472,7 +472,9 @@ impl Ledger {
             for s in &entry.states {
                 states += 1;
                 let name = keycode::split_state_path(&s.path)
-                    .and_then(|(provider, _)| keycode::provider_name(provider))
+                    .and_then(|(provider, _)| {
+                        crate::model::provider::ProviderPath::name_of(provider)
+                    })
                     .unwrap_or_else(|| "(undecodable provider)".to_string());
                 *providers.entry(name).or_default() += 1;
             }

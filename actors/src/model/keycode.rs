@@ -213,31 +213,6 @@ pub(crate) fn decode_component(bytes: &[u8]) -> Option<Vec<StableKey>> {
         .collect()
 }
 
-/// The readable name of an encoded provider path, as
-/// [`ProviderPath`](super::provider::ProviderPath) spells it:
-/// `table`, `table/child-key`, `table@attachment`.
-pub(crate) fn provider_name(bytes: &[u8]) -> Option<String> {
-    let mut name = String::new();
-    for segment in decode_segments(bytes)? {
-        match segment {
-            Segment::Provider(p) => name.push_str(&p),
-            Segment::Attachment(a) => {
-                name.push('@');
-                name.push_str(&a);
-            }
-            Segment::Key(StableKey::Str(s)) => {
-                name.push('/');
-                name.push_str(&s);
-            }
-            Segment::Key(k) => {
-                name.push('/');
-                name.push_str(&k.to_string());
-            }
-        }
-    }
-    Some(name)
-}
-
 /// A stable 64-bit hash of encoded bytes (FNV-1a), used to pick shards.
 pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

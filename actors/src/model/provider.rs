@@ -64,6 +64,28 @@ impl ProviderPath {
         }
     }
 
+    /// The readable name of an encoded provider path, spelled as
+    /// [`ProviderPath::child`] and [`ProviderPath::attachment`] spell it:
+    /// `table`, `table/child-key`, `table@attachment`. `None` when the
+    /// bytes are not a provider path.
+    pub(crate) fn name_of(enc: &[u8]) -> Option<String> {
+        let mut name = String::new();
+        for segment in keycode::decode_segments(enc)? {
+            match segment {
+                keycode::Segment::Provider(p) => name.push_str(&p),
+                keycode::Segment::Attachment(a) => {
+                    name.push('@');
+                    name.push_str(&a);
+                }
+                keycode::Segment::Key(k) => {
+                    name.push('/');
+                    name.push_str(&segment_text(&k));
+                }
+            }
+        }
+        Some(name)
+    }
+
     /// The encoded path of the state `key` of this provider.
     pub(crate) fn state_path(&self, key: &StableKey) -> Vec<u8> {
         let mut enc = Vec::with_capacity(self.enc.len() + 16);
@@ -235,5 +257,29 @@ impl<V> fmt::Debug for TargetState<V> {
             .field("provider", &self.provider.path.name)
             .field("key", &self.key)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_provider_name_decoded_from_its_path_is_the_name_it_was_built_with() {
+        let table = StableKey::Array(Arc::from([
+            StableKey::Str(Arc::from("db")),
+            StableKey::Str(Arc::from("docs")),
+        ]));
+        for path in [
+            ProviderPath::root("tables"),
+            ProviderPath::root("tables").child(&StableKey::Str(Arc::from("docs"))),
+            ProviderPath::root("tables").child(&table),
+            ProviderPath::root("tables").attachment("index"),
+        ] {
+            assert_eq!(
+                ProviderPath::name_of(&path.enc).as_deref(),
+                Some(&*path.name)
+            );
+        }
     }
 }
