@@ -4,49 +4,23 @@
 // Test support code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cmd;
 mod pg;
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
+use cmd::text;
 use sqlx::Row as _;
 use weir::Fingerprint;
 
 type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
-/// How long one command may run before it counts as a hang.
-const COMMAND_LIMIT: Duration = Duration::from_secs(120);
-
-/// Runs `weir args...` in `cwd` and returns its output; kills it (and
-/// fails) when it runs longer than `COMMAND_LIMIT`.
+/// Runs `weir args...` in `cwd` and returns its output (see `cmd::run`).
 fn weir(cwd: &Path, args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(args)
-        .current_dir(cwd)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the weir binary starts");
-    let deadline = Instant::now() + COMMAND_LIMIT;
-    loop {
-        if child.try_wait().expect("wait for weir").is_some() {
-            return child.wait_with_output().expect("weir's output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("weir {args:?} did not finish within {COMMAND_LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    cmd::run(cwd, args, None)
 }
 
 /// Asserts a successful run, showing its output otherwise.
@@ -478,22 +452,22 @@ async fn live_mode_picks_up_a_change_and_a_deletion_within_two_seconds_and_stops
     let tree = tmp.path().join("tree");
     let db = tmp.path().join("out.db");
     generate_tree(&tree, 6);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args([
+    let ledger = tmp.path().join("ledger");
+    let mut child = cmd::spawn(
+        tmp.path(),
+        &[
             "sync",
             tree.to_str().unwrap(),
             "--into",
             &format!("sqlite://{}", db.display()),
             "--ledger",
-            tmp.path().join("ledger").to_str().unwrap(),
+            ledger.to_str().unwrap(),
             "--live",
             "--debounce-ms",
             "100",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+        ],
+        None,
+    );
     let result = async {
         let first = within(Duration::from_secs(60), || async {
             db.exists() && {
@@ -542,24 +516,7 @@ async fn live_mode_picks_up_a_change_and_a_deletion_within_two_seconds_and_stops
     .await;
 
     // SIGTERM stops it gracefully, with exit code 0.
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut stderr);
-    }
+    let (status, stderr) = cmd::terminate(&mut child, Duration::from_secs(30));
     result?;
     let status = status.expect("weir --live stops within 30 s of SIGTERM");
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
@@ -818,19 +775,18 @@ async fn sigterm_during_a_sync_commits_what_finished_and_the_next_sync_does_the_
     let db = tmp.path().join("out.db");
     let ledger = tmp.path().join("ledger");
     generate_tree(&tree, 4000);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args([
+    let mut child = cmd::spawn(
+        tmp.path(),
+        &[
             "sync",
             tree.to_str().unwrap(),
             "--into",
             &format!("sqlite://{}", db.display()),
             "--ledger",
             ledger.to_str().unwrap(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+        ],
+        None,
+    );
     // Signal once some rows have landed.
     let landed = within(Duration::from_secs(60), || async {
         db.exists() && {
@@ -844,21 +800,8 @@ async fn sigterm_during_a_sync_commits_what_finished_and_the_next_sync_does_the_
     })
     .await;
     assert!(landed.is_some(), "rows started to land");
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "weir stops after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut stderr);
-    }
+    let (status, stderr) = cmd::terminate(&mut child, Duration::from_secs(60));
+    let status = status.expect("weir stops after SIGTERM");
     match status.code() {
         Some(130) => {
             assert!(stderr.contains("interrupted"), "{stderr}");

@@ -19,15 +19,18 @@
 // Test support code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cmd;
 mod pg;
 mod support;
+
+use cmd::text;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -764,40 +767,9 @@ async fn nan_and_nul_in_postgres_rows_fail_only_their_component_naming_table_col
 // The `weir` command: files that cannot be synced
 // ---------------------------------------------------------------------------
 
-/// How long one command may run before it counts as a hang.
-const COMMAND_LIMIT: Duration = Duration::from_secs(120);
-
-/// Runs `weir args...` in `cwd` (as user and group `uid` when given); kills
-/// it (and fails) past `COMMAND_LIMIT`.
+/// Runs `weir args...` in `cwd` (as user and group `uid` when given).
 fn weir(cwd: &Path, args: &[&OsStr], uid: Option<u32>) -> Output {
-    use std::os::unix::process::CommandExt;
-    let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
-    if let Some(uid) = uid {
-        command.uid(uid).gid(uid);
-    }
-    let mut child = command
-        .args(args)
-        .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the weir binary starts");
-    let deadline = Instant::now() + COMMAND_LIMIT;
-    loop {
-        if child.try_wait().expect("wait for weir").is_some() {
-            return child.wait_with_output().expect("weir's output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("weir {args:?} did not finish within {COMMAND_LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    cmd::run(cwd, args, uid)
 }
 
 /// A temp dir with a tree of good files (`tree/`), a database path and a
