@@ -646,18 +646,6 @@ impl BatchBuilder<'_> {
     /// was planned; a state that moved is committed in its new owner, so the
     /// other components the owner index names are looked at too.
     fn already_committed(&mut self, intent: &Intent) -> Result<bool> {
-        let Some(record) = &intent.record else {
-            // A delete landed when no component holds the state any more.
-            let mut holders = self.ledger.owner_candidates(&intent.path);
-            holders.push(Arc::from(intent.component.as_slice()));
-            for holder in holders {
-                let entry = self.entry(&holder)?;
-                if entry.find(&intent.path).is_ok() {
-                    return Ok(false);
-                }
-            }
-            return Ok(true);
-        };
         let mut holders: Vec<Arc<[u8]>> = vec![Arc::from(intent.component.as_slice())];
         holders.extend(self.ledger.owner_candidates(&intent.path));
         for holder in holders {
@@ -665,16 +653,21 @@ impl BatchBuilder<'_> {
             let Ok(i) = entry.find(&intent.path) else {
                 continue;
             };
-            let committed = entry.states.get(i).is_some_and(|s| {
+            // Held: a delete did not land; a write landed if the state holds
+            // exactly its record.
+            let Some(record) = &intent.record else {
+                return Ok(false);
+            };
+            return Ok(entry.states.get(i).is_some_and(|s| {
                 !s.may_be_missing
                     && s.records.len() == 1
                     && s.records.first() == Some(record)
                     && s.gen == intent.gen
                     && (intent.child_gen.is_none() || s.child_gen == intent.child_gen)
-            });
-            return Ok(committed);
+            }));
         }
-        Ok(false)
+        // Held by no one: a delete landed; a write did not.
+        Ok(intent.record.is_none())
     }
 
     /// The component's entry with every recorded edit applied.
