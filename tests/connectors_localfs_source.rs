@@ -435,6 +435,8 @@ fn an_unreadable_directory_is_an_error_item_and_the_walk_goes_on() -> TestResult
     }
     assert_eq!(file_keys(&items), ["fine.txt"]);
     assert_eq!(problems(&items), [("closed", "permission denied")]);
+    let closed = items.iter().find(|i| i.key() == "closed").unwrap();
+    assert!(closed.is_unlisted_dir(), "the files under it were not seen");
     Ok(())
 }
 
@@ -452,6 +454,10 @@ fn a_symlink_loop_is_an_error_item_and_the_walk_goes_on() -> TestResult {
     let loop_item = item(&items, "a/up")?;
     assert_eq!(loop_item.error(), Some("symbolic link loop: a/up -> ."));
     assert_eq!(loop_item.size(), 0);
+    assert!(
+        !loop_item.is_unlisted_dir(),
+        "its files are walked through the ancestor"
+    );
     let err = loop_item.read().unwrap_err().to_string();
     assert!(err.contains("`a/up`"), "{err}");
     assert!(loop_item.fingerprint().is_err());

@@ -150,9 +150,7 @@ pub async fn sync_files(
     let tables_memo: Arc<str> = Arc::from(tables.memo_key());
     let unreadable_dirs: Vec<String> = files
         .iter()
-        .filter(|f| {
-            f.error().is_some() && std::fs::symlink_metadata(f.path()).is_ok_and(|m| m.is_dir())
-        })
+        .filter(|f| f.is_unlisted_dir())
         .map(|f| format!("{} ({})", f.key(), f.error().unwrap_or_default()))
         .collect();
     let checked = progress.clone();

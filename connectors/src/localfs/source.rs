@@ -336,6 +336,7 @@ struct Inner {
     size: u64,
     modified: Option<SystemTime>,
     error: Option<String>,
+    unlisted_dir: bool,
     fingerprint: OnceLock<Fingerprint>,
     cache: Option<FingerprintCache>,
 }
@@ -373,6 +374,14 @@ impl SourceFile {
     /// `permission denied`.
     pub fn error(&self) -> Option<&str> {
         self.inner.error.as_deref()
+    }
+
+    /// Whether this item stands for a directory the walk could not list
+    /// (permission denied, an I/O error, a name that is not UTF-8): the
+    /// files under it were not seen, so a consumer must not take them for
+    /// deleted. [`SourceFile::error`] says why.
+    pub fn is_unlisted_dir(&self) -> bool {
+        self.inner.unlisted_dir
     }
 
     /// Reads the whole file.
@@ -536,7 +545,9 @@ pub fn walk_dir(root: impl AsRef<Path>, options: &WalkOptions) -> Result<Vec<Sou
     let unnamed_dirs =
         std::mem::take(&mut *unnamed_dirs.lock().unwrap_or_else(PoisonError::into_inner));
     for dir in unnamed_dirs {
-        found.push(filter.problem(Some(&dir), "directory name is not valid UTF-8".into()));
+        let mut problem = filter.problem(Some(&dir), "directory name is not valid UTF-8".into());
+        problem.unlisted_dir = true;
+        found.push(problem);
     }
 
     let files = merge(found, options.cache.as_ref());
@@ -553,6 +564,8 @@ struct Found {
     size: u64,
     modified: Option<SystemTime>,
     error: Option<String>,
+    /// A directory the walk could not list.
+    unlisted_dir: bool,
 }
 
 /// Sorts by key and merges the items sharing one (a problem wins over a
@@ -561,9 +574,11 @@ fn merge(mut found: Vec<Found>, cache: Option<&FingerprintCache>) -> Vec<SourceF
     found.sort_by(|a, b| a.key.cmp(&b.key));
     let mut merged: Vec<Found> = Vec::with_capacity(found.len());
     for item in found {
+        let unlisted_dir = item.unlisted_dir;
         match merged.last_mut() {
             Some(last) if last.key == item.key => match (&mut last.error, item.error) {
                 (Some(first), Some(second)) => {
+                    last.unlisted_dir |= unlisted_dir;
                     if *first != second {
                         first.push_str("; ");
                         first.push_str(&second);
@@ -590,6 +605,7 @@ fn merge(mut found: Vec<Found>, cache: Option<&FingerprintCache>) -> Vec<SourceF
                 size: if f.error.is_some() { 0 } else { f.size },
                 modified: f.modified,
                 error: f.error,
+                unlisted_dir: f.unlisted_dir,
                 fingerprint: OnceLock::new(),
                 cache: cache.cloned(),
             }),
@@ -780,6 +796,7 @@ impl Filter {
                 size: meta.len(),
                 modified: meta.modified().ok(),
                 error: None,
+                unlisted_dir: false,
             },
             Err(err) => {
                 let mut found = Vec::new();
@@ -802,6 +819,7 @@ impl Filter {
             size: 0,
             modified: None,
             error: Some(message),
+            unlisted_dir: false,
         }
     }
 
@@ -811,23 +829,24 @@ impl Filter {
         let mut problems = Vec::new();
         flatten(err, None, None, &mut problems);
         for problem in problems {
-            let (path, message, is_dir) = match problem {
+            let (path, message, is_dir, unlisted) = match problem {
                 Problem::Loop { ancestor, child } => {
                     let message = format!(
                         "symbolic link loop: {} -> {}",
                         self.shown(&child),
                         self.shown(&ancestor)
                     );
-                    (Some(child), message, true)
+                    // Its files are walked through the ancestor.
+                    (Some(child), message, true, false)
                 }
                 Problem::Io { path, error } => {
                     let is_dir = path
                         .as_deref()
                         .is_some_and(|p| fs::metadata(p).is_ok_and(|m| m.is_dir()));
                     let message = self.io_message(path.as_deref(), &error);
-                    (path, message, is_dir)
+                    (path, message, is_dir, is_dir)
                 }
-                Problem::Other { path, message } => (path, message, false),
+                Problem::Other { path, message } => (path, message, false, false),
             };
             if let Some(relative) = path.as_deref().and_then(|p| self.relative(p)) {
                 let key = key_of(relative);
@@ -842,7 +861,9 @@ impl Filter {
                     continue;
                 }
             }
-            out.push(self.problem(path.as_deref(), message));
+            let mut found = self.problem(path.as_deref(), message);
+            found.unlisted_dir = unlisted;
+            out.push(found);
         }
     }
 
@@ -1055,6 +1076,7 @@ mod tests {
             size: 3,
             modified: None,
             error: error.map(str::to_owned),
+            unlisted_dir: false,
         };
         let files = merge(
             vec![
