@@ -302,6 +302,8 @@ pub(crate) struct SinkActor {
     in_flight: bool,
     linger_expired: bool,
     linger_armed: bool,
+    /// Sink labels whose failure series were exported (at zero) already.
+    exported: std::collections::HashSet<String>,
 }
 
 impl SinkActor {
@@ -316,6 +318,7 @@ impl SinkActor {
             in_flight: false,
             linger_expired: false,
             linger_armed: false,
+            exported: std::collections::HashSet::new(),
         }
     }
 
@@ -393,12 +396,15 @@ impl SinkActor {
             .record(actions.len() as f64);
         // A sink's failure series exist from its first call, at zero, so
         // that dashboards show 0 rather than no data.
-        for name in [
-            crate::metrics::SINK_FAILURES,
-            crate::metrics::SINK_RETRIES,
-            crate::metrics::SINK_SPLITS,
-        ] {
-            metrics::counter!(name, "sink" => label.clone()).increment(0);
+        if !self.exported.contains(&label) {
+            for name in [
+                crate::metrics::SINK_FAILURES,
+                crate::metrics::SINK_RETRIES,
+                crate::metrics::SINK_SPLITS,
+            ] {
+                metrics::counter!(name, "sink" => label.clone()).increment(0);
+            }
+            self.exported.insert(label.clone());
         }
         let fut = async move {
             if !intents.is_empty() {
