@@ -8,7 +8,7 @@ mod cmd;
 mod pg;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,28 @@ fn generate_tree(root: &Path, files: usize) {
     }
     std::fs::write(root.join("binary.bin"), [0u8, 159, 146, 150, 255, 0, 1]).unwrap();
     std::fs::write(root.join("empty.txt"), "").unwrap();
+}
+
+/// A temporary directory holding a generated tree of `files` text files
+/// (plus a binary and an empty one), and the paths of a database and a
+/// ledger beside it.
+struct Setup {
+    tmp: tempfile::TempDir,
+    tree: PathBuf,
+    db: PathBuf,
+    ledger: PathBuf,
+}
+
+fn setup(files: usize) -> std::io::Result<Setup> {
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    generate_tree(&tree, files);
+    Ok(Setup {
+        db: tmp.path().join("out.db"),
+        ledger: tmp.path().join("ledger"),
+        tree,
+        tmp,
+    })
 }
 
 /// A `documents` row.
@@ -222,11 +244,12 @@ fn sync_sqlite(cwd: &Path, tree: &Path, db: &Path, ledger: &Path) -> Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_writes_one_document_and_its_chunks_per_file_and_a_resync_matches_the_tree_exactly(
 ) -> TestResult {
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    let db = tmp.path().join("out.db");
-    let ledger = tmp.path().join("ledger");
-    generate_tree(&tree, 30);
+    let Setup {
+        tmp,
+        tree,
+        db,
+        ledger,
+    } = setup(30)?;
 
     let first = ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
     assert!(first.contains("synced 32 files"), "{first}");
@@ -288,11 +311,12 @@ async fn the_defaults_sync_the_current_directory_into_weir_db_without_syncing_we
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_that_cannot_be_read_fails_alone_and_is_listed_with_a_non_zero_exit() -> TestResult {
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    let db = tmp.path().join("out.db");
-    let ledger = tmp.path().join("ledger");
-    generate_tree(&tree, 4);
+    let Setup {
+        tmp,
+        tree,
+        db,
+        ledger,
+    } = setup(4)?;
     // A link to nothing cannot be read, even by root.
     std::os::unix::fs::symlink("missing-target", tree.join("broken.md"))?;
 
@@ -397,11 +421,12 @@ async fn a_ledger_in_use_or_tied_to_another_database_is_refused_with_what_to_do(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_deletes_the_tables_after_confirmation_and_forgets_them() -> TestResult {
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    let db = tmp.path().join("out.db");
-    let ledger = tmp.path().join("ledger");
-    generate_tree(&tree, 3);
+    let Setup {
+        tmp,
+        tree,
+        db,
+        ledger,
+    } = setup(3)?;
     ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
     let into = format!("sqlite://{}", db.display());
     let ledger_arg = ledger.to_str().unwrap();
@@ -740,11 +765,12 @@ async fn a_directory_that_cannot_be_read_keeps_the_rows_of_the_files_under_it() 
             return Ok(());
         }
     }
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    let db = tmp.path().join("out.db");
-    let ledger = tmp.path().join("ledger");
-    generate_tree(&tree, 6);
+    let Setup {
+        tmp,
+        tree,
+        db,
+        ledger,
+    } = setup(6)?;
     ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
     let locked = tree.join("dir1");
     std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o000))?;
@@ -770,11 +796,12 @@ async fn a_directory_that_cannot_be_read_keeps_the_rows_of_the_files_under_it() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_sync_commits_what_finished_and_the_next_sync_does_the_rest() -> TestResult
 {
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    let db = tmp.path().join("out.db");
-    let ledger = tmp.path().join("ledger");
-    generate_tree(&tree, 4000);
+    let Setup {
+        tmp,
+        tree,
+        db,
+        ledger,
+    } = setup(4000)?;
     let mut child = cmd::spawn(
         tmp.path(),
         &[
