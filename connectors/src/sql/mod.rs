@@ -10,6 +10,7 @@
 //!   and values nested too deeply to convert safely ([`value::MAX_NESTING`]).
 
 mod depth;
+mod flat;
 pub mod ident;
 pub mod schema;
 pub mod value;

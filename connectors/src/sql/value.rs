@@ -1,9 +1,10 @@
 //! Typed SQL values, from any `Serialize` row.
 //!
-//! A row is serialized with MessagePack (fields by name) and read back as a
-//! generic value, which keeps what JSON would lose: NaN and infinities (to
-//! reject them), byte strings, and integer widths. Each column's value is
-//! then checked against the column's type.
+//! A row becomes generic MessagePack values by field name, which keep what
+//! JSON would lose: NaN and infinities (to reject them), byte strings, and
+//! integer widths. A flat row (scalar fields) is collected straight into
+//! such values; any other row is serialized with MessagePack and read back.
+//! Each column's value is then checked against the column's type.
 
 use chrono::{DateTime, TimeZone, Utc};
 use rmpv::Value;
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use weir_actors::{Error, Result, StableKey};
 
 use super::depth::{Bounded, Limits};
+use super::flat::flat_fields;
 use super::schema::{ColumnType, TableSchema};
 
 /// How deep a row may nest, the row itself being the first level: a column
@@ -68,6 +70,14 @@ impl Row {
         schema: &TableSchema,
         row: &T,
     ) -> Result<Row> {
+        if let Some(fields) = flat_fields(row) {
+            return Self::from_fields(table, schema, |name| {
+                fields
+                    .iter()
+                    .position(|(k, _)| k == name)
+                    .and_then(|i| Some((i, &fields.get(i)?.1)))
+            });
+        }
         // Bounded: deeper values are cut (and refused below, when they are
         // columns) before anything recurses through them.
         let limits = Limits::new(MAX_NESTING);
@@ -88,13 +98,14 @@ impl Row {
                 "table {table}: a row must be a struct or a map of column names, not {value}"
             )));
         };
-        let mut values = Vec::with_capacity(schema.columns().len());
-        for column in schema.columns() {
-            let found = fields
+        let find = |name: &str| {
+            fields
                 .iter()
-                .enumerate()
-                .find(|(_, (k, _))| k.as_str() == Some(column.name.as_str()));
-            if let Some((position, _)) = found {
+                .position(|(k, _)| k.as_str() == Some(name))
+                .and_then(|i| Some((i, &fields.get(i)?.1)))
+        };
+        for column in schema.columns() {
+            if let Some((position, _)) = find(&column.name) {
                 if limits.cut_entry(position) {
                     return Err(Error::permanent(format!(
                         "table {table}, column {}: the value is nested more than {} levels deep",
@@ -103,8 +114,21 @@ impl Row {
                     )));
                 }
             }
-            let found = found.map(|(_, (_, v))| v);
-            let value = match found {
+        }
+        Self::from_fields(table, schema, find)
+    }
+
+    /// The row of `schema` whose fields `find` looks up by column name
+    /// (the field's position and value): each column's value is checked
+    /// against its type and nullability.
+    fn from_fields<'v>(
+        table: &str,
+        schema: &TableSchema,
+        find: impl Fn(&str) -> Option<(usize, &'v Value)>,
+    ) -> Result<Row> {
+        let mut values = Vec::with_capacity(schema.columns().len());
+        for column in schema.columns() {
+            let value = match find(&column.name).map(|(_, v)| v) {
                 None | Some(Value::Nil) => {
                     if !column.nullable {
                         return Err(Error::permanent(format!(
