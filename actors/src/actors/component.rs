@@ -555,7 +555,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
 
     // Success: final records, ownership moves, children and failure notes.
     let own = state.key.to_vec();
-    let mut ops = Vec::new();
+    let mut ops = Vec::with_capacity(results.len());
     for (i, r) in results.iter().enumerate() {
         let (Some(r), Some(d)) = (r.as_ref(), decls.get(i)) else {
             continue;
@@ -698,9 +698,9 @@ fn forget_memo(component: &[u8]) -> LedgerOp {
 /// For a component with no entry yet: replaces its per-state puts with one
 /// entry encoded here, so the ledger actor only stores bytes.
 fn whole_entry(own: &[u8], ops: Vec<LedgerOp>) -> Result<Vec<LedgerOp>> {
-    let mut states = Vec::new();
-    let mut indexed = Vec::new();
-    let mut containers = Vec::new();
+    let mut states = Vec::with_capacity(ops.len());
+    let mut indexed = Vec::with_capacity(ops.len());
+    let mut containers: Vec<Vec<u8>> = Vec::new();
     let mut rest = Vec::new();
     for op in ops {
         match op {
@@ -711,7 +711,8 @@ fn whole_entry(own: &[u8], ops: Vec<LedgerOp>) -> Result<Vec<LedgerOp>> {
                 ..
             } if component == own => {
                 indexed.push(entry.path.to_vec());
-                if let Some(c) = container {
+                // The states of one container come in runs: keep one each.
+                if let Some(c) = container.filter(|c| containers.last() != Some(c)) {
                     containers.push(c);
                 }
                 states.push(entry);
