@@ -124,15 +124,22 @@ fn plan_strategy() -> impl Strategy<Value = Plan> {
 #[derive(Clone, Debug)]
 struct Case {
     max_attempts: u32,
+    /// Declarations a component sends to the reconcilers while it runs.
+    reconcile_chunk: usize,
     runs: Vec<Plan>,
 }
 
 fn case_strategy() -> impl Strategy<Value = Case> {
     (
         1u32..=2,
+        prop_oneof![Just(1usize), Just(2), Just(3), Just(4096)],
         prop::collection::vec(plan_strategy(), 1..=MAX_RUNS),
     )
-        .prop_map(|(max_attempts, runs)| Case { max_attempts, runs })
+        .prop_map(|(max_attempts, reconcile_chunk, runs)| Case {
+            max_attempts,
+            reconcile_chunk,
+            runs,
+        })
 }
 
 fn fail(msg: impl fmt::Display) -> TestCaseError {
@@ -194,8 +201,9 @@ async fn run_plan(
 async fn check_case(case: Case) -> std::result::Result<(), TestCaseError> {
     let dir = tempfile::tempdir().map_err(fail)?;
     let attempts = case.max_attempts;
+    let chunk = case.reconcile_chunk;
     let app = app_with(dir.path(), move |b| {
-        b.retry_policy(RetryPolicy {
+        b.reconcile_chunk(chunk).retry_policy(RetryPolicy {
             max_attempts: attempts,
             initial_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(2),

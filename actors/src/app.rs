@@ -12,7 +12,9 @@ use crate::actors::cleanup::finish_run;
 use crate::actors::component::{run_component, ComponentState};
 use crate::actors::pipeline::{Engine, EngineConfig};
 use crate::actors::reconciler::EndRun;
-use crate::config::{BatchPolicy, RetryPolicy, DEFAULT_MAX_INFLIGHT_COMPONENTS};
+use crate::config::{
+    BatchPolicy, RetryPolicy, DEFAULT_MAX_INFLIGHT_COMPONENTS, DEFAULT_RECONCILE_CHUNK,
+};
 use crate::ctx::{ContextKey, Ctx};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::{Ledger, DEFAULT_LEDGER_CACHE_BYTES};
@@ -63,6 +65,7 @@ pub struct AppBuilder {
     ledger_path: PathBuf,
     ledger_cache_bytes: u64,
     shards: Option<usize>,
+    reconcile_chunk: usize,
     max_inflight: usize,
     batch: BatchPolicy,
     retry: RetryPolicy,
@@ -75,6 +78,7 @@ impl fmt::Debug for AppBuilder {
             .field("name", &self.name)
             .field("ledger_path", &self.ledger_path)
             .field("shards", &self.shards)
+            .field("reconcile_chunk", &self.reconcile_chunk)
             .field("max_inflight", &self.max_inflight)
             .field("batch", &self.batch)
             .field("retry", &self.retry)
@@ -98,6 +102,18 @@ impl AppBuilder {
     /// The number of reconciler shards (default: the number of cores).
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = Some(n);
+        self
+    }
+
+    /// How many declarations a component sends to the reconcilers at once
+    /// while its code is still running (default: 4096).
+    ///
+    /// Reconciling is read-only, so a component that declares many states
+    /// has them compared with the ledger while it declares the rest;
+    /// nothing is applied before its code has returned `Ok`. Smaller chunks
+    /// overlap more and cost more messages.
+    pub fn reconcile_chunk(mut self, n: usize) -> Self {
+        self.reconcile_chunk = n;
         self
     }
 
@@ -140,6 +156,9 @@ impl AppBuilder {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(2, |n| n.get()),
         };
+        if self.reconcile_chunk == 0 {
+            return Err(Error::Usage("reconcile_chunk must be at least 1".into()));
+        }
         if self.max_inflight == 0 {
             return Err(Error::Usage(
                 "max_inflight_components must be at least 1".into(),
@@ -166,6 +185,7 @@ impl AppBuilder {
             .map_err(|e| Error::Shutdown(format!("opening the ledger was cancelled: {e}")))??;
         let config = EngineConfig {
             shards,
+            reconcile_chunk: self.reconcile_chunk,
             max_inflight: self.max_inflight,
             batch: self.batch,
             retry: self.retry,
@@ -190,6 +210,7 @@ impl App {
             ledger_path: PathBuf::from(DEFAULT_LEDGER_DIR),
             ledger_cache_bytes: DEFAULT_LEDGER_CACHE_BYTES,
             shards: None,
+            reconcile_chunk: DEFAULT_RECONCILE_CHUNK,
             max_inflight: DEFAULT_MAX_INFLIGHT_COMPONENTS,
             batch: BatchPolicy::default(),
             retry: RetryPolicy::default(),

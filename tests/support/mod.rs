@@ -273,9 +273,12 @@ pub async fn app(dir: &Path) -> Result<App> {
 }
 
 pub async fn app_with(dir: &Path, f: impl FnOnce(AppBuilder) -> AppBuilder) -> Result<App> {
+    // Small reconcile chunks: components of more than two declarations
+    // send some to the reconcilers while they run.
     let builder = App::builder("test")
         .ledger_path(dir.join("ledger"))
         .shards(3)
+        .reconcile_chunk(2)
         .retry_policy(RetryPolicy {
             max_attempts: 4,
             initial_backoff: std::time::Duration::from_millis(5),

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::reconciler::{shard_of, Orphan, ReconcileBatch, ShardDecl};
+use super::reconciler::{shard_of, Orphan, ReconcileBatch, ShardDecl, ShardReply};
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::buf;
@@ -40,6 +40,23 @@ struct DeclSet {
     list: Vec<Declaration>,
     paths: HashSet<Arc<[u8]>>,
     errors: Vec<String>,
+    early: Early,
+}
+
+/// Declarations sent to the reconcilers while the component's code still
+/// runs, in chunks (see [`AppBuilder::reconcile_chunk`](crate::AppBuilder::reconcile_chunk)).
+/// Reconciling only reads: nothing is applied before the code returns.
+#[derive(Default)]
+struct Early {
+    /// How many declarations of the list were looked at.
+    seen: usize,
+    /// For each declaration looked at: whether it was sent (its provider
+    /// was resolved; the others wait for the commit).
+    sent: Vec<bool>,
+    /// The shards that were sent a chunk.
+    shards: Vec<bool>,
+    /// The shards' answers, awaited at the commit.
+    replies: Vec<oneshot::Receiver<ShardReply>>,
 }
 
 #[derive(Default)]
@@ -89,7 +106,53 @@ impl ComponentState {
             return Err(err);
         }
         decls.list.push(decl);
+        if decls.list.len() - decls.early.seen >= self.run.engine.config.reconcile_chunk {
+            self.send_early(&mut decls);
+        }
         Ok(())
+    }
+
+    /// Sends the declarations not looked at yet whose provider is resolved
+    /// to their shards, one message per shard.
+    fn send_early(&self, decls: &mut DeclSet) {
+        let run = &self.run;
+        let shards = &run.engine.shards;
+        let n = shards.len();
+        let mut per_shard: Vec<Vec<ShardDecl>> = (0..n).map(|_| Vec::new()).collect();
+        let DeclSet { list, early, .. } = decls;
+        for (idx, d) in list.iter().enumerate().skip(early.seen) {
+            let ready = d.provider.resolved.get().is_some();
+            early.sent.push(ready);
+            if let (true, Some(batch)) = (ready, per_shard.get_mut(shard_of(&d.path, n))) {
+                batch.push(ShardDecl::of(idx, d));
+            }
+        }
+        early.seen = list.len();
+        early.shards.resize(n, false);
+        for (s, batch) in per_shard.into_iter().enumerate() {
+            if batch.is_empty() {
+                continue;
+            }
+            let (tx, rx) = oneshot::channel();
+            if let Some(g) = run.metrics.queue_depth.get(s) {
+                g.increment(1.0);
+            }
+            shards[s].do_send(ReconcileBatch {
+                run_id: run.id,
+                component: Arc::clone(&self.key),
+                component_path: self.path.clone(),
+                decls: batch,
+                declared_paths: None,
+                home: false,
+                chunked: true,
+                last: false,
+                reply: tx,
+            });
+            if let Some(sent) = early.shards.get_mut(s) {
+                *sent = true;
+            }
+            early.replies.push(rx);
+        }
     }
 
     /// Records an error that fails the component even if user code ignores it.
@@ -435,9 +498,13 @@ impl Drop for ActiveGuard<'_> {
 async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let run = &state.run;
     let mut active = ActiveGuard { run, active: true };
-    let (decls, errors) = {
+    let (decls, errors, early) = {
         let mut d = lock(&state.decls);
-        (std::mem::take(&mut d.list), std::mem::take(&mut d.errors))
+        (
+            std::mem::take(&mut d.list),
+            std::mem::take(&mut d.errors),
+            std::mem::take(&mut d.early),
+        )
     };
     run.metrics.declarations.increment(decls.len() as u64);
     if let Some(first) = errors.first() {
@@ -446,7 +513,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         record_failure(state, &e).await;
         return Err(e);
     }
-    let reconciled = match reconcile_waves(state, &decls).await {
+    let reconciled = match reconcile_waves(state, &decls, early).await {
         Ok(r) => r,
         Err(e) => {
             active.leave();
@@ -847,6 +914,7 @@ struct Reconciliation {
 async fn reconcile_waves(
     state: &Arc<ComponentState>,
     decls: &[Declaration],
+    early: Early,
 ) -> Result<Reconciliation> {
     let run = &state.run;
     let shards = &run.engine.shards;
@@ -860,7 +928,10 @@ async fn reconcile_waves(
         .map_or_else(|| shard_of(&state.key, n), |d| shard_of(&d.path, n));
     let mut all_paths: Option<HashSet<Arc<[u8]>>> =
         Some(decls.iter().map(|d| Arc::clone(&d.path)).collect());
-    let mut done = vec![false; decls.len()];
+    let sent_early = |i: usize| early.sent.get(i).copied().unwrap_or(false);
+    let mut done: Vec<bool> = (0..decls.len()).map(sent_early).collect();
+    let chunked = |s: usize| early.shards.get(s).copied().unwrap_or(false);
+    let mut early_replies = early.replies;
     let mut out = Reconciliation {
         results: (0..decls.len()).map(|_| None).collect(),
         waves: Vec::new(),
@@ -882,19 +953,27 @@ async fn reconcile_waves(
             done[i] = true;
             let d = &decls[i];
             if let Some(batch) = per_shard.get_mut(shard_of(&d.path, n)) {
-                batch.push(ShardDecl {
-                    idx: i,
-                    path: Arc::clone(&d.path),
-                    key: d.key.clone(),
-                    provider: Arc::clone(&d.provider),
-                    value: Arc::clone(&d.value),
-                });
+                batch.push(ShardDecl::of(i, d));
             }
         }
-        let mut replies = Vec::new();
+        // The first wave also takes the declarations sent early.
+        let wave: Vec<usize> = if first {
+            (0..decls.len())
+                .filter(|&i| sent_early(i) || ready.binary_search(&i).is_ok())
+                .collect()
+        } else {
+            ready
+        };
+        let mut replies: Vec<(bool, oneshot::Receiver<ShardReply>)> = Vec::new();
+        if first {
+            replies.extend(early_replies.drain(..).map(|rx| (false, rx)));
+        }
         for (s, batch) in per_shard.into_iter().enumerate() {
             let is_home = first && s == home;
-            if batch.is_empty() && !is_home {
+            // A shard sent chunks early gets a last message, which lets
+            // go of the entry it kept.
+            let last = first && chunked(s);
+            if batch.is_empty() && !is_home && !last {
                 continue;
             }
             let (tx, rx) = oneshot::channel();
@@ -909,6 +988,8 @@ async fn reconcile_waves(
                 decls: batch,
                 declared_paths,
                 home: is_home,
+                chunked: last,
+                last,
                 reply: tx,
             });
             replies.push((is_home, rx));
@@ -952,14 +1033,14 @@ async fn reconcile_waves(
         if let Some(e) = errors.into_iter().next() {
             return Err(e);
         }
-        for &i in &ready {
+        for &i in &wave {
             let d = &decls[i];
             let (Some(child), Some(Some(r))) = (&d.child, out.results.get_mut(i)) else {
                 continue;
             };
             r.child_gen = resolve_child(run, d, child, r)?;
         }
-        out.waves.push(ready);
+        out.waves.push(wave);
         first = false;
     }
     if let Some(i) = done.iter().position(|d| !d) {

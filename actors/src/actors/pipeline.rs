@@ -24,6 +24,9 @@ use crate::ledger::Ledger;
 #[derive(Clone, Debug)]
 pub(crate) struct EngineConfig {
     pub shards: usize,
+    /// Declarations a component sends to the reconcilers while its code
+    /// still runs, per message.
+    pub reconcile_chunk: usize,
     pub max_inflight: usize,
     pub batch: BatchPolicy,
     pub retry: RetryPolicy,

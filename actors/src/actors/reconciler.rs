@@ -37,6 +37,19 @@ pub(crate) struct ShardDecl {
     pub value: Arc<[u8]>,
 }
 
+impl ShardDecl {
+    /// Declaration `idx` of a component, for its shard.
+    pub(crate) fn of(idx: usize, d: &super::component::Declaration) -> Self {
+        ShardDecl {
+            idx,
+            path: Arc::clone(&d.path),
+            key: d.key.clone(),
+            provider: Arc::clone(&d.provider),
+            value: Arc::clone(&d.value),
+        }
+    }
+}
+
 /// What a shard found for one declared state.
 pub(crate) struct Outcome {
     pub idx: usize,
@@ -59,6 +72,12 @@ pub(crate) struct ReconcileBatch {
     /// Whether this is the component's home shard in this run: it also
     /// reports the component's child list, failure and orphans.
     pub home: bool,
+    /// The component sends this shard several messages in this run: its
+    /// entry is read once and kept for the next ones.
+    pub chunked: bool,
+    /// With `chunked`: the component's last message to this shard in this
+    /// run, after which its entry is dropped.
+    pub last: bool,
     pub reply: oneshot::Sender<ShardReply>,
 }
 
@@ -79,6 +98,16 @@ pub(crate) struct ShardReply {
     pub entry_exists: bool,
     /// A ledger read failed: the component cannot be reconciled.
     pub error: Option<Error>,
+}
+
+impl ShardReply {
+    /// The reply of a shard that could not read the ledger.
+    fn failed(e: Error) -> Self {
+        ShardReply {
+            error: Some(e),
+            ..ShardReply::default()
+        }
+    }
 }
 
 /// A state that is no longer declared, to be deleted at the end of a run.
@@ -134,7 +163,21 @@ pub(crate) struct ReconcilerActor {
     ledger: Ledger,
     /// Per run: each declared path and the component that declared it.
     declared: HashMap<u64, HashMap<Arc<[u8]>, ComponentPath>>,
+    /// The entries of components reconciled in several messages, by
+    /// component, with the run they were read in.
+    entries: HashMap<Arc<[u8]>, KeptEntry>,
+    /// The states in `entries`, bounded by [`MAX_CACHED_STATES`].
+    cached_states: usize,
 }
+
+/// A component's entry as read in a run (`None`: it has none yet).
+type KeptEntry = (u64, Arc<Option<ComponentEntry>>);
+
+/// The most states a shard keeps decoded for components reconciled in
+/// several messages: beyond it, such a component's entry is read again
+/// for each message rather than kept (many large components running at
+/// once would otherwise hold the whole ledger in memory).
+const MAX_CACHED_STATES: usize = 1 << 20;
 
 impl ReconcilerActor {
     pub(crate) fn new(index: usize, ledger: Ledger) -> Self {
@@ -143,6 +186,8 @@ impl ReconcilerActor {
             metrics: None,
             ledger,
             declared: HashMap::default(),
+            entries: HashMap::default(),
+            cached_states: 0,
         }
     }
 
@@ -156,16 +201,34 @@ impl ReconcilerActor {
     }
 
     fn reconcile(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
-        let mut reply = ShardReply::default();
+        if msg.chunked && decls.is_empty() && !msg.home {
+            // Nothing left to reconcile here: only let go of the entry.
+            if msg.last {
+                self.forget_entry(&msg.component);
+            }
+            return ShardReply::default();
+        }
+        if msg.chunked {
+            let reply = match self.chunked_entry(msg) {
+                Ok(entry) => {
+                    let own = entry.as_ref().as_ref();
+                    let states: &[StateEntry] = own.map_or(&[], |o| &o.states);
+                    let failure = own.and_then(|o| o.failure.clone());
+                    self.reconcile_states(msg, decls, states, failure, own.is_some())
+                }
+                Err(e) => ShardReply::failed(e),
+            };
+            if msg.last {
+                self.forget_entry(&msg.component);
+            }
+            return reply;
+        }
         // The component's entry, decoded without copying: only what the
         // component needs back (orphans, changed states) is copied.
         let raw = if msg.home || !decls.is_empty() {
             match self.ledger.component_raw(&msg.component) {
                 Ok(raw) => raw,
-                Err(e) => {
-                    reply.error = Some(e);
-                    return reply;
-                }
+                Err(e) => return ShardReply::failed(e),
             }
         } else {
             None
@@ -176,26 +239,65 @@ impl ReconcilerActor {
             .transpose()
         {
             Ok(own) => own,
-            Err(e) => {
-                reply.error = Some(e);
-                return reply;
-            }
+            Err(e) => return ShardReply::failed(e),
         };
-        let own_states: &[StateEntryRef<'_>] = own.as_ref().map_or(&[], |o| &o.states);
+        let states: &[StateEntryRef<'_>] = own.as_ref().map_or(&[], |o| &o.states);
+        let failure = own.as_ref().and_then(|o| o.failure.clone());
+        self.reconcile_states(msg, decls, states, failure, own.is_some())
+    }
+
+    /// The entry of a component that sends this shard several messages in
+    /// a run (chunks declared while its code runs, then the rest): read
+    /// and decoded on its first message, kept until its last.
+    fn chunked_entry(&mut self, msg: &ReconcileBatch) -> Result<Arc<Option<ComponentEntry>>> {
+        if let Some((run_id, entry)) = self.entries.get(&msg.component) {
+            if *run_id == msg.run_id {
+                return Ok(Arc::clone(entry));
+            }
+        }
+        // Kept from another run: stale.
+        self.forget_entry(&msg.component);
+        let entry = Arc::new(self.ledger.component(&msg.component)?);
+        let size = entry.as_ref().as_ref().map_or(0, |e| e.states.len());
+        if !msg.last && self.cached_states + size <= MAX_CACHED_STATES {
+            self.cached_states += size;
+            self.entries
+                .insert(Arc::clone(&msg.component), (msg.run_id, Arc::clone(&entry)));
+        }
+        Ok(entry)
+    }
+
+    /// Lets go of a component's kept entry.
+    fn forget_entry(&mut self, component: &[u8]) {
+        if let Some((_, entry)) = self.entries.remove(component) {
+            let size = entry.as_ref().as_ref().map_or(0, |e| e.states.len());
+            self.cached_states = self.cached_states.saturating_sub(size);
+        }
+    }
+
+    /// Reconciles `decls` against the component's states (sorted by path),
+    /// and for the home shard, reports the component's failure, children
+    /// and orphans.
+    fn reconcile_states<S: EntryState>(
+        &mut self,
+        msg: &ReconcileBatch,
+        decls: Vec<ShardDecl>,
+        own_states: &[S],
+        failure: Option<String>,
+        exists: bool,
+    ) -> ShardReply {
+        let mut reply = ShardReply::default();
         if msg.home {
             match self.ledger.children(&msg.component) {
                 Ok(c) => reply.prev_children = c,
-                Err(e) => {
-                    reply.error = Some(e);
-                    return reply;
-                }
+                Err(e) => return ShardReply::failed(e),
             }
-            reply.prev_failure = own.as_ref().and_then(|o| o.failure.clone());
-            reply.entry_exists = own.is_some();
+            reply.prev_failure = failure;
+            reply.entry_exists = exists;
         }
         if let Some(declared) = &msg.declared_paths {
             for s in own_states {
-                if !declared.contains(s.path.as_ref()) {
+                if !declared.contains(s.path()) {
                     reply.orphans.push(s.to_entry());
                 }
             }
@@ -217,13 +319,13 @@ impl ReconcilerActor {
                 continue;
             }
             declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
-            let found = own_states.binary_search_by(|s| s.path.as_ref().cmp(d.path.as_ref()));
+            let found = own_states.binary_search_by(|s| s.path().cmp(d.path.as_ref()));
             let outcome = match found {
                 Ok(i) => {
                     let Some(state) = own_states.get(i) else {
                         continue;
                     };
-                    let result = reconcile_declared(&d, Some(PrevView::from(state)));
+                    let result = reconcile_declared(&d, Some(state.view()));
                     // The component needs the previous entry only to commit a change.
                     let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry());
                     Outcome {
@@ -258,6 +360,37 @@ impl ReconcilerActor {
             reply.outcomes.push(outcome);
         }
         reply
+    }
+}
+
+/// A state of a component's entry, borrowed from the stored bytes or owned.
+trait EntryState {
+    fn path(&self) -> &[u8];
+    fn view(&self) -> PrevView<'_>;
+    fn to_entry(&self) -> StateEntry;
+}
+
+impl EntryState for StateEntryRef<'_> {
+    fn path(&self) -> &[u8] {
+        self.path
+    }
+    fn view(&self) -> PrevView<'_> {
+        PrevView::from(self)
+    }
+    fn to_entry(&self) -> StateEntry {
+        StateEntryRef::to_entry(self)
+    }
+}
+
+impl EntryState for StateEntry {
+    fn path(&self) -> &[u8] {
+        &self.path
+    }
+    fn view(&self) -> PrevView<'_> {
+        PrevView::from(self)
+    }
+    fn to_entry(&self) -> StateEntry {
+        self.clone()
     }
 }
 
@@ -408,5 +541,14 @@ impl Handler<EndRun> for ReconcilerActor {
 
     fn handle(&mut self, msg: EndRun, _ctx: &mut Context<Self>) {
         self.declared.remove(&msg.run_id);
+        let ended: Vec<Arc<[u8]>> = self
+            .entries
+            .iter()
+            .filter(|(_, (run_id, _))| *run_id == msg.run_id)
+            .map(|(component, _)| Arc::clone(component))
+            .collect();
+        for component in ended {
+            self.forget_entry(&component);
+        }
     }
 }

@@ -1,0 +1,133 @@
+//! Reconciling while a component runs: a component that declares more than
+//! `reconcile_chunk` states sends them to the reconcilers in chunks while
+//! its code still runs. The outcome must be the one of reconciling them
+//! all at its commit: same actions, nothing applied when the code fails,
+//! and a duplicate across components still refused.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use support::*;
+use weir::prelude::*;
+
+const ROWS: &str = "test/row";
+
+/// `n` rows `k000..`, each with `value(i)`.
+fn rows(n: usize, value: impl Fn(usize) -> String) -> Vec<(String, String)> {
+    (0..n).map(|i| (format!("k{i:03}"), value(i))).collect()
+}
+
+async fn chunked_app(dir: &std::path::Path, chunk: usize) -> Result<App> {
+    app_with(dir, |b| b.reconcile_chunk(chunk)).await
+}
+
+#[tokio::test]
+async fn a_component_declaring_many_chunks_creates_updates_and_deletes_as_one_commit_would(
+) -> Result<()> {
+    for chunk in [1, 3, 7, 4096] {
+        let dir = tempfile::tempdir()?;
+        let app = chunked_app(dir.path(), chunk).await?;
+        let rig = Rig::new();
+        let run = |declared: Vec<(String, String)>| {
+            let handler = rig.handler();
+            app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
+        };
+
+        let first = rows(50, |i| format!("v{i}"));
+        let stats = run(first.clone()).await?;
+        assert_eq!((stats.created, stats.updated), (50, 0), "chunk {chunk}");
+        assert_eq!(rig.store.snapshot(), first.iter().cloned().collect());
+
+        let stats = run(first.clone()).await?;
+        assert_eq!(
+            (stats.created, stats.updated, stats.deleted, stats.unchanged),
+            (0, 0, 0, 50),
+            "chunk {chunk}: an unchanged run changes nothing"
+        );
+
+        // Every tenth row changes, the last ten are no longer declared.
+        let third: Vec<(String, String)> = rows(40, |i| {
+            if i % 10 == 0 {
+                format!("new{i}")
+            } else {
+                format!("v{i}")
+            }
+        });
+        let stats = run(third.clone()).await?;
+        assert_eq!(
+            (stats.created, stats.updated, stats.deleted),
+            (0, 4, 10),
+            "chunk {chunk}"
+        );
+        let expected: BTreeMap<String, String> = third.into_iter().collect();
+        assert_eq!(rig.store.snapshot(), expected, "chunk {chunk}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_component_whose_code_fails_after_its_chunks_were_reconciled_applies_nothing(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = chunked_app(dir.path(), 2).await?;
+    let rig = Rig::new();
+    let handler = rig.handler();
+    let first = rows(10, |i| format!("v{i}"));
+    let declared = first.clone();
+    app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
+        .await?;
+    rig.log.clear();
+
+    // Declares every row changed and twenty more, then fails.
+    let handler = rig.handler();
+    let result = app
+        .run(move |ctx| async move {
+            declare_each(&ctx, ROWS, handler, rows(30, |i| format!("changed{i}")))?;
+            Err(Error::msg("the source broke after declaring"))
+        })
+        .await;
+    let err = err_or(result, |s| format!("the failing run succeeded: {s:?}"))?;
+    assert!(err.to_string().contains("the source broke"), "{err}");
+    assert_eq!(rig.log.entries(), Vec::<String>::new(), "nothing applied");
+    assert_eq!(rig.store.snapshot(), first.iter().cloned().collect());
+
+    // The ledger was not touched either: the first rows are unchanged.
+    let handler = rig.handler();
+    let stats = app
+        .run(move |ctx| async move { declare_each(&ctx, ROWS, handler, first) })
+        .await?;
+    assert_eq!((stats.created, stats.updated, stats.unchanged), (0, 0, 10));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_state_declared_by_two_components_is_refused_when_sent_in_chunks() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = chunked_app(dir.path(), 1).await?;
+    let rig = Rig::new();
+    let handler = rig.handler();
+    let result = app
+        .run(move |ctx| async move {
+            let provider = register_root_target_states_provider::<String, _>(&ctx, ROWS, handler)?;
+            let first = provider.clone();
+            ctx.mount("one", move |c| async move {
+                declare_into(&c, &first, rows(5, |i| format!("one{i}")))
+            })
+            .await?;
+            ctx.mount("two", move |c| async move {
+                declare_into(&c, &provider, rows(5, |i| format!("two{i}")))
+            })
+            .await?;
+            Ok(())
+        })
+        .await;
+    let err = err_or(result, |s| format!("the duplicate run succeeded: {s:?}"))?;
+    assert!(err.to_string().contains("/two"), "{err}");
+    assert_eq!(
+        rig.store.snapshot(),
+        rows(5, |i| format!("one{i}")).into_iter().collect(),
+        "the first component's rows stay, the second's are refused"
+    );
+    Ok(())
+}
