@@ -111,6 +111,16 @@ fn split_container_key(rest: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((container, component))
 }
 
+/// How long opening a ledger waits for sled's own lock.
+const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often it tries again meanwhile.
+const SLED_LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Whether sled failed to open because its lock is held.
+fn is_sled_lock(e: &std::io::Error) -> bool {
+    e.to_string().contains("could not acquire lock")
+}
+
 impl Ledger {
     /// Opens (or creates) the ledger in `dir`.
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Ledger> {
@@ -140,15 +150,33 @@ impl Ledger {
             path: display.to_string(),
             detail,
         };
-        // sled may panic on damaged files: that is corruption too.
-        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
-            .map_err(|_| corrupt("sled panicked while reading it".into()))?;
-        let db = opened.map_err(|e| match e {
-            sled::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied => {
-                Error::Io(io)
+        // sled takes a lock of its own, which a ledger closed a moment ago
+        // may still hold while its background threads wind down: wait
+        // for it a little, rather than call the ledger corrupt.
+        let mut waited = std::time::Duration::ZERO;
+        let db = loop {
+            // sled may panic on damaged files: that is corruption too.
+            let config = config.clone();
+            let opened =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
+                    .map_err(|_| corrupt("sled panicked while reading it".into()))?;
+            match opened {
+                Ok(db) => break db,
+                Err(sled::Error::Io(io)) if is_sled_lock(&io) && waited < SLED_LOCK_WAIT => {
+                    std::thread::sleep(SLED_LOCK_RETRY);
+                    waited += SLED_LOCK_RETRY;
+                }
+                Err(sled::Error::Io(io)) if is_sled_lock(&io) => {
+                    return Err(Error::LedgerLocked {
+                        path: display.to_string(),
+                    })
+                }
+                Err(sled::Error::Io(io)) if io.kind() == std::io::ErrorKind::PermissionDenied => {
+                    return Err(Error::Io(io))
+                }
+                Err(other) => return Err(corrupt(format!("sled cannot open it: {other}"))),
             }
-            other => corrupt(format!("sled cannot open it: {other}")),
-        })?;
+        };
         let ledger = Ledger {
             tree: db,
             dir: display,
@@ -1376,6 +1404,24 @@ mod tests {
             0,
             "tombstones that hide nothing are gone"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_ledger_reopened_while_sled_still_holds_its_lock_waits_for_it() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        // sled's background work can keep its lock a moment after the
+        // ledger is dropped: a clone of the store does the same here.
+        let lingering = ledger.tree.clone();
+        drop(ledger);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(lingering);
+        });
+        let reopened = Ledger::open(dir.path(), 1 << 20);
+        let _ = release.join();
+        assert!(reopened.is_ok(), "{:?}", reopened.err());
         Ok(())
     }
 
