@@ -555,7 +555,8 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let waiter = UnitWaiter::new();
     let mut attempted: Vec<usize> = Vec::new();
     let mut failure: Option<Error> = None;
-    for wave in &waves {
+    let mut records: Option<Result<SuccessRecords>> = None;
+    for (w, wave) in waves.iter().enumerate() {
         let mut groups = SinkGroups::default();
         for &i in wave {
             let (Some(r), Some(d)) = (results.get(i).and_then(|r| r.as_ref()), decls.get(i)) else {
@@ -583,6 +584,11 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         }
         groups.dispatch(run, &waiter);
         active.leave();
+        if w + 1 == waves.len() {
+            // What to commit if every action lands, worked out while the
+            // sinks apply the last wave.
+            records = Some(success_records(state, &decls, &results, fresh));
+        }
         failure = waiter.wait().await;
         if failure.is_some() {
             break;
@@ -621,8 +627,72 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     }
 
     // Success: final records, ownership moves, children and failure notes.
+    let SuccessRecords {
+        mut ops,
+        unchanged,
+        actions,
+    } = match records {
+        Some(r) => r?,
+        None => success_records(state, &decls, &results, fresh)?,
+    };
+    run.counters
+        .unchanged
+        .fetch_add(unchanged, std::sync::atomic::Ordering::Relaxed);
+    for (kind, n) in actions {
+        run.counters.count_action(kind, n);
+    }
+    let own = state.key.to_vec();
+    if let Some(children) = children_change(state, &prev_children) {
+        ops.push(LedgerOp::AddChildren {
+            component: own.clone(),
+            children,
+        });
+    }
+    if prev_failure.is_some() {
+        ops.push(LedgerOp::SetFailure {
+            component: own.clone(),
+            failure: None,
+        });
+    }
+    if let Some(memo) = state.memo.get() {
+        // States it no longer declares, and children it no longer mounts,
+        // are deleted only at the end of the run: until that has happened,
+        // its memo key does not describe what exists, so it is not
+        // recorded (the next run runs the component again and records it).
+        let pending = !orphans.is_empty() || removes_children(state, &prev_children);
+        ops.push(LedgerOp::SetMemo {
+            component: own,
+            memo: (!pending).then(|| memo.clone()),
+        });
+    }
+    if !ops.is_empty() {
+        run.engine.ledger_handle.commit(ops).await?;
+    }
+    note_children_and_orphans(state, &prev_children, orphans);
+    Ok(())
+}
+
+/// What a component commits when all its actions landed, and what it
+/// counts: states unchanged, and actions by kind.
+struct SuccessRecords {
+    ops: Vec<LedgerOp>,
+    unchanged: u64,
+    actions: Vec<(ActionKind, u64)>,
+}
+
+/// The records a component commits if every action it dispatched lands:
+/// final records, ownership moves (a fresh component's whole entry at
+/// once). Pure: nothing is counted or written here.
+fn success_records(
+    state: &ComponentState,
+    decls: &[Declaration],
+    results: &[Option<Reconciled>],
+    fresh: bool,
+) -> Result<SuccessRecords> {
     let own = state.key.to_vec();
     let mut ops = Vec::with_capacity(results.len());
+    let mut unchanged = 0u64;
+    let mut actions: Vec<(ActionKind, u64)> = Vec::new();
     for (i, r) in results.iter().enumerate() {
         let (Some(r), Some(d)) = (r.as_ref(), decls.get(i)) else {
             continue;
@@ -630,9 +700,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         let moved_from = r.location.as_ref().filter(|l| l.as_ref() != own.as_slice());
         match &r.output {
             None => {
-                run.counters
-                    .unchanged
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                unchanged += 1;
                 if let (Some(from), Some(prev)) = (&moved_from, &r.prev) {
                     ops.push(LedgerOp::Put {
                         component: own.clone(),
@@ -647,13 +715,12 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                     ops.push(forget_memo(from));
                 }
             }
-            Some(_) if is_refresh(state, d, r) => {
-                run.counters
-                    .unchanged
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
+            Some(_) if is_refresh(state, d, r) => unchanged += 1,
             Some(out) => {
-                run.counters.count_action(out.kind, 1);
+                match actions.iter_mut().find(|(k, _)| *k == out.kind) {
+                    Some((_, n)) => *n += 1,
+                    None => actions.push((out.kind, 1)),
+                }
                 match &out.record {
                     Some(record) => {
                         let entry = StateEntry {
@@ -702,34 +769,11 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     if fresh {
         ops = whole_entry(&own, ops)?;
     }
-    if let Some(children) = children_change(state, &prev_children) {
-        ops.push(LedgerOp::AddChildren {
-            component: own.clone(),
-            children,
-        });
-    }
-    if prev_failure.is_some() {
-        ops.push(LedgerOp::SetFailure {
-            component: own.clone(),
-            failure: None,
-        });
-    }
-    if let Some(memo) = state.memo.get() {
-        // States it no longer declares, and children it no longer mounts,
-        // are deleted only at the end of the run: until that has happened,
-        // its memo key does not describe what exists, so it is not
-        // recorded (the next run runs the component again and records it).
-        let pending = !orphans.is_empty() || removes_children(state, &prev_children);
-        ops.push(LedgerOp::SetMemo {
-            component: own,
-            memo: (!pending).then(|| memo.clone()),
-        });
-    }
-    if !ops.is_empty() {
-        run.engine.ledger_handle.commit(ops).await?;
-    }
-    note_children_and_orphans(state, &prev_children, orphans);
-    Ok(())
+    Ok(SuccessRecords {
+        ops,
+        unchanged,
+        actions,
+    })
 }
 
 /// Whether a container's action only refreshes it: an update whose record
