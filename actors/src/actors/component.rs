@@ -43,6 +43,17 @@ struct DeclSet {
     early: Early,
 }
 
+/// Where a message stands among a component's messages to one shard.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// The only one: the shard reads the component's entry for it.
+    Only,
+    /// A chunk sent while the code runs: more follow.
+    More,
+    /// The last after chunks: the shard lets go of the entry it kept.
+    Last,
+}
+
 /// Declarations sent to the reconcilers while the component's code still
 /// runs, in chunks (see [`AppBuilder::reconcile_chunk`](crate::AppBuilder::reconcile_chunk)).
 /// Reconciling only reads: nothing is applied before the code returns.
@@ -115,9 +126,7 @@ impl ComponentState {
     /// Sends the declarations not looked at yet whose provider is resolved
     /// to their shards, one message per shard.
     fn send_early(&self, decls: &mut DeclSet) {
-        let run = &self.run;
-        let shards = &run.engine.shards;
-        let n = shards.len();
+        let n = self.run.engine.shards.len();
         let mut per_shard: Vec<Vec<ShardDecl>> = (0..n).map(|_| Vec::new()).collect();
         let DeclSet { list, early, .. } = decls;
         for (idx, d) in list.iter().enumerate().skip(early.seen) {
@@ -133,26 +142,43 @@ impl ComponentState {
             if batch.is_empty() {
                 continue;
             }
-            let (tx, rx) = oneshot::channel();
-            if let Some(g) = run.metrics.queue_depth.get(s) {
-                g.increment(1.0);
-            }
-            shards[s].do_send(ReconcileBatch {
-                run_id: run.id,
-                component: Arc::clone(&self.key),
-                component_path: self.path.clone(),
-                decls: batch,
-                declared_paths: None,
-                home: false,
-                chunked: true,
-                last: false,
-                reply: tx,
-            });
+            early
+                .replies
+                .push(self.send_batch(s, batch, None, Chunk::More));
             if let Some(sent) = early.shards.get_mut(s) {
                 *sent = true;
             }
-            early.replies.push(rx);
         }
+    }
+
+    /// Sends shard `s` a batch of this component's declarations; the home
+    /// shard (`declared_paths` given) also reports children and orphans.
+    fn send_batch(
+        &self,
+        s: usize,
+        decls: Vec<ShardDecl>,
+        declared_paths: Option<HashSet<Arc<[u8]>>>,
+        chunk: Chunk,
+    ) -> oneshot::Receiver<ShardReply> {
+        let run = &self.run;
+        let (tx, rx) = oneshot::channel();
+        if let Some(g) = run.metrics.queue_depth.get(s) {
+            g.increment(1.0);
+        }
+        if let Some(shard) = run.engine.shards.get(s) {
+            shard.do_send(ReconcileBatch {
+                run_id: run.id,
+                component: Arc::clone(&self.key),
+                component_path: self.path.clone(),
+                decls,
+                home: declared_paths.is_some(),
+                declared_paths,
+                chunked: chunk != Chunk::Only,
+                last: chunk == Chunk::Last,
+                reply: tx,
+            });
+        }
+        rx
     }
 
     /// Records an error that fails the component even if user code ignores it.
@@ -1020,23 +1046,9 @@ async fn reconcile_waves(
             if batch.is_empty() && !is_home && !last {
                 continue;
             }
-            let (tx, rx) = oneshot::channel();
             let declared_paths = if is_home { all_paths.take() } else { None };
-            if let Some(g) = run.metrics.queue_depth.get(s) {
-                g.increment(1.0);
-            }
-            shards[s].do_send(ReconcileBatch {
-                run_id: run.id,
-                component: Arc::clone(&state.key),
-                component_path: state.path.clone(),
-                decls: batch,
-                declared_paths,
-                home: is_home,
-                chunked: last,
-                last,
-                reply: tx,
-            });
-            replies.push((is_home, rx));
+            let chunk = if last { Chunk::Last } else { Chunk::Only };
+            replies.push((is_home, state.send_batch(s, batch, declared_paths, chunk)));
         }
         let mut errors: Vec<Error> = Vec::new();
         for (is_home, rx) in replies {

@@ -55,6 +55,19 @@ macro_rules! refuse {
     };
 }
 
+/// A newtype's inner value, collected by `collector`; MessagePack gives
+/// one newtype name a meaning of its own, which takes the general path.
+fn newtype<S, T>(collector: S, name: &'static str, value: &T) -> Result<S::Ok, NotFlat>
+where
+    S: ser::Serializer<Error = NotFlat>,
+    T: Serialize + ?Sized,
+{
+    if name == rmp_serde::MSGPACK_EXT_STRUCT_NAME {
+        return Err(NotFlat);
+    }
+    value.serialize(collector)
+}
+
 /// Collects the top level of a row: a struct, a map, or a newtype of one.
 struct RowCollector;
 
@@ -85,11 +98,7 @@ impl ser::Serializer for RowCollector {
         name: &'static str,
         value: &T,
     ) -> Result<Fields, NotFlat> {
-        // MessagePack gives this name a meaning of its own.
-        if name == rmp_serde::MSGPACK_EXT_STRUCT_NAME {
-            return Err(NotFlat);
-        }
-        value.serialize(self)
+        newtype(self, name, value)
     }
 
     refuse! {
@@ -257,10 +266,7 @@ impl ser::Serializer for ScalarCollector {
         name: &'static str,
         value: &T,
     ) -> Result<Value, NotFlat> {
-        if name == rmp_serde::MSGPACK_EXT_STRUCT_NAME {
-            return Err(NotFlat);
-        }
-        value.serialize(self)
+        newtype(self, name, value)
     }
 
     refuse! {
