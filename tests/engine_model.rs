@@ -126,6 +126,8 @@ struct Case {
     max_attempts: u32,
     /// Declarations a component sends to the reconcilers while it runs.
     reconcile_chunk: usize,
+    /// Actions per sink call (a component dispatches a batch at a time).
+    max_actions: usize,
     runs: Vec<Plan>,
 }
 
@@ -133,11 +135,13 @@ fn case_strategy() -> impl Strategy<Value = Case> {
     (
         1u32..=2,
         prop_oneof![Just(1usize), Just(2), Just(3), Just(4096)],
+        prop_oneof![Just(1usize), Just(2), Just(4096)],
         prop::collection::vec(plan_strategy(), 1..=MAX_RUNS),
     )
-        .prop_map(|(max_attempts, reconcile_chunk, runs)| Case {
+        .prop_map(|(max_attempts, reconcile_chunk, max_actions, runs)| Case {
             max_attempts,
             reconcile_chunk,
+            max_actions,
             runs,
         })
 }
@@ -202,13 +206,19 @@ async fn check_case(case: Case) -> std::result::Result<(), TestCaseError> {
     let dir = tempfile::tempdir().map_err(fail)?;
     let attempts = case.max_attempts;
     let chunk = case.reconcile_chunk;
+    let max_actions = case.max_actions;
     let app = app_with(dir.path(), move |b| {
-        b.reconcile_chunk(chunk).retry_policy(RetryPolicy {
-            max_attempts: attempts,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(2),
-            call_timeout: Some(Duration::from_secs(5)),
-        })
+        b.reconcile_chunk(chunk)
+            .batch_policy(BatchPolicy {
+                max_actions,
+                linger: Duration::from_millis(5),
+            })
+            .retry_policy(RetryPolicy {
+                max_attempts: attempts,
+                initial_backoff: Duration::from_millis(1),
+                max_backoff: Duration::from_millis(2),
+                call_timeout: Some(Duration::from_secs(5)),
+            })
     })
     .await
     .map_err(fail)?;

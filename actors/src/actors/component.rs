@@ -582,6 +582,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let mut attempted: Vec<usize> = Vec::new();
     let mut failure: Option<Error> = None;
     let mut records: Option<Result<SuccessRecords>> = None;
+    // A large wave goes to the sinks a batch at a time, so that the first
+    // sink calls start while the rest is being planned.
+    let batch = run.engine.config.batch.max_actions.max(1);
     for (w, wave) in waves.iter().enumerate() {
         let mut groups = SinkGroups::default();
         for &i in wave {
@@ -607,6 +610,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                 planned,
             );
             attempted.push(i);
+            if groups.len() >= batch {
+                std::mem::take(&mut groups).dispatch(run, &waiter);
+            }
         }
         groups.dispatch(run, &waiter);
         active.leave();

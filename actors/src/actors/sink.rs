@@ -171,6 +171,11 @@ impl SinkGroups {
             .push(action);
     }
 
+    /// The number of actions gathered.
+    pub(crate) fn len(&self) -> usize {
+        self.total
+    }
+
     /// Sends every group to its sink actor, to be acknowledged to `waiter`.
     pub(crate) fn dispatch(self, run: &Run, waiter: &UnitWaiter) {
         waiter.0.pending.fetch_add(self.total, Ordering::SeqCst);
