@@ -82,6 +82,11 @@ impl ser::Serializer for RowCollector {
     type SerializeStruct = StructFields;
     type SerializeStructVariant = Impossible<Fields, NotFlat>;
 
+    // As MessagePack: types with a compact form (UUIDs, addresses) use it.
+    fn is_human_readable(&self) -> bool {
+        false
+    }
+
     fn serialize_struct(self, _name: &'static str, len: usize) -> Result<StructFields, NotFlat> {
         Ok(StructFields(Vec::with_capacity(len)))
     }
@@ -209,6 +214,10 @@ impl ser::Serializer for ScalarCollector {
     type SerializeMap = Impossible<Value, NotFlat>;
     type SerializeStruct = Impossible<Value, NotFlat>;
     type SerializeStructVariant = Impossible<Value, NotFlat>;
+
+    fn is_human_readable(&self) -> bool {
+        false
+    }
 
     fn serialize_bool(self, v: bool) -> Result<Value, NotFlat> {
         Ok(Value::Boolean(v))
@@ -342,6 +351,8 @@ mod tests {
         bytes: Vec<u8>,
         #[serde(skip_serializing_if = "Option::is_none")]
         skipped: Option<i64>,
+        /// A type whose form depends on `is_human_readable` (bytes here).
+        uuid: uuid::Uuid,
     }
 
     /// Serializes a byte vector as MessagePack bytes (as `serde_bytes` does).
@@ -375,6 +386,7 @@ mod tests {
             id: Id(7),
             bytes: vec![0, 1, 255],
             skipped: None,
+            uuid: uuid::Uuid::from_u128(1),
         }
     }
 
@@ -440,5 +452,12 @@ mod tests {
         assert!(flat_fields(&5_i64).is_none());
         assert!(flat_fields(&Some(scalars())).is_none());
         assert!(flat_fields(&vec![1, 2]).is_none());
+        // Not human-readable, an address is an enum of byte arrays.
+        #[derive(Serialize)]
+        struct WithAddress {
+            ip: std::net::IpAddr,
+        }
+        let ip = std::net::IpAddr::from([127, 0, 0, 1]);
+        assert!(flat_fields(&WithAddress { ip }).is_none());
     }
 }
