@@ -131,3 +131,77 @@ async fn a_state_declared_by_two_components_is_refused_when_sent_in_chunks() -> 
     );
     Ok(())
 }
+
+/// Runs `/a` (which declares `a_rows` and then fails when `a_fails`) and
+/// then `/b` (which declares `b_rows`), both through one provider.
+async fn run_a_then_b(
+    app: &App,
+    rig: &Rig,
+    a_rows: Vec<(String, String)>,
+    a_fails: bool,
+    b_rows: Vec<(String, String)>,
+) -> Result<UpdateStats> {
+    let handler = rig.handler();
+    app.run(move |ctx| async move {
+        let provider = register_root_target_states_provider::<String, _>(&ctx, ROWS, handler)?;
+        let for_a = provider.clone();
+        let failed_a = ctx
+            .mount("a", move |c| async move {
+                declare_into(&c, &for_a, a_rows)?;
+                if a_fails {
+                    return Err(Error::msg("a's source broke"));
+                }
+                Ok(())
+            })
+            .await;
+        if failed_a.is_ok() == a_fails {
+            return Err(Error::msg("/a did not end as planned"));
+        }
+        ctx.mount(
+            "b",
+            move |c| async move { declare_into(&c, &provider, b_rows) },
+        )
+        .await
+    })
+    .await
+}
+
+fn one(key: &str, value: &str) -> Vec<(String, String)> {
+    vec![(key.to_string(), value.to_string())]
+}
+
+#[tokio::test]
+async fn a_component_that_fails_after_sending_chunks_claims_none_of_its_states() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = chunked_app(dir.path(), 1).await?;
+    let rig = Rig::new();
+    run_a_then_b(&app, &rig, one("x", "1"), false, Vec::new()).await?;
+    assert_eq!(rig.store.snapshot(), map(&[("x", "1")]));
+
+    // /a declares x again and fails; /b then declares x: x moves to /b.
+    let result = run_a_then_b(&app, &rig, one("x", "1"), true, one("x", "2")).await;
+    let err = err_or(result, |s| format!("the run succeeded: {s:?}"))?;
+    assert_eq!(failed_paths(&err), strings(&["/a"]), "{err}");
+    assert_eq!(rig.store.snapshot(), map(&[("x", "2")]));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_state_declared_only_by_a_component_that_fails_is_still_deleted() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = chunked_app(dir.path(), 1).await?;
+    let rig = Rig::new();
+    let both = vec![
+        ("x".to_string(), "1".to_string()),
+        ("y".to_string(), "1".to_string()),
+    ];
+    run_a_then_b(&app, &rig, Vec::new(), false, both).await?;
+    assert_eq!(rig.store.snapshot(), map(&[("x", "1"), ("y", "1")]));
+
+    // /b no longer declares x; /a declares it and fails: x is deleted.
+    let result = run_a_then_b(&app, &rig, one("x", "1"), true, one("y", "1")).await;
+    let err = err_or(result, |s| format!("the run succeeded: {s:?}"))?;
+    assert_eq!(failed_paths(&err), strings(&["/a"]), "{err}");
+    assert_eq!(rig.store.snapshot(), map(&[("y", "1")]));
+    Ok(())
+}

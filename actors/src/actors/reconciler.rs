@@ -168,6 +168,16 @@ pub(crate) struct ReconcilerActor {
     entries: HashMap<Arc<[u8]>, KeptEntry>,
     /// The states in `entries`, bounded by [`MAX_CACHED_STATES`].
     cached_states: usize,
+    /// Per run and component: states sent in chunks, not claimed yet.
+    pending: HashMap<u64, HashMap<Arc<[u8]>, Vec<Claim>>>,
+}
+
+/// A state a component declared in a chunk, to claim at its commit.
+struct Claim {
+    path: Arc<[u8]>,
+    idx: usize,
+    provider: Arc<ProviderCore>,
+    key: StableKey,
 }
 
 /// A component's entry as read in a run (`None`: it has none yet).
@@ -188,6 +198,7 @@ impl ReconcilerActor {
             declared: HashMap::default(),
             entries: HashMap::default(),
             cached_states: 0,
+            pending: HashMap::default(),
         }
     }
 
@@ -202,11 +213,14 @@ impl ReconcilerActor {
 
     fn reconcile(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
         if msg.chunked && decls.is_empty() && !msg.home {
-            // Nothing left to reconcile here: only let go of the entry.
+            // Nothing left to reconcile here: claim what the chunks
+            // declared and let go of the entry.
+            let mut reply = ShardReply::default();
             if msg.last {
+                self.claim_pending(msg, &mut reply);
                 self.forget_entry(&msg.component);
             }
-            return ShardReply::default();
+            return reply;
         }
         if msg.chunked {
             let reply = match self.chunked_entry(msg) {
@@ -302,7 +316,15 @@ impl ReconcilerActor {
                 }
             }
         }
+        if msg.last {
+            self.claim_pending(msg, &mut reply);
+        }
         let declared_now = self.declared.entry(msg.run_id).or_default();
+        // States sent in chunks while the component's code runs are claimed
+        // only once it reaches its commit (its last message): a component
+        // whose code then fails claims nothing, as if it had sent nothing.
+        let claim_later = msg.chunked && !msg.last;
+        let mut pending = Vec::new();
         let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
         for d in decls {
             if let Some(first) = declared_now.get(&d.path) {
@@ -318,7 +340,16 @@ impl ReconcilerActor {
                 });
                 continue;
             }
-            declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
+            if claim_later {
+                pending.push(Claim {
+                    path: Arc::clone(&d.path),
+                    idx: d.idx,
+                    provider: Arc::clone(&d.provider),
+                    key: d.key.clone(),
+                });
+            } else {
+                declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
+            }
             let found = own_states.binary_search_by(|s| s.path().cmp(d.path.as_ref()));
             let outcome = match found {
                 Ok(i) => {
@@ -359,7 +390,45 @@ impl ReconcilerActor {
             };
             reply.outcomes.push(outcome);
         }
+        if !pending.is_empty() {
+            self.pending
+                .entry(msg.run_id)
+                .or_default()
+                .entry(Arc::clone(&msg.component))
+                .or_default()
+                .append(&mut pending);
+        }
         reply
+    }
+
+    /// Claims the states a component sent in chunks, now that it reached
+    /// its commit; one another component claimed meanwhile is a duplicate.
+    fn claim_pending(&mut self, msg: &ReconcileBatch, reply: &mut ShardReply) {
+        let Some(claims) = self
+            .pending
+            .get_mut(&msg.run_id)
+            .and_then(|by_component| by_component.remove(&msg.component))
+        else {
+            return;
+        };
+        let declared_now = self.declared.entry(msg.run_id).or_default();
+        for claim in claims {
+            match declared_now.get(&claim.path) {
+                Some(first) => reply.outcomes.push(Outcome {
+                    idx: claim.idx,
+                    location: None,
+                    prev: None,
+                    result: Err(Error::DuplicateDeclaration {
+                        provider: claim.provider.path.name.to_string(),
+                        key: claim.key,
+                        first_by: Some(first.clone()),
+                    }),
+                }),
+                None => {
+                    declared_now.insert(claim.path, msg.component_path.clone());
+                }
+            }
+        }
     }
 }
 
@@ -541,6 +610,7 @@ impl Handler<EndRun> for ReconcilerActor {
 
     fn handle(&mut self, msg: EndRun, _ctx: &mut Context<Self>) {
         self.declared.remove(&msg.run_id);
+        self.pending.remove(&msg.run_id);
         let ended: Vec<Arc<[u8]>> = self
             .entries
             .iter()
