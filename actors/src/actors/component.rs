@@ -9,12 +9,13 @@
 
 use rustc_hash::FxHashSet as HashSet;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::reconciler::{shard_of, Orphan, ReconcileBatch, ShardDecl, ShardReply};
+use super::reconciler::{shard_of, EarlyGate, Orphan, ReconcileBatch, ShardDecl, ShardReply};
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::buf;
@@ -68,7 +69,13 @@ struct Early {
     shards: Vec<bool>,
     /// The shards' answers, awaited at the commit.
     replies: Vec<oneshot::Receiver<ShardReply>>,
+    /// Shared with the shards: paces the chunks.
+    gate: Arc<EarlyGate>,
 }
+
+/// Chunks a component may have unhandled per shard: beyond, it declares on
+/// and sends a larger chunk later.
+const OUTSTANDING_PER_SHARD: usize = 2;
 
 #[derive(Default)]
 struct ChildSet {
@@ -127,6 +134,12 @@ impl ComponentState {
     /// to their shards, one message per shard.
     fn send_early(&self, decls: &mut DeclSet) {
         let n = self.run.engine.shards.len();
+        let gate = &decls.early.gate;
+        if gate.stop.load(Ordering::SeqCst)
+            || gate.outstanding.load(Ordering::SeqCst) >= OUTSTANDING_PER_SHARD * n
+        {
+            return;
+        }
         let mut per_shard: Vec<Vec<ShardDecl>> = (0..n).map(|_| Vec::new()).collect();
         let DeclSet { list, early, .. } = decls;
         for (idx, d) in list.iter().enumerate().skip(early.seen) {
@@ -142,9 +155,11 @@ impl ComponentState {
             if batch.is_empty() {
                 continue;
             }
+            early.gate.outstanding.fetch_add(1, Ordering::SeqCst);
+            let gate = Some(Arc::clone(&early.gate));
             early
                 .replies
-                .push(self.send_batch(s, batch, None, Chunk::More));
+                .push(self.send_batch(s, batch, None, Chunk::More, gate));
             if let Some(sent) = early.shards.get_mut(s) {
                 *sent = true;
             }
@@ -159,6 +174,7 @@ impl ComponentState {
         decls: Vec<ShardDecl>,
         declared_paths: Option<HashSet<Arc<[u8]>>>,
         chunk: Chunk,
+        gate: Option<Arc<EarlyGate>>,
     ) -> oneshot::Receiver<ShardReply> {
         let run = &self.run;
         let (tx, rx) = oneshot::channel();
@@ -175,6 +191,7 @@ impl ComponentState {
                 declared_paths,
                 chunked: chunk != Chunk::Only,
                 last: chunk == Chunk::Last,
+                gate,
                 reply: tx,
             });
         }
@@ -1054,7 +1071,8 @@ async fn reconcile_waves(
             }
             let declared_paths = if is_home { all_paths.take() } else { None };
             let chunk = if last { Chunk::Last } else { Chunk::Only };
-            replies.push((is_home, state.send_batch(s, batch, declared_paths, chunk)));
+            let reply = state.send_batch(s, batch, declared_paths, chunk, None);
+            replies.push((is_home, reply));
         }
         let mut errors: Vec<Error> = Vec::new();
         for (is_home, rx) in replies {

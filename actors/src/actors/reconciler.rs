@@ -78,6 +78,9 @@ pub(crate) struct ReconcileBatch {
     /// With `chunked`: the component's last message to this shard in this
     /// run, after which its entry is dropped.
     pub last: bool,
+    /// For a chunk sent while the component runs: how the shard tells it
+    /// that the chunk was handled, or that it should send no more.
+    pub gate: Option<Arc<EarlyGate>>,
     pub reply: oneshot::Sender<ShardReply>,
 }
 
@@ -98,6 +101,16 @@ pub(crate) struct ShardReply {
     pub entry_exists: bool,
     /// A ledger read failed: the component cannot be reconciled.
     pub error: Option<Error>,
+}
+
+/// Paces the chunks a running component sends to the shards.
+#[derive(Default)]
+pub(crate) struct EarlyGate {
+    /// Set by a shard that cannot keep the component's entry: each further
+    /// chunk would cost a full read of it, so the rest waits for the commit.
+    pub stop: std::sync::atomic::AtomicBool,
+    /// Chunks sent and not handled yet.
+    pub outstanding: std::sync::atomic::AtomicUsize,
 }
 
 impl ShardReply {
@@ -273,10 +286,15 @@ impl ReconcilerActor {
         self.forget_entry(&msg.component);
         let entry = Arc::new(self.ledger.component(&msg.component)?);
         let size = entry.as_ref().as_ref().map_or(0, |e| e.states.len());
-        if !msg.last && self.cached_states + size <= MAX_CACHED_STATES {
+        if msg.last {
+            return Ok(entry);
+        }
+        if self.cached_states + size <= MAX_CACHED_STATES {
             self.cached_states += size;
             self.entries
                 .insert(Arc::clone(&msg.component), (msg.run_id, Arc::clone(&entry)));
+        } else if let Some(gate) = &msg.gate {
+            gate.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(entry)
     }
@@ -547,6 +565,10 @@ impl Handler<ReconcileBatch> for ReconcilerActor {
         let decls = std::mem::take(&mut msg.decls);
         let calls = decls.len() as u64;
         let reply = self.reconcile(&msg, decls);
+        if let Some(gate) = &msg.gate {
+            gate.outstanding
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
         let m = self.metrics(msg.run_id);
         m.queue_depth.decrement(1.0);
         m.calls.increment(calls);
