@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::reconciler::{shard_of, EarlyGate, Orphan, ReconcileBatch, ShardDecl, ShardReply};
+use super::reconciler::{
+    shard_of, Chunk, EarlyGate, Orphan, ReconcileBatch, ShardDecl, ShardReply,
+};
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::buf;
@@ -42,17 +44,6 @@ struct DeclSet {
     paths: HashSet<Arc<[u8]>>,
     errors: Vec<String>,
     early: Early,
-}
-
-/// Where a message stands among a component's messages to one shard.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    /// The only one: the shard reads the component's entry for it.
-    Only,
-    /// A chunk sent while the code runs: more follow.
-    More,
-    /// The last after chunks: the shard lets go of the entry it kept.
-    Last,
 }
 
 /// Declarations sent to the reconcilers while the component's code still
@@ -156,10 +147,8 @@ impl ComponentState {
                 continue;
             }
             early.gate.outstanding.fetch_add(1, Ordering::SeqCst);
-            let gate = Some(Arc::clone(&early.gate));
-            early
-                .replies
-                .push(self.send_batch(s, batch, None, Chunk::More, gate));
+            let chunk = Chunk::More(Arc::clone(&early.gate));
+            early.replies.push(self.send_batch(s, batch, None, chunk));
             if let Some(sent) = early.shards.get_mut(s) {
                 *sent = true;
             }
@@ -174,7 +163,6 @@ impl ComponentState {
         decls: Vec<ShardDecl>,
         declared_paths: Option<HashSet<Arc<[u8]>>>,
         chunk: Chunk,
-        gate: Option<Arc<EarlyGate>>,
     ) -> oneshot::Receiver<ShardReply> {
         let run = &self.run;
         let (tx, rx) = oneshot::channel();
@@ -189,9 +177,7 @@ impl ComponentState {
                 decls,
                 home: declared_paths.is_some(),
                 declared_paths,
-                chunked: chunk != Chunk::Only,
-                last: chunk == Chunk::Last,
-                gate,
+                chunk,
                 reply: tx,
             });
         }
@@ -1071,7 +1057,7 @@ async fn reconcile_waves(
             }
             let declared_paths = if is_home { all_paths.take() } else { None };
             let chunk = if last { Chunk::Last } else { Chunk::Only };
-            let reply = state.send_batch(s, batch, declared_paths, chunk, None);
+            let reply = state.send_batch(s, batch, declared_paths, chunk);
             replies.push((is_home, reply));
         }
         let mut errors: Vec<Error> = Vec::new();

@@ -60,6 +60,27 @@ pub(crate) struct Outcome {
     pub result: Result<Option<ErasedOutput>>,
 }
 
+impl Outcome {
+    /// A state `first` declared already in this run.
+    fn duplicate(
+        idx: usize,
+        provider: &ProviderCore,
+        key: StableKey,
+        first: &ComponentPath,
+    ) -> Self {
+        Outcome {
+            idx,
+            location: None,
+            prev: None,
+            result: Err(Error::DuplicateDeclaration {
+                provider: provider.path.name.to_string(),
+                key,
+                first_by: Some(first.clone()),
+            }),
+        }
+    }
+}
+
 /// Reconcile a component's declarations that route to this shard.
 pub(crate) struct ReconcileBatch {
     pub run_id: u64,
@@ -72,16 +93,23 @@ pub(crate) struct ReconcileBatch {
     /// Whether this is the component's home shard in this run: it also
     /// reports the component's child list, failure and orphans.
     pub home: bool,
-    /// The component sends this shard several messages in this run: its
-    /// entry is read once and kept for the next ones.
-    pub chunked: bool,
-    /// With `chunked`: the component's last message to this shard in this
-    /// run, after which its entry is dropped.
-    pub last: bool,
-    /// For a chunk sent while the component runs: how the shard tells it
-    /// that the chunk was handled, or that it should send no more.
-    pub gate: Option<Arc<EarlyGate>>,
+    /// Where this message stands among the component's messages to this
+    /// shard in this run.
+    pub chunk: Chunk,
     pub reply: oneshot::Sender<ShardReply>,
+}
+
+/// Where a message stands among a component's messages to one shard.
+pub(crate) enum Chunk {
+    /// The only one: the shard reads the component's entry for it.
+    Only,
+    /// A chunk sent while the component's code runs: more follow, so the
+    /// shard keeps the entry it read. Through the gate it says when the
+    /// chunk was handled, or that it should send no more.
+    More(Arc<EarlyGate>),
+    /// The last after chunks: the component reached its commit. The shard
+    /// claims the chunks' states and lets go of the entry it kept.
+    Last,
 }
 
 impl Message for ReconcileBatch {
@@ -225,18 +253,13 @@ impl ReconcilerActor {
     }
 
     fn reconcile(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
-        if msg.chunked && decls.is_empty() && !msg.home {
-            // Nothing left to reconcile here: claim what the chunks
-            // declared and let go of the entry.
-            let mut reply = ShardReply::default();
-            if msg.last {
-                self.claim_pending(msg, &mut reply);
-                self.forget_entry(&msg.component);
-            }
-            return reply;
-        }
-        if msg.chunked {
-            let reply = match self.chunked_entry(msg) {
+        let mut reply = if decls.is_empty() && !msg.home {
+            // Nothing to read or reconcile here.
+            ShardReply::default()
+        } else if matches!(msg.chunk, Chunk::Only) {
+            self.reconcile_stored(msg, decls)
+        } else {
+            match self.chunked_entry(msg) {
                 Ok(entry) => {
                     let own = entry.as_ref().as_ref();
                     let states: &[StateEntry] = own.map_or(&[], |o| &o.states);
@@ -244,21 +267,27 @@ impl ReconcilerActor {
                     self.reconcile_states(msg, decls, states, failure, own.is_some())
                 }
                 Err(e) => ShardReply::failed(e),
-            };
-            if msg.last {
-                self.forget_entry(&msg.component);
             }
-            return reply;
+        };
+        if matches!(msg.chunk, Chunk::Last) {
+            // Unless it cannot commit, the component claims its chunks' states.
+            if reply.error.is_none() {
+                let duplicates = self.claim_pending(msg);
+                reply.outcomes.extend(duplicates);
+            }
+            self.forget_entry(&msg.component);
         }
+        reply
+    }
+
+    /// Reconciles a component's only message to this shard against its
+    /// entry as stored.
+    fn reconcile_stored(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
         // The component's entry, decoded without copying: only what the
         // component needs back (orphans, changed states) is copied.
-        let raw = if msg.home || !decls.is_empty() {
-            match self.ledger.component_raw(&msg.component) {
-                Ok(raw) => raw,
-                Err(e) => return ShardReply::failed(e),
-            }
-        } else {
-            None
+        let raw = match self.ledger.component_raw(&msg.component) {
+            Ok(raw) => raw,
+            Err(e) => return ShardReply::failed(e),
         };
         let own = match raw
             .as_deref()
@@ -285,15 +314,15 @@ impl ReconcilerActor {
         // Kept from another run: stale.
         self.forget_entry(&msg.component);
         let entry = Arc::new(self.ledger.component(&msg.component)?);
-        let size = entry.as_ref().as_ref().map_or(0, |e| e.states.len());
-        if msg.last {
+        let Chunk::More(gate) = &msg.chunk else {
             return Ok(entry);
-        }
+        };
+        let size = state_count(&entry);
         if self.cached_states + size <= MAX_CACHED_STATES {
             self.cached_states += size;
             self.entries
                 .insert(Arc::clone(&msg.component), (msg.run_id, Arc::clone(&entry)));
-        } else if let Some(gate) = &msg.gate {
+        } else {
             gate.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(entry)
@@ -302,8 +331,7 @@ impl ReconcilerActor {
     /// Lets go of a component's kept entry.
     fn forget_entry(&mut self, component: &[u8]) {
         if let Some((_, entry)) = self.entries.remove(component) {
-            let size = entry.as_ref().as_ref().map_or(0, |e| e.states.len());
-            self.cached_states = self.cached_states.saturating_sub(size);
+            self.cached_states = self.cached_states.saturating_sub(state_count(&entry));
         }
     }
 
@@ -334,28 +362,18 @@ impl ReconcilerActor {
                 }
             }
         }
-        if msg.last {
-            self.claim_pending(msg, &mut reply);
-        }
         let declared_now = self.declared.entry(msg.run_id).or_default();
         // States sent in chunks while the component's code runs are claimed
         // only once it reaches its commit (its last message): a component
         // whose code then fails claims nothing, as if it had sent nothing.
-        let claim_later = msg.chunked && !msg.last;
+        let claim_later = matches!(msg.chunk, Chunk::More(_));
         let mut pending = Vec::new();
         let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
         for d in decls {
             if let Some(first) = declared_now.get(&d.path) {
-                reply.outcomes.push(Outcome {
-                    idx: d.idx,
-                    location: None,
-                    prev: None,
-                    result: Err(Error::DuplicateDeclaration {
-                        provider: d.provider.path.name.to_string(),
-                        key: d.key,
-                        first_by: Some(first.clone()),
-                    }),
-                });
+                reply
+                    .outcomes
+                    .push(Outcome::duplicate(d.idx, &d.provider, d.key, first));
                 continue;
             }
             if claim_later {
@@ -421,33 +439,34 @@ impl ReconcilerActor {
 
     /// Claims the states a component sent in chunks, now that it reached
     /// its commit; one another component claimed meanwhile is a duplicate.
-    fn claim_pending(&mut self, msg: &ReconcileBatch, reply: &mut ShardReply) {
-        let Some(claims) = self
+    fn claim_pending(&mut self, msg: &ReconcileBatch) -> Vec<Outcome> {
+        let claims = self
             .pending
             .get_mut(&msg.run_id)
             .and_then(|by_component| by_component.remove(&msg.component))
-        else {
-            return;
-        };
+            .unwrap_or_default();
         let declared_now = self.declared.entry(msg.run_id).or_default();
+        let mut duplicates = Vec::new();
         for claim in claims {
             match declared_now.get(&claim.path) {
-                Some(first) => reply.outcomes.push(Outcome {
-                    idx: claim.idx,
-                    location: None,
-                    prev: None,
-                    result: Err(Error::DuplicateDeclaration {
-                        provider: claim.provider.path.name.to_string(),
-                        key: claim.key,
-                        first_by: Some(first.clone()),
-                    }),
-                }),
+                Some(first) => duplicates.push(Outcome::duplicate(
+                    claim.idx,
+                    &claim.provider,
+                    claim.key,
+                    first,
+                )),
                 None => {
                     declared_now.insert(claim.path, msg.component_path.clone());
                 }
             }
         }
+        duplicates
     }
+}
+
+/// The number of states in a component's entry.
+fn state_count(entry: &Option<ComponentEntry>) -> usize {
+    entry.as_ref().map_or(0, |e| e.states.len())
 }
 
 /// A state of a component's entry, borrowed from the stored bytes or owned.
@@ -565,7 +584,7 @@ impl Handler<ReconcileBatch> for ReconcilerActor {
         let decls = std::mem::take(&mut msg.decls);
         let calls = decls.len() as u64;
         let reply = self.reconcile(&msg, decls);
-        if let Some(gate) = &msg.gate {
+        if let Chunk::More(gate) = &msg.chunk {
             gate.outstanding
                 .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         }
@@ -633,14 +652,8 @@ impl Handler<EndRun> for ReconcilerActor {
     fn handle(&mut self, msg: EndRun, _ctx: &mut Context<Self>) {
         self.declared.remove(&msg.run_id);
         self.pending.remove(&msg.run_id);
-        let ended: Vec<Arc<[u8]>> = self
-            .entries
-            .iter()
-            .filter(|(_, (run_id, _))| *run_id == msg.run_id)
-            .map(|(component, _)| Arc::clone(component))
-            .collect();
-        for component in ended {
-            self.forget_entry(&component);
-        }
+        // An App's runs follow one another: whatever is kept is this run's.
+        self.entries.clear();
+        self.cached_states = 0;
     }
 }
