@@ -47,11 +47,27 @@ pub(crate) async fn apply_tables(
     Ok(())
 }
 
-/// The rows of one table in one sink call, by primary key (the last action
-/// on a key wins).
+/// The rows of one table in one sink call, in the order they came (the
+/// order rows were declared in, which is usually the table's own order and
+/// keeps its index inserts local), one per primary key: a later action on a
+/// key replaces the earlier one in place.
 struct TableWork {
     meta: Arc<TableMeta>,
-    by_key: HashMap<StableKey, (bool, Vec<SqlValue>)>,
+    /// The position of each key in `rows`.
+    index: HashMap<StableKey, usize>,
+    rows: Vec<(StableKey, bool, Vec<SqlValue>)>,
+}
+
+impl TableWork {
+    fn put(&mut self, key: StableKey, is_delete: bool, values: Vec<SqlValue>) {
+        match self.index.get(&key).and_then(|&at| self.rows.get_mut(at)) {
+            Some(slot) => *slot = (key, is_delete, values),
+            None => {
+                self.index.insert(key.clone(), self.rows.len());
+                self.rows.push((key, is_delete, values));
+            }
+        }
+    }
 }
 
 /// Applies row actions of any tables of one database in one transaction:
@@ -83,7 +99,8 @@ pub(crate) async fn apply_rows(
                 })?;
                 tables.entry(a.table.clone()).or_insert(TableWork {
                     meta,
-                    by_key: HashMap::new(),
+                    index: HashMap::new(),
+                    rows: Vec::new(),
                 })
             }
         };
@@ -97,7 +114,7 @@ pub(crate) async fn apply_rows(
                     .filter_map(|&i| a.values.get(i)),
             )
         };
-        work.by_key.insert(key, (is_delete, a.values));
+        work.put(key, is_delete, a.values);
     }
     let mut order: Vec<TableWork> = tables.into_values().collect();
     order.sort_by(|a, b| {
@@ -111,7 +128,7 @@ pub(crate) async fn apply_rows(
     let mut deletes = Vec::with_capacity(order.len());
     for work in order {
         let (mut up, mut del) = (Vec::new(), Vec::new());
-        for (key, (is_delete, values)) in work.by_key {
+        for (key, is_delete, values) in work.rows {
             if is_delete {
                 del.push((key, values));
             } else {
