@@ -4,6 +4,7 @@
 //! whose actions really fail, fail.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -201,6 +202,13 @@ struct Batch {
     parts: Vec<Part>,
 }
 
+/// A new batch waiting for its intents, then for its turn to be applied.
+struct Staged {
+    batch: Batch,
+    /// The result of writing its intents, once there is one.
+    intents: Option<Result<()>>,
+}
+
 /// How many components are still producing declarations or reconciling;
 /// when it drops to zero nothing more is coming and sinks flush at once.
 pub(crate) struct Activity {
@@ -304,7 +312,18 @@ pub(crate) struct SinkActor {
     pending_actions: usize,
     /// Batches split or due for retry, run before new ones.
     ready: VecDeque<Batch>,
-    in_flight: bool,
+    /// The next new batch, whose intents are being written while the
+    /// batch before it is applied.
+    staged: Option<Staged>,
+    /// Calls running now.
+    in_flight: usize,
+    /// The keys of the actions of the calls running now (hashed, with how
+    /// many calls carry each), kept when calls may overlap.
+    busy: HashMap<u64, u32>,
+    hasher: std::collections::hash_map::RandomState,
+    /// The next batch could not start beside the calls running now: wait
+    /// for one of them to end before trying again.
+    blocked: bool,
     linger_expired: bool,
     linger_armed: bool,
     /// Sink labels whose failure series were exported (at zero) already.
@@ -320,7 +339,11 @@ impl SinkActor {
             pending: VecDeque::new(),
             pending_actions: 0,
             ready: VecDeque::new(),
-            in_flight: false,
+            staged: None,
+            in_flight: 0,
+            busy: HashMap::new(),
+            hasher: Default::default(),
+            blocked: false,
             linger_expired: false,
             linger_armed: false,
             exported: std::collections::HashSet::new(),
@@ -331,15 +354,92 @@ impl SinkActor {
         self.env.batch.max_actions.max(1)
     }
 
+    /// How many calls may run at once.
+    fn concurrency(&self) -> usize {
+        self.core.concurrency.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Reserves the keys of `batch` for a call that starts now, if it may:
+    /// below the sink's concurrency, and sharing no key with a call already
+    /// running (so one key's actions are applied in order). Returns the
+    /// hashed keys to release when the call ends (none when calls never
+    /// overlap).
+    fn claim(&mut self, batch: &Batch) -> Option<Vec<u64>> {
+        let limit = self.concurrency();
+        if self.in_flight >= limit {
+            return None;
+        }
+        if limit == 1 {
+            return Some(Vec::new());
+        }
+        let keys: Vec<u64> = batch
+            .parts
+            .iter()
+            .flat_map(|p| p.actions.iter())
+            .map(|a| self.hasher.hash_one(&a.key))
+            .collect();
+        if keys.iter().any(|k| self.busy.contains_key(k)) {
+            return None;
+        }
+        for &k in &keys {
+            *self.busy.entry(k).or_insert(0) += 1;
+        }
+        Some(keys)
+    }
+
+    fn release(&mut self, keys: Vec<u64>) {
+        for k in keys {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.busy.entry(k) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
+    }
+
+    /// Moves batches along the pipeline: a new batch is staged (its
+    /// intents written) as soon as it is due, even while calls run;
+    /// batches start in order, retried and split ones first, then the
+    /// staged one once its intents are durable, each when the sink's
+    /// concurrency and the keys of the calls running allow.
     fn maybe_flush(&mut self, ctx: &mut Context<Self>) {
-        if self.in_flight {
-            return;
+        while !self.blocked {
+            if let Some(batch) = self.ready.pop_front() {
+                match self.claim(&batch) {
+                    Some(keys) => self.start(batch, keys, ctx),
+                    None => {
+                        self.ready.push_front(batch);
+                        self.blocked = true;
+                    }
+                }
+                continue;
+            }
+            match self.staged.take() {
+                Some(Staged {
+                    batch,
+                    intents: Some(Err(e)),
+                }) => self.fail_all(batch, e),
+                Some(Staged {
+                    batch,
+                    intents: Some(Ok(())),
+                }) => match self.claim(&batch) {
+                    Some(keys) => self.start(batch, keys, ctx),
+                    None => {
+                        self.staged = Some(Staged {
+                            batch,
+                            intents: Some(Ok(())),
+                        });
+                        self.blocked = true;
+                    }
+                },
+                other => {
+                    self.staged = other;
+                    break;
+                }
+            }
         }
-        if let Some(batch) = self.ready.pop_front() {
-            self.start(batch, ctx);
-            return;
-        }
-        if self.pending.is_empty() {
+        if self.staged.is_some() || self.pending.is_empty() {
             return;
         }
         let full = self.pending_actions >= self.max_actions();
@@ -348,7 +448,7 @@ impl SinkActor {
         let idle = self.env.activity.idle() && self.queued.load(Ordering::SeqCst) == 0;
         if full || self.linger_expired || idle {
             let batch = self.take_batch();
-            self.start(batch, ctx);
+            self.stage(batch, ctx);
         } else if !self.linger_armed {
             self.linger_armed = true;
             ctx.run_later(self.env.batch.linger, |act, ctx| {
@@ -381,16 +481,49 @@ impl SinkActor {
         Batch { parts }
     }
 
-    fn start(&mut self, mut batch: Batch, ctx: &mut Context<Self>) {
-        self.in_flight = true;
-        let env = self.env.clone();
-        let core = Arc::clone(&self.core);
-        // Intents are written once, before the first call of a batch.
+    /// Starts writing a new batch's intents (once per batch: retried
+    /// parts carry none) and keeps the batch until it can be applied.
+    fn stage(&mut self, mut batch: Batch, ctx: &mut Context<Self>) {
         let intents: Vec<Intent> = batch
             .parts
             .iter_mut()
             .flat_map(|p| p.actions.iter_mut().filter_map(|a| a.intent.take()))
             .collect();
+        if intents.is_empty() {
+            self.staged = Some(Staged {
+                batch,
+                intents: Some(Ok(())),
+            });
+            self.maybe_flush(ctx);
+            return;
+        }
+        self.staged = Some(Staged {
+            batch,
+            intents: None,
+        });
+        let env = self.env.clone();
+        let write = async move {
+            let id = env.ledger.write_intents(intents).await?;
+            match env.intent_ids.lock() {
+                Ok(mut ids) => ids.push(id),
+                Err(p) => p.into_inner().push(id),
+            }
+            Ok(())
+        };
+        ctx.spawn(write.into_actor(self).map(|res: Result<()>, act, ctx| {
+            if let Some(staged) = &mut act.staged {
+                staged.intents = Some(res);
+            }
+            act.maybe_flush(ctx);
+        }));
+    }
+
+    /// Applies a batch whose intents are durable and whose keys are
+    /// claimed.
+    fn start(&mut self, batch: Batch, keys: Vec<u64>, ctx: &mut Context<Self>) {
+        self.in_flight += 1;
+        let env = self.env.clone();
+        let core = Arc::clone(&self.core);
         let actions: Vec<EncodedAction> = batch
             .parts
             .iter()
@@ -412,17 +545,6 @@ impl SinkActor {
             self.exported.insert(label.clone());
         }
         let fut = async move {
-            if !intents.is_empty() {
-                match env.ledger.write_intents(intents).await {
-                    Ok(id) => match env.intent_ids.lock() {
-                        Ok(mut ids) => ids.push(id),
-                        Err(p) => p.into_inner().push(id),
-                    },
-                    // Without durable intents, applying could orphan what
-                    // it creates: apply nothing, fail the batch.
-                    Err(e) => return Err((e, false)),
-                }
-            }
             let started = std::time::Instant::now();
             crate::fault::point(crate::fault::SINK_BEFORE_APPLY);
             let res = call_sink(core, &env, actions).await;
@@ -434,14 +556,13 @@ impl SinkActor {
             let outcome = if res.is_ok() { "ok" } else { "failed" };
             metrics::counter!(crate::metrics::SINK_CALLS, "sink" => label, "outcome" => outcome)
                 .increment(1);
-            res.map_err(|e| (e, true))
+            res
         };
-        ctx.wait(fut.into_actor(self).map(move |res, act, ctx| {
-            act.in_flight = false;
-            match res {
-                Err((e, false)) => act.fail_all(batch, e),
-                other => act.finish(batch, other.map_err(|(e, _)| e), ctx),
-            }
+        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
+            act.in_flight -= 1;
+            act.blocked = false;
+            act.release(keys);
+            act.finish(batch, res, ctx);
             act.maybe_flush(ctx);
         }));
     }

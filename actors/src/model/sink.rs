@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -31,6 +31,8 @@ pub(crate) struct SinkCore {
     pub id: u64,
     pub apply: Box<ApplyFn>,
     pub child_handler: Option<Box<ChildFn>>,
+    /// How many calls may run at once (at least 1).
+    pub concurrency: AtomicUsize,
 }
 
 impl fmt::Debug for SinkCore {
@@ -113,6 +115,7 @@ where
             id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
             apply: make_apply(apply),
             child_handler: None,
+            concurrency: AtomicUsize::new(1),
         })
     }
 
@@ -134,6 +137,7 @@ where
             id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
             apply: make_apply(apply),
             child_handler: Some(child),
+            concurrency: AtomicUsize::new(1),
         })
     }
 
@@ -146,6 +150,19 @@ where
 }
 
 impl<A> TargetActionSink<A> {
+    /// Lets the engine run up to `calls` calls of this sink at once
+    /// (default 1: one call at a time). Calls that run together never
+    /// carry actions on the same key, and each call's actions keep their
+    /// order, so the sink may apply them as independent transactions, for
+    /// example on several connections of a pool, while the external system
+    /// works on more than one batch. Only for sinks whose calls are
+    /// independent of each other. Applies to the identity: clones included.
+    /// `0` counts as 1.
+    pub fn concurrent_calls(self, calls: usize) -> Self {
+        self.core.concurrency.store(calls.max(1), Ordering::Relaxed);
+        self
+    }
+
     /// Whether two sinks share one identity (one is a clone of the other).
     pub fn same_identity(&self, other: &Self) -> bool {
         self.core.id == other.core.id
