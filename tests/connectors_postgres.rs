@@ -67,10 +67,15 @@ struct Rig {
 
 impl Rig {
     async fn new(pool: PgPool, tables: &[&str]) -> Result<Rig> {
+        Self::with_batch(pool, tables, BatchPolicy::default()).await
+    }
+
+    async fn with_batch(pool: PgPool, tables: &[&str], batch: BatchPolicy) -> Result<Rig> {
         let dir = tempfile::tempdir()?;
         let app = App::builder("pg-test")
             .ledger_path(dir.path().join("ledger"))
             .provide_key(&db(), pool.clone())
+            .batch_policy(batch)
             .build()
             .await?;
         Ok(Rig {
@@ -823,6 +828,66 @@ async fn a_real_foreign_key_holds_when_the_child_table_depends_on_its_parent() -
     let text = result.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(text.contains("foreign key constraint"), "{text}");
     assert!(text.contains(&format!("{child}_fk")), "{text}");
+    rig.finish().await
+}
+
+const FAMILIES: i64 = 1500;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn parents_written_by_earlier_calls_are_committed_before_calls_that_write_their_children(
+) -> Result<()> {
+    let pool = server_or_skip!();
+    let suffix = unique("fkcalls");
+    let (parent, child) = (format!("b_parent_{suffix}"), format!("a_child_{suffix}"));
+    // Parents and their children go in different sink calls, large enough
+    // to take a while, and the row sink could run calls at once.
+    let batch = BatchPolicy {
+        max_actions: 999,
+        linger: Duration::from_millis(1),
+    };
+    let rig = Rig::with_batch(pool, &[&child, &parent], batch).await?;
+    let names = (parent.as_str(), child.as_str());
+    sync_family(&rig, names, &["p0"], &[("c0", "p0")], true).await?;
+    rig.exec(&format!(
+        "ALTER TABLE \"{child}\" ADD CONSTRAINT \"{child}_fk\" FOREIGN KEY (parent) REFERENCES \"{parent}\" (id)"
+    ))
+    .await?;
+
+    // The race this guards against is timing-dependent: several rounds,
+    // each with new families.
+    for round in 1..=4 {
+        let (p, c) = (parent.clone(), child.clone());
+        rig.run(move |ctx| async move {
+            let parents = mount_table_target(&ctx, &db(), &p, docs_schema()?).await?;
+            let children = mount_table_target(&ctx, &db(), &c, child_schema()?)
+                .await?
+                .depends_on(&parents);
+            // The parents, then their children (those of earlier rounds
+            // again, unchanged): the second call ends with the last new
+            // parents and the first new children, and the third holds only
+            // children, a third of them children of the second call's
+            // parents.
+            let families = || (1..=round).flat_map(|r| (0..FAMILIES).map(move |i| (r, i)));
+            for (r, i) in families() {
+                parents.declare_row(&ctx, &doc(&format!("p{r}_{i}"), "p"))?;
+            }
+            for (r, i) in families() {
+                children.declare_row(
+                    &ctx,
+                    &Child {
+                        id: format!("c{r}_{i}"),
+                        parent: format!("p{r}_{i}"),
+                    },
+                )?;
+            }
+            Ok(())
+        })
+        .await?;
+    }
+    let kids: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{child}\""))
+        .fetch_one(&rig.pool)
+        .await?;
+    assert_eq!(kids, 4 * FAMILIES);
     rig.finish().await
 }
 

@@ -51,6 +51,13 @@
 //! at every statement. Rows of a parent committed by an *earlier* sink call
 //! (an earlier component, or an earlier run) are of course visible too.
 //!
+//! Up to [`ROW_SINK_CONCURRENT_CALLS`] row-sink calls of one database run
+//! at once, each a transaction on its own pooled connection, so the server
+//! writes one batch while weir prepares or sends the next; the engine never
+//! runs two calls carrying the same key at once. Once a table of the
+//! database depends on another, its calls run one at a time, so a parent's
+//! rows are committed before a later call writes their children.
+//!
 //! Two actions on one primary key within a sink call are reduced to the
 //! last before sending. A constraint violation (unique, foreign key, check,
 //! not null) fails the call with a permanent error naming the table, the
@@ -121,6 +128,7 @@ use crate::sql::{validate_identifier, Row, TableSchema};
 use target::{DbShared, PostgresTableHandler, TableMeta, TableSpec};
 
 pub use sink::ROWS_PER_STATEMENT;
+pub use target::ROW_SINK_CONCURRENT_CALLS;
 
 pub use crate::sql::TableOptions;
 
@@ -342,6 +350,9 @@ impl TableTarget {
         if Arc::ptr_eq(&self.db.inner, &parent.db.inner) {
             let rank = parent.meta.rank.load(Ordering::Relaxed).saturating_add(1);
             self.meta.rank.fetch_max(rank, Ordering::Relaxed);
+            // Rows of one call could refer to rows of another call still
+            // running: from now on, one call at a time.
+            let _serial = self.db.row_sink.clone().concurrent_calls(1);
         }
         self
     }

@@ -111,7 +111,20 @@ impl DbInner {
 pub(crate) struct DbShared {
     pub inner: Arc<DbInner>,
     pub table_sink: TargetActionSink<TableAction>,
+    /// The rows' sink: up to [`ROW_SINK_CONCURRENT_CALLS`] calls at once,
+    /// one once a table of the database depends on another.
+    pub row_sink: TargetActionSink<RowAction>,
 }
+
+/// How many row-sink calls of one database may run at once, each its own
+/// transaction on its own pooled connection, while the server works on
+/// another batch. The engine never runs two calls that carry the same
+/// key. A database with dependent tables ([`TableTarget::depends_on`])
+/// gets one call at a time, so a parent's rows are committed before a
+/// later call writes their children.
+///
+/// [`TableTarget::depends_on`]: super::TableTarget::depends_on
+pub const ROW_SINK_CONCURRENT_CALLS: usize = 2;
 
 impl DbShared {
     fn new(db_name: &str, pool: PgPool) -> Self {
@@ -123,7 +136,9 @@ impl DbShared {
         let for_rows = Arc::clone(&inner);
         let row_sink = TargetActionSink::from_async_fn(move |actions| {
             sink::apply_rows(Arc::clone(&for_rows), actions)
-        });
+        })
+        .concurrent_calls(ROW_SINK_CONCURRENT_CALLS);
+        let rows_for_tables = row_sink.clone();
         let for_tables = Arc::clone(&inner);
         let table_sink = TargetActionSink::from_async_fn_with_child_handler(
             move |actions| sink::apply_tables(for_tables.pool.clone(), actions),
@@ -141,11 +156,15 @@ impl DbShared {
                         .iter()
                         .filter_map(|k| schema.column(k).map(|c| c.ty.clone()))
                         .collect(),
-                    sink: row_sink.clone(),
+                    sink: rows_for_tables.clone(),
                 }))
             },
         );
-        Self { inner, table_sink }
+        Self {
+            inner,
+            table_sink,
+            row_sink,
+        }
     }
 }
 
