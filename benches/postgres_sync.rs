@@ -23,6 +23,7 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -115,12 +116,12 @@ async fn weir_sync(
     app: &App,
     db: &ContextKey<PgPool>,
     table: &str,
-    items: Vec<Item>,
+    items: Arc<Vec<Item>>,
 ) -> Result<()> {
     let (db, table) = (db.clone(), table.to_string());
     app.run(move |ctx| async move {
         let target = mount_table_target(&ctx, &db, &table, schema()?).await?;
-        for i in &items {
+        for i in items.iter() {
             target.declare_row(&ctx, i)?;
         }
         Ok(())
@@ -160,11 +161,12 @@ async fn bench() -> Result<()> {
     .await?;
     let dir = tempfile::tempdir()?;
     let db = ContextKey::<PgPool>::new("bench_pg");
-    // Large sink calls: one transaction carries up to `max_actions` rows.
+    // Large sink calls: one transaction carries up to `max_actions` rows,
+    // and the row sink runs two at once (`ROW_SINK_CONCURRENT_CALLS`).
     let max_actions = std::env::var("WEIR_BENCH_MAX_ACTIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
+        .unwrap_or(10_000);
     let app = App::builder("postgres_sync")
         .ledger_path(dir.path().join("ledger"))
         .batch_policy(BatchPolicy {
@@ -188,8 +190,9 @@ async fn bench() -> Result<()> {
     ];
     for (phase, items, deleted) in phases {
         let rows = n as f64;
+        let items = Arc::new(items);
         let start = Instant::now();
-        weir_sync(&app, &db, &weir_table, items.clone()).await?;
+        weir_sync(&app, &db, &weir_table, Arc::clone(&items)).await?;
         let weir_secs = start.elapsed().as_secs_f64();
         let start = Instant::now();
         raw_sync(&pool, &raw_table, &items, &deleted).await?;
