@@ -865,7 +865,7 @@ async fn parents_written_by_earlier_calls_are_committed_before_calls_that_write_
             // The parents, then their children (those of earlier rounds
             // again, unchanged): the second call ends with the last new
             // parents and the first new children, and the third holds only
-            // children, a third of them children of the second call's
+            // children, about half of them children of the second call's
             // parents.
             let families = || (1..=round).flat_map(|r| (0..FAMILIES).map(move |i| (r, i)));
             for (r, i) in families() {

@@ -136,3 +136,58 @@ async fn calls_running_at_once_never_carry_the_same_key() -> Result<()> {
     assert!(c.most >= 2, "the calls ran one at a time ({})", c.most);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_call_waiting_to_be_retried_is_not_overtaken_by_a_later_action_on_its_key() -> Result<()>
+{
+    for allowed in [1, 2] {
+        let dir = tempfile::tempdir()?;
+        let app = one_action_per_call(dir.path()).await?;
+        let applied: Arc<Mutex<Vec<String>>> = Arc::default();
+        let failed_once = Arc::new(Mutex::new(false));
+        let (log, failed) = (Arc::clone(&applied), Arc::clone(&failed_once));
+        // The first call for "a" fails once, with a retriable error.
+        let sink = TargetActionSink::from_async_fn(move |actions: Vec<TargetAction<RowAction>>| {
+            let (log, failed) = (Arc::clone(&log), Arc::clone(&failed));
+            async move {
+                for a in &actions {
+                    let (TargetAction::Create(r)
+                    | TargetAction::Update(r)
+                    | TargetAction::Delete(r)) = a;
+                    let value = r.value.clone().unwrap_or_default();
+                    let mut failed = failed.lock().map_err(|_| Error::msg("poisoned"))?;
+                    if value == "a" && !*failed {
+                        *failed = true;
+                        return Err(Error::msg("transient failure"));
+                    }
+                    log.lock()
+                        .map_err(|_| Error::msg("poisoned"))?
+                        .push(format!("{}={value}", r.key));
+                }
+                Ok(())
+            }
+        })
+        .concurrent_calls(allowed);
+        // Two targets on the sink declare one key, "a" first.
+        let stats = app
+            .run(move |ctx| async move {
+                let a = register_root_target_states_provider::<String, _>(
+                    &ctx,
+                    "test/a",
+                    RowHandler::new(sink.clone()),
+                )?;
+                let b = register_root_target_states_provider::<String, _>(
+                    &ctx,
+                    "test/b",
+                    RowHandler::new(sink),
+                )?;
+                declare_into(&ctx, &a, [("k0", "a")])?;
+                declare_into(&ctx, &b, [("k0", "b")])
+            })
+            .await?;
+        assert_eq!(stats.created, 2, "concurrency {allowed}");
+        let applied = applied.lock().map_err(|_| Error::msg("poisoned"))?.clone();
+        assert_eq!(applied, ["k0=a", "k0=b"], "concurrency {allowed}");
+    }
+    Ok(())
+}

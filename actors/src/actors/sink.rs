@@ -321,6 +321,10 @@ pub(crate) struct SinkActor {
     /// many calls carry each), kept when calls may overlap.
     busy: HashMap<u64, u32>,
     hasher: std::collections::hash_map::RandomState,
+    /// Calls running now that were started one at a time, without their
+    /// keys recorded: no other call may join them (should the sink's
+    /// concurrency be raised meanwhile).
+    unkeyed: usize,
     /// The next batch could not start beside the calls running now: wait
     /// for one of them to end before trying again.
     blocked: bool,
@@ -343,6 +347,7 @@ impl SinkActor {
             in_flight: 0,
             busy: HashMap::new(),
             hasher: Default::default(),
+            unkeyed: 0,
             blocked: false,
             linger_expired: false,
             linger_armed: false,
@@ -361,16 +366,20 @@ impl SinkActor {
 
     /// Reserves the keys of `batch` for a call that starts now, if it may:
     /// below the sink's concurrency, and sharing no key with a call already
-    /// running (so one key's actions are applied in order). Returns the
-    /// hashed keys to release when the call ends (none when calls never
-    /// overlap).
+    /// running or waiting for its retry (so one key's actions are applied
+    /// in order). Returns the hashed keys to release when the call is over
+    /// (none when calls run one at a time).
     fn claim(&mut self, batch: &Batch) -> Option<Vec<u64>> {
         let limit = self.concurrency();
         if self.in_flight >= limit {
             return None;
         }
         if limit == 1 {
+            self.unkeyed += 1;
             return Some(Vec::new());
+        }
+        if self.unkeyed > 0 {
+            return None;
         }
         let keys: Vec<u64> = batch
             .parts
@@ -387,7 +396,13 @@ impl SinkActor {
         Some(keys)
     }
 
+    /// Ends a call: frees its slot and its keys.
     fn release(&mut self, keys: Vec<u64>) {
+        self.in_flight -= 1;
+        self.blocked = false;
+        if keys.is_empty() {
+            self.unkeyed = self.unkeyed.saturating_sub(1);
+        }
         for k in keys {
             if let std::collections::hash_map::Entry::Occupied(mut e) = self.busy.entry(k) {
                 *e.get_mut() -= 1;
@@ -520,8 +535,14 @@ impl SinkActor {
 
     /// Applies a batch whose intents are durable and whose keys are
     /// claimed.
-    fn start(&mut self, batch: Batch, keys: Vec<u64>, ctx: &mut Context<Self>) {
+    fn start(&mut self, batch: Batch, claimed: Vec<u64>, ctx: &mut Context<Self>) {
         self.in_flight += 1;
+        self.call(batch, claimed, ctx);
+    }
+
+    /// Calls the sink with a batch that holds a call slot and its keys,
+    /// and, once the call is over, acknowledges, splits or retries it.
+    fn call(&mut self, batch: Batch, claimed: Vec<u64>, ctx: &mut Context<Self>) {
         let env = self.env.clone();
         let core = Arc::clone(&self.core);
         let actions: Vec<EncodedAction> = batch
@@ -559,10 +580,14 @@ impl SinkActor {
             res
         };
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
-            act.in_flight -= 1;
-            act.blocked = false;
-            act.release(keys);
-            act.finish(batch, res, ctx);
+            match act.finish(batch, res) {
+                // A part waiting for its retry keeps its call slot and its
+                // keys, so that no later call overtakes it.
+                Some((part, delay)) => {
+                    ctx.run_later(delay, move |act, ctx| act.call(part, claimed, ctx));
+                }
+                None => act.release(claimed),
+            }
             act.maybe_flush(ctx);
         }));
     }
@@ -592,7 +617,10 @@ impl SinkActor {
             .map_or_else(String::new, |p| p.unit.label.to_string())
     }
 
-    fn finish(&mut self, mut batch: Batch, res: Result<()>, ctx: &mut Context<Self>) {
+    /// Settles a call's batch: acknowledges it, or splits it (the halves
+    /// go first in `ready`), or returns its one part with the delay after
+    /// which to call again, or fails it.
+    fn finish(&mut self, mut batch: Batch, res: Result<()>) -> Option<(Batch, Duration)> {
         let label = self.label(&batch);
         let err = match res {
             Ok(()) => {
@@ -614,7 +642,7 @@ impl SinkActor {
                 for part in batch.parts {
                     part.unit.ack(part.actions.len(), Ok(()));
                 }
-                return;
+                return None;
             }
             Err(e) => e,
         };
@@ -624,21 +652,15 @@ impl SinkActor {
             let second = batch.parts.split_off(batch.parts.len() / 2);
             self.ready.push_front(Batch { parts: second });
             self.ready.push_front(batch);
-            return;
+            return None;
         }
-        let Some(mut part) = batch.parts.pop() else {
-            return;
-        };
+        let mut part = batch.parts.pop()?;
         part.attempts += 1;
         let retry = &self.env.retry;
         if err.is_retriable() && part.attempts < retry.max_attempts {
             metrics::counter!(crate::metrics::SINK_RETRIES, "sink" => label).increment(1);
             let delay = backoff(retry, part.attempts);
-            ctx.run_later(delay, move |act, ctx| {
-                act.ready.push_back(Batch { parts: vec![part] });
-                act.maybe_flush(ctx);
-            });
-            return;
+            return Some((Batch { parts: vec![part] }, delay));
         }
         let keys = part
             .actions
@@ -658,6 +680,7 @@ impl SinkActor {
                 cause: Box::new(err),
             }),
         );
+        None
     }
 }
 

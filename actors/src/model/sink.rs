@@ -152,12 +152,13 @@ where
 impl<A> TargetActionSink<A> {
     /// Lets the engine run up to `calls` calls of this sink at once
     /// (default 1: one call at a time). Calls that run together never
-    /// carry actions on the same key, and each call's actions keep their
-    /// order, so the sink may apply them as independent transactions, for
-    /// example on several connections of a pool, while the external system
-    /// works on more than one batch. Only for sinks whose calls are
-    /// independent of each other. Applies to the identity: clones included.
-    /// `0` counts as 1.
+    /// carry actions on the same key, and a call waiting to be retried
+    /// keeps its place (no later call on its keys, and none beyond the
+    /// limit, starts meanwhile). The sink may then apply calls as
+    /// independent transactions, for example on several connections of a
+    /// pool, while the external system works on more than one batch. Only
+    /// for sinks whose calls are independent of each other. Applies to the
+    /// identity: clones included. `0` counts as 1.
     pub fn concurrent_calls(self, calls: usize) -> Self {
         self.core.concurrency.store(calls.max(1), Ordering::Relaxed);
         self
