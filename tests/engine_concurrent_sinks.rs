@@ -69,6 +69,27 @@ async fn one_action_per_call(dir: &std::path::Path) -> Result<App> {
     .await
 }
 
+/// Registers two targets, `test/a` and `test/b`, on one sink, and
+/// declares each pair's first row through `a`, then its second through `b`.
+fn declare_on_two_targets(
+    ctx: &Ctx,
+    sink: TargetActionSink<RowAction>,
+    pairs: Vec<((String, String), (String, String))>,
+) -> Result<()> {
+    let a = register_root_target_states_provider::<String, _>(
+        ctx,
+        "test/a",
+        RowHandler::new(sink.clone()),
+    )?;
+    let b =
+        register_root_target_states_provider::<String, _>(ctx, "test/b", RowHandler::new(sink))?;
+    for (first, second) in pairs {
+        declare_into(ctx, &a, [first])?;
+        declare_into(ctx, &b, [second])?;
+    }
+    Ok(())
+}
+
 fn keys(n: usize) -> Vec<(String, String)> {
     (0..n).map(|i| (format!("k{i}"), format!("v{i}"))).collect()
 }
@@ -106,24 +127,11 @@ async fn calls_running_at_once_never_carry_the_same_key() -> Result<()> {
     // other: each key comes to the sink twice in a row, in calls that must
     // not overlap.
     let sink = slow_sink(&calls).concurrent_calls(4);
+    let pairs = keys(4)
+        .into_iter()
+        .map(|(k, v)| ((k.clone(), v.clone()), (k, v)));
     let stats = app
-        .run(move |ctx| async move {
-            let a = register_root_target_states_provider::<String, _>(
-                &ctx,
-                "test/a",
-                RowHandler::new(sink.clone()),
-            )?;
-            let b = register_root_target_states_provider::<String, _>(
-                &ctx,
-                "test/b",
-                RowHandler::new(sink),
-            )?;
-            for (k, v) in keys(4) {
-                declare_into(&ctx, &a, [(k.clone(), v.clone())])?;
-                declare_into(&ctx, &b, [(k, v)])?;
-            }
-            Ok(())
-        })
+        .run(move |ctx| async move { declare_on_two_targets(&ctx, sink, pairs.collect()) })
         .await?;
     assert_eq!(stats.created, 8);
     let c = calls.lock().map_err(|_| Error::msg("poisoned"))?;
@@ -171,18 +179,11 @@ async fn a_call_waiting_to_be_retried_is_not_overtaken_by_a_later_action_on_its_
         // Two targets on the sink declare one key, "a" first.
         let stats = app
             .run(move |ctx| async move {
-                let a = register_root_target_states_provider::<String, _>(
-                    &ctx,
-                    "test/a",
-                    RowHandler::new(sink.clone()),
-                )?;
-                let b = register_root_target_states_provider::<String, _>(
-                    &ctx,
-                    "test/b",
-                    RowHandler::new(sink),
-                )?;
-                declare_into(&ctx, &a, [("k0", "a")])?;
-                declare_into(&ctx, &b, [("k0", "b")])
+                let pair = (
+                    ("k0".to_string(), "a".to_string()),
+                    ("k0".into(), "b".into()),
+                );
+                declare_on_two_targets(&ctx, sink, vec![pair])
             })
             .await?;
         assert_eq!(stats.created, 2, "concurrency {allowed}");
