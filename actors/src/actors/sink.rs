@@ -398,7 +398,7 @@ impl SinkActor {
 
     /// Ends a call: frees its slot and its keys.
     fn release(&mut self, keys: Vec<u64>) {
-        self.in_flight -= 1;
+        self.in_flight = self.in_flight.saturating_sub(1);
         self.blocked = false;
         if keys.is_empty() {
             self.unkeyed = self.unkeyed.saturating_sub(1);
