@@ -310,7 +310,8 @@ pub(crate) struct SinkActor {
     queued: Arc<AtomicUsize>,
     pending: VecDeque<Part>,
     pending_actions: usize,
-    /// Batches split or due for retry, run before new ones.
+    /// Halves of split batches, run before new ones. (A part due for a
+    /// retry keeps its call slot until it is called again.)
     ready: VecDeque<Batch>,
     /// The next new batch, whose intents are being written while the
     /// batch before it is applied.
@@ -431,6 +432,8 @@ impl SinkActor {
                 continue;
             }
             match self.staged.take() {
+                // Without durable intents, applying could orphan what it
+                // creates: apply nothing, fail the batch.
                 Some(Staged {
                     batch,
                     intents: Some(Err(e)),
@@ -496,8 +499,9 @@ impl SinkActor {
         Batch { parts }
     }
 
-    /// Starts writing a new batch's intents (once per batch: retried
-    /// parts carry none) and keeps the batch until it can be applied.
+    /// Starts writing a new batch's intents (once per batch: split halves
+    /// and retried parts carry none) and keeps the batch until it can be
+    /// applied.
     fn stage(&mut self, mut batch: Batch, ctx: &mut Context<Self>) {
         let intents: Vec<Intent> = batch
             .parts
