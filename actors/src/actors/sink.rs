@@ -5,6 +5,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
+
+use rustc_hash::{FxBuildHasher, FxHashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -319,13 +321,11 @@ pub(crate) struct SinkActor {
     /// Calls running now.
     in_flight: usize,
     /// The keys of the actions of the calls running now (hashed, with how
-    /// many calls carry each), kept when calls may overlap.
-    busy: HashMap<u64, u32>,
-    hasher: std::collections::hash_map::RandomState,
-    /// Calls running now that were started one at a time, without their
-    /// keys recorded: no other call may join them (should the sink's
-    /// concurrency be raised meanwhile).
-    unkeyed: usize,
+    /// many calls carry each), kept when calls may overlap. Calls started
+    /// one at a time record none: calls are running and none is recorded
+    /// exactly when the one running was started alone (a batch is never
+    /// empty).
+    busy: FxHashMap<u64, u32>,
     /// The next batch could not start beside the calls running now: wait
     /// for one of them to end before trying again.
     blocked: bool,
@@ -346,9 +346,7 @@ impl SinkActor {
             ready: VecDeque::new(),
             staged: None,
             in_flight: 0,
-            busy: HashMap::new(),
-            hasher: Default::default(),
-            unkeyed: 0,
+            busy: FxHashMap::default(),
             blocked: false,
             linger_expired: false,
             linger_armed: false,
@@ -376,17 +374,18 @@ impl SinkActor {
             return None;
         }
         if limit == 1 {
-            self.unkeyed += 1;
             return Some(Vec::new());
         }
-        if self.unkeyed > 0 {
+        if self.in_flight > 0 && self.busy.is_empty() {
+            // The call running was started alone (the concurrency was
+            // raised since): nothing joins it.
             return None;
         }
         let keys: Vec<u64> = batch
             .parts
             .iter()
             .flat_map(|p| p.actions.iter())
-            .map(|a| self.hasher.hash_one(&a.key))
+            .map(|a| FxBuildHasher.hash_one(&a.key))
             .collect();
         if keys.iter().any(|k| self.busy.contains_key(k)) {
             return None;
@@ -401,9 +400,6 @@ impl SinkActor {
     fn release(&mut self, keys: Vec<u64>) {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.blocked = false;
-        if keys.is_empty() {
-            self.unkeyed = self.unkeyed.saturating_sub(1);
-        }
         for k in keys {
             if let std::collections::hash_map::Entry::Occupied(mut e) = self.busy.entry(k) {
                 *e.get_mut() -= 1;
@@ -420,14 +416,38 @@ impl SinkActor {
     /// staged one once its intents are durable, each when the sink's
     /// concurrency and the keys of the calls running allow.
     fn maybe_flush(&mut self, ctx: &mut Context<Self>) {
+        loop {
+            self.start_due(ctx);
+            if self.staged.is_some() || self.pending.is_empty() {
+                return;
+            }
+            let full = self.pending_actions >= self.max_actions();
+            // Idle: no component can produce more, and every message
+            // already sent to this sink has been handled.
+            let idle = self.env.activity.idle() && self.queued.load(Ordering::SeqCst) == 0;
+            if !(full || self.linger_expired || idle) {
+                if !self.linger_armed {
+                    self.linger_armed = true;
+                    ctx.run_later(self.env.batch.linger, |act, ctx| {
+                        act.linger_armed = false;
+                        act.linger_expired = true;
+                        act.maybe_flush(ctx);
+                    });
+                }
+                return;
+            }
+            let batch = self.take_batch();
+            self.stage(batch, ctx);
+        }
+    }
+
+    /// Starts what may start now: split halves first, then the staged
+    /// batch once its intents are durable.
+    fn start_due(&mut self, ctx: &mut Context<Self>) {
         while !self.blocked {
             if let Some(batch) = self.ready.pop_front() {
-                match self.claim(&batch) {
-                    Some(keys) => self.start(batch, keys, ctx),
-                    None => {
-                        self.ready.push_front(batch);
-                        self.blocked = true;
-                    }
+                if let Some(batch) = self.try_start(batch, ctx) {
+                    self.ready.push_front(batch);
                 }
                 continue;
             }
@@ -441,39 +461,19 @@ impl SinkActor {
                 Some(Staged {
                     batch,
                     intents: Some(Ok(())),
-                }) => match self.claim(&batch) {
-                    Some(keys) => self.start(batch, keys, ctx),
-                    None => {
+                }) => {
+                    if let Some(batch) = self.try_start(batch, ctx) {
                         self.staged = Some(Staged {
                             batch,
                             intents: Some(Ok(())),
                         });
-                        self.blocked = true;
                     }
-                },
+                }
                 other => {
                     self.staged = other;
                     break;
                 }
             }
-        }
-        if self.staged.is_some() || self.pending.is_empty() {
-            return;
-        }
-        let full = self.pending_actions >= self.max_actions();
-        // Idle: no component can produce more, and every message already
-        // sent to this sink has been handled.
-        let idle = self.env.activity.idle() && self.queued.load(Ordering::SeqCst) == 0;
-        if full || self.linger_expired || idle {
-            let batch = self.take_batch();
-            self.stage(batch, ctx);
-        } else if !self.linger_armed {
-            self.linger_armed = true;
-            ctx.run_later(self.env.batch.linger, |act, ctx| {
-                act.linger_armed = false;
-                act.linger_expired = true;
-                act.maybe_flush(ctx);
-            });
         }
     }
 
@@ -513,7 +513,6 @@ impl SinkActor {
                 batch,
                 intents: Some(Ok(())),
             });
-            self.maybe_flush(ctx);
             return;
         }
         self.staged = Some(Staged {
@@ -535,6 +534,21 @@ impl SinkActor {
             }
             act.maybe_flush(ctx);
         }));
+    }
+
+    /// Starts a batch whose intents are durable if the calls running allow
+    /// it; else gives it back and waits for one of them to end.
+    fn try_start(&mut self, batch: Batch, ctx: &mut Context<Self>) -> Option<Batch> {
+        match self.claim(&batch) {
+            Some(keys) => {
+                self.start(batch, keys, ctx);
+                None
+            }
+            None => {
+                self.blocked = true;
+                Some(batch)
+            }
+        }
     }
 
     /// Applies a batch whose intents are durable and whose keys are
