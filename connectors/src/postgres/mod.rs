@@ -352,7 +352,7 @@ impl TableTarget {
             self.meta.rank.fetch_max(rank, Ordering::Relaxed);
             // Rows of one call could refer to rows of another call still
             // running: from now on, one call at a time.
-            let _serial = self.db.row_sink.clone().concurrent_calls(1);
+            self.db.row_sink.clone().concurrent_calls(1);
         }
         self
     }
