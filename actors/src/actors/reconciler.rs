@@ -8,6 +8,7 @@
 //! and the states the component no longer declares.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix::{Actor, Context, Handler, Message};
@@ -136,9 +137,9 @@ pub(crate) struct ShardReply {
 pub(crate) struct EarlyGate {
     /// Set by a shard that cannot keep the component's entry: each further
     /// chunk would cost a full read of it, so the rest waits for the commit.
-    pub stop: std::sync::atomic::AtomicBool,
+    pub stop: AtomicBool,
     /// Chunks sent and not handled yet.
-    pub outstanding: std::sync::atomic::AtomicUsize,
+    pub outstanding: AtomicUsize,
 }
 
 impl ShardReply {
@@ -323,7 +324,7 @@ impl ReconcilerActor {
             self.entries
                 .insert(Arc::clone(&msg.component), (msg.run_id, Arc::clone(&entry)));
         } else {
-            gate.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            gate.stop.store(true, Ordering::SeqCst);
         }
         Ok(entry)
     }
@@ -585,8 +586,7 @@ impl Handler<ReconcileBatch> for ReconcilerActor {
         let calls = decls.len() as u64;
         let reply = self.reconcile(&msg, decls);
         if let Chunk::More(gate) = &msg.chunk {
-            gate.outstanding
-                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            gate.outstanding.fetch_sub(1, Ordering::SeqCst);
         }
         let m = self.metrics(msg.run_id);
         m.queue_depth.decrement(1.0);
