@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::child::ChildTargetDef;
+use super::encode;
 use super::handler::{ActionKind, TargetChildInvalidation, TargetHandler};
 use super::key::StableKey;
 use super::sink::SinkCore;
@@ -75,15 +76,15 @@ where
             return Ok(None);
         };
         let kind = out.action.kind();
-        let action = rmp_serde::to_vec(out.action.inner())?;
+        let action = encode::to_arc(out.action.inner())?;
         let record = out
             .tracking_record
             .as_ref()
-            .map(rmp_serde::to_vec)
+            .map(encode::to_vec)
             .transpose()?;
         Ok(Some(ErasedOutput {
             kind,
-            action: Arc::from(action),
+            action,
             sink: Arc::clone(&out.sink.core),
             record,
             child_invalidation: out.child_invalidation,

@@ -115,13 +115,6 @@ fn bytes_hasher() -> blake3::Hasher {
     context_hasher(&HASHER, BYTES_CONTEXT)
 }
 
-/// The largest encoding buffer kept between fingerprints, per thread.
-const MAX_KEPT_BUFFER: usize = 64 * 1024;
-
-thread_local! {
-    static ENCODE_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Fingerprints any serializable value.
 ///
 /// The value is encoded with MessagePack (`rmp_serde`, structs as arrays)
@@ -143,23 +136,8 @@ impl<T: Serialize + ?Sized> From<&T> for Fingerprint {
         // reused buffer and hashed in one call (many tiny `update` calls
         // cost more than the copy). The digest is the same either way.
         let mut hasher = serde_hasher();
-        let mut hash_encoded = |buf: &mut Vec<u8>| {
-            buf.clear();
-            rmp_serde::encode::write(&mut *buf, value).map(|()| {
-                hasher.update(buf);
-            })
-        };
-        let encoded = ENCODE_BUFFER.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut buf) => {
-                let done = hash_encoded(&mut buf);
-                // Do not keep a huge buffer alive for the thread's lifetime.
-                if buf.capacity() > MAX_KEPT_BUFFER {
-                    *buf = Vec::new();
-                }
-                done
-            }
-            // A fingerprint taken while serializing the value of another.
-            Err(_) => hash_encoded(&mut Vec::new()),
+        let encoded = super::encode::with_encoded(value, |bytes| {
+            hasher.update(bytes);
         });
         match encoded {
             Ok(()) => Self::finish(&hasher),

@@ -4,6 +4,7 @@
 //! needs only what is here.
 
 pub(crate) mod child;
+pub(crate) mod encode;
 pub(crate) mod erased;
 pub mod fingerprint;
 pub(crate) mod handler;

@@ -200,9 +200,7 @@ where
     /// value is serialized now; later changes to it are not seen.
     pub fn target_state(&self, key: impl IntoStableKey, value: V) -> TargetState<V> {
         let key = key.into_stable_key();
-        let value = rmp_serde::to_vec(&value)
-            .map(Arc::from)
-            .map_err(|e| e.to_string());
+        let value = super::encode::to_arc(&value).map_err(|e| e.to_string());
         TargetState {
             provider: Arc::clone(&self.core),
             key,
