@@ -288,28 +288,50 @@ async fn converge(tx: &mut Tx, table: &str, schema: &TableSchema, context: &str)
 /// The writes of one sink call to one table.
 struct TableWrites {
     schema: Arc<TableSchema>,
+    /// The positions of the primary key's columns among the columns.
+    key_positions: Vec<usize>,
     rank: u32,
     upserts: Vec<Vec<SqlValue>>,
     deletes: Vec<Vec<SqlValue>>,
+    /// The keys of the rows above: a row's older actions are dropped.
+    seen: HashSet<StableKey>,
 }
 
-/// The primary key of an upserted row (`values` holds every column) or of
-/// a delete (`values` holds the key).
-fn row_key(schema: &TableSchema, values: &[SqlValue], is_delete: bool) -> StableKey {
-    let parts: Vec<StableKey> = if is_delete {
-        values.iter().map(SqlValue::to_key).collect()
-    } else {
-        schema
+impl TableWrites {
+    fn new(schema: Arc<TableSchema>, rank: u32) -> Self {
+        let key_positions = schema
             .primary_key()
             .iter()
             .filter_map(|k| schema.columns().iter().position(|c| &c.name == k))
-            .filter_map(|i| values.get(i))
-            .map(SqlValue::to_key)
-            .collect()
-    };
-    match <[StableKey; 1]>::try_from(parts) {
-        Ok([one]) => one,
-        Err(parts) => StableKey::Array(parts.into()),
+            .collect();
+        Self {
+            schema,
+            key_positions,
+            rank,
+            upserts: Vec::new(),
+            deletes: Vec::new(),
+            seen: HashSet::new(),
+        }
+    }
+
+    /// The primary key of an upserted row (`values` holds every column)
+    /// or of a delete (`values` holds the key).
+    fn row_key(&self, values: &[SqlValue], is_delete: bool) -> StableKey {
+        let mut parts: Vec<StableKey> = if is_delete {
+            values.iter().map(SqlValue::to_key).collect()
+        } else {
+            self.key_positions
+                .iter()
+                .filter_map(|&i| values.get(i))
+                .map(SqlValue::to_key)
+                .collect()
+        };
+        if parts.len() == 1 {
+            if let Some(one) = parts.pop() {
+                return one;
+            }
+        }
+        StableKey::Array(parts.into())
     }
 }
 
@@ -321,7 +343,6 @@ fn group(
     actions: Vec<TargetAction<RowWrite>>,
 ) -> Result<BTreeMap<String, TableWrites>> {
     let mut tables: BTreeMap<String, TableWrites> = BTreeMap::new();
-    let mut seen: HashSet<(String, StableKey)> = HashSet::new();
     let ranks = db
         .ranks
         .lock()
@@ -333,24 +354,17 @@ fn group(
             TargetAction::Create(w) | TargetAction::Update(w) => (false, w),
             TargetAction::Delete(w) => (true, w),
         };
-        if !tables.contains_key(&write.table) {
-            let schema = db.schema(&write.table)?;
-            let rank = ranks.get(&write.table).copied().unwrap_or(0);
-            tables.insert(
-                write.table.clone(),
-                TableWrites {
-                    schema,
-                    rank,
-                    upserts: Vec::new(),
-                    deletes: Vec::new(),
-                },
-            );
-        }
-        let Some(writes) = tables.get_mut(&write.table) else {
-            continue;
+        let writes = match tables.get_mut(&write.table) {
+            Some(writes) => writes,
+            None => {
+                let schema = db.schema(&write.table)?;
+                let rank = ranks.get(&write.table).copied().unwrap_or(0);
+                tables
+                    .entry(write.table.clone())
+                    .or_insert(TableWrites::new(schema, rank))
+            }
         };
-        let key = row_key(&writes.schema, &write.values, is_delete);
-        if !seen.insert((write.table.clone(), key)) {
+        if !writes.seen.insert(writes.row_key(&write.values, is_delete)) {
             continue; // an older action of the same row
         }
         if is_delete {
@@ -358,7 +372,7 @@ fn group(
         } else {
             if writes.rank != write.rank {
                 writes.rank = write.rank;
-                new_ranks.push((write.table.clone(), write.rank));
+                new_ranks.push((write.table, write.rank));
             }
             writes.upserts.push(write.values);
         }
@@ -454,7 +468,7 @@ async fn culprit(
     for row in rows {
         if let Err(e) = run_chunk(tx, &sql, std::slice::from_ref(row)).await {
             if is_constraint(&e) {
-                return Some(row_key(&writes.schema, row, is_delete));
+                return Some(writes.row_key(row, is_delete));
             }
         }
     }
