@@ -15,7 +15,7 @@ use weir_actors::{
     TargetHandler, TargetReconcileOutput,
 };
 
-use crate::sql::{ColumnType, SchemaChange, SqlValue, TableSchema};
+use crate::sql::{Column, ColumnType, SchemaChange, SqlValue, TableSchema};
 
 /// The declared value of a table.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -207,6 +207,8 @@ pub(crate) struct RowWrite {
 pub(crate) struct SqliteRowHandler {
     table: String,
     schema: Arc<TableSchema>,
+    /// The schema's column positions in name order, for fingerprints.
+    by_name: Vec<usize>,
     sink: TargetActionSink<RowWrite>,
 }
 
@@ -218,6 +220,7 @@ impl SqliteRowHandler {
     ) -> Self {
         Self {
             table,
+            by_name: name_order(&schema),
             schema,
             sink,
         }
@@ -270,18 +273,46 @@ pub(crate) fn key_values(key: &StableKey, schema: &TableSchema) -> Result<Vec<Sq
     }
 }
 
-/// A row's fingerprint: its non-NULL values by column name, so that adding
-/// a nullable column (or reordering columns) leaves unchanged rows alone.
-fn fingerprint(schema: &TableSchema, values: &[SqlValue]) -> Fingerprint {
-    let mut named: Vec<(&str, &SqlValue)> = schema
-        .columns()
-        .iter()
-        .zip(values)
-        .filter(|(_, v)| !matches!(v, SqlValue::Null))
-        .map(|(c, v)| (c.name.as_str(), v))
-        .collect();
-    named.sort_unstable_by_key(|(name, _)| *name);
-    Fingerprint::from(&named)
+/// A row as it is fingerprinted: its non-NULL values by column name, in
+/// name order, so that adding a nullable column (or reordering columns)
+/// leaves unchanged rows alone. It encodes as the list of `(name, value)`
+/// pairs it stands for.
+struct NamedValues<'a> {
+    columns: &'a [Column],
+    /// Column positions in name order.
+    by_name: &'a [usize],
+    values: &'a [SqlValue],
+}
+
+impl NamedValues<'_> {
+    fn pairs(&self) -> impl Iterator<Item = (&str, &SqlValue)> + '_ {
+        self.by_name.iter().filter_map(|&i| {
+            let value = self.values.get(i)?;
+            let column = self.columns.get(i)?;
+            (!matches!(value, SqlValue::Null)).then_some((column.name.as_str(), value))
+        })
+    }
+}
+
+impl Serialize for NamedValues<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.pairs().count()))?;
+        for pair in self.pairs() {
+            seq.serialize_element(&pair)?;
+        }
+        seq.end()
+    }
+}
+
+/// The positions of `schema`'s columns, in name order.
+fn name_order(schema: &TableSchema) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..schema.columns().len()).collect();
+    order.sort_by(|&a, &b| {
+        let name = |i: usize| schema.columns().get(i).map(|c| c.name.as_str());
+        name(a).cmp(&name(b))
+    });
+    order
 }
 
 impl TargetHandler<RowSpec> for SqliteRowHandler {
@@ -295,9 +326,13 @@ impl TargetHandler<RowSpec> for SqliteRowHandler {
         prev: Vec<Fingerprint>,
         prev_may_be_missing: bool,
     ) -> Result<Option<TargetReconcileOutput<RowWrite, Fingerprint>>> {
-        let record = desired
-            .as_ref()
-            .map(|row| fingerprint(&self.schema, &row.values));
+        let record = desired.as_ref().map(|row| {
+            Fingerprint::from(&NamedValues {
+                columns: self.schema.columns(),
+                by_name: &self.by_name,
+                values: &row.values,
+            })
+        });
         let transition = TrackingRecordTransition::new(record, prev, prev_may_be_missing);
         let Some(kind) = diff(Some(&transition)).map(DiffAction::action_kind) else {
             return Ok(None);
@@ -354,6 +389,42 @@ mod tests {
             key_values(&row.key(&single), &single)?,
             vec![SqlValue::Int(3)]
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_row_fingerprint_is_that_of_its_non_null_values_by_column_name() -> Result<()> {
+        let schema = TableSchema::builder()
+            .column("zeta", ColumnType::Text)
+            .column("alpha", ColumnType::BigInt)
+            .nullable_column("mid", ColumnType::Double)
+            .column("beta", ColumnType::Text)
+            .primary_key(["alpha"])
+            .build()?;
+        let by_name = name_order(&schema);
+        for mid in [SqlValue::Null, SqlValue::Float(2.5)] {
+            let values = vec![
+                SqlValue::Text("z".into()),
+                SqlValue::Int(7),
+                mid.clone(),
+                SqlValue::Text("b".into()),
+            ];
+            // The list the fingerprint stands for, built the plain way.
+            let mut named: Vec<(&str, &SqlValue)> = schema
+                .columns()
+                .iter()
+                .zip(&values)
+                .filter(|(_, v)| !matches!(v, SqlValue::Null))
+                .map(|(c, v)| (c.name.as_str(), v))
+                .collect();
+            named.sort_by_key(|(name, _)| *name);
+            let fast = NamedValues {
+                columns: schema.columns(),
+                by_name: &by_name,
+                values: &values,
+            };
+            assert_eq!(Fingerprint::from(&fast), Fingerprint::from(&named));
+        }
         Ok(())
     }
 
