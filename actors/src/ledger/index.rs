@@ -7,8 +7,9 @@
 //! that the caller confirms in their entries, so hash collisions cost a
 //! read, never a wrong answer. About 40 bytes per state.
 
-use std::collections::HashMap;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::keycode::stable_hash;
 
@@ -38,6 +39,19 @@ impl OwnerIndex {
 
     pub(crate) fn add(&mut self, path: &[u8], component: &[u8]) {
         let id = self.intern(component);
+        self.add_id(path, id);
+    }
+
+    /// Adds `component` as a holder of each of `paths`.
+    pub(crate) fn add_all(&mut self, component: &[u8], paths: &[Vec<u8>]) {
+        let id = self.intern(component);
+        self.slots.reserve(paths.len());
+        for path in paths {
+            self.add_id(path, id);
+        }
+    }
+
+    fn add_id(&mut self, path: &[u8], id: u32) {
         let h = stable_hash(path);
         match self.slots.get_mut(&h) {
             None => {
@@ -107,5 +121,27 @@ mod tests {
         index.remove(b"p1", b"c3");
         assert!(index.candidates(b"p1").is_empty());
         assert_eq!(index.candidates(b"p2").len(), 1);
+    }
+
+    #[test]
+    fn adding_a_components_paths_at_once_is_adding_them_one_by_one() {
+        let paths: Vec<Vec<u8>> = (0..50).map(|i| format!("p{i}").into_bytes()).collect();
+        let mut at_once = OwnerIndex::default();
+        at_once.add(b"p7", b"other");
+        at_once.add_all(b"c", &paths);
+        let mut one_by_one = OwnerIndex::default();
+        one_by_one.add(b"p7", b"other");
+        for p in &paths {
+            one_by_one.add(p, b"c");
+        }
+        for p in paths
+            .iter()
+            .map(Vec::as_slice)
+            .chain([b"p7".as_slice(), b"p50"])
+        {
+            assert_eq!(at_once.candidates(p), one_by_one.candidates(p));
+        }
+        assert_eq!(at_once.candidates(b"p7").len(), 2);
+        assert_eq!(at_once.candidates(b"p3").len(), 1);
     }
 }

@@ -541,7 +541,7 @@ impl Ledger {
         let mut b = BatchBuilder {
             ledger: self,
             entries: HashMap::new(),
-            index_adds: Vec::new(),
+            index_adds: rustc_hash::FxHashMap::default(),
             index_removes: Vec::new(),
             containers: HashSet::new(),
             children: HashMap::new(),
@@ -631,8 +631,10 @@ impl EntryEdit {
 struct BatchBuilder<'a> {
     ledger: &'a Ledger,
     entries: HashMap<Vec<u8>, EntryEdit>,
-    /// Owner index changes, applied once the batch is written.
-    index_adds: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Owner index changes, applied once the batch is written: the paths
+    /// each component comes to hold, and the (path, component) pairs that
+    /// go.
+    index_adds: rustc_hash::FxHashMap<Vec<u8>, Vec<Vec<u8>>>,
     index_removes: Vec<(Vec<u8>, Vec<u8>)>,
     /// `d` keys (container, component) to make sure exist.
     containers: HashSet<Vec<u8>>,
@@ -727,6 +729,15 @@ impl BatchBuilder<'_> {
         self.batch.remove(k);
     }
 
+    fn index_add(&mut self, component: &[u8], path: Vec<u8>) {
+        match self.index_adds.get_mut(component) {
+            Some(paths) => paths.push(path),
+            None => {
+                self.index_adds.insert(component.to_vec(), vec![path]);
+            }
+        }
+    }
+
     fn note_container(&mut self, container: Option<&[u8]>, component: &[u8]) {
         if let Some(c) = container {
             self.containers.insert(container_key(c, component));
@@ -742,8 +753,7 @@ impl BatchBuilder<'_> {
                 container,
             } => {
                 if index_owner {
-                    self.index_adds
-                        .push((entry.path.to_vec(), component.clone()));
+                    self.index_add(&component, entry.path.to_vec());
                 }
                 self.note_container(container.as_deref(), &component);
                 self.edit(&component)?.upsert(entry);
@@ -754,9 +764,10 @@ impl BatchBuilder<'_> {
                 indexed,
                 containers,
             } => {
-                for path in indexed {
-                    self.index_adds.push((path, component.clone()));
-                }
+                self.index_adds
+                    .entry(component.clone())
+                    .or_default()
+                    .extend(indexed);
                 for c in containers {
                     self.note_container(Some(&c), &component);
                 }
@@ -824,8 +835,7 @@ impl BatchBuilder<'_> {
                                 child_gen: intent.child_gen,
                             },
                         );
-                        self.index_adds
-                            .push((intent.path.to_vec(), intent.component.to_vec()));
+                        self.index_add(&intent.component, intent.path.to_vec());
                     }
                 }
             }
@@ -1032,8 +1042,8 @@ impl BatchBuilder<'_> {
         for (path, component) in &self.index_removes {
             index.remove(path, component);
         }
-        for (path, component) in &self.index_adds {
-            index.add(path, component);
+        for (component, paths) in &self.index_adds {
+            index.add_all(component, paths);
         }
         Ok(())
     }
