@@ -12,7 +12,7 @@
 //! | `c`    | encoded component path          | [`ComponentEntry`]: its states |
 //! | `h`    | encoded component path          | its child component keys       |
 //! | `d`    | container path, component path, u32 BE length of the component path | empty |
-//! | `i`    | intent batch id, u64 BE         | `Vec<Intent>`                  |
+//! | `i`    | intent batch id, u64 BE         | `Vec<Intent>` (earlier builds; recovered and deleted on open) |
 //! | `k`    | pack id, u64 BE                 | new components' entries, packed (see [`pack`]) |
 //! | `o`    | encoded component path          | the memo key of its last successful run |
 //!
@@ -24,7 +24,8 @@
 //! that deleting a container drops everything below it.
 //! Intents are the records of actions about to be applied; commit collapses
 //! them, and opening a ledger folds leftovers from a crash into the entries
-//! as possible records.
+//! as possible records. They are kept out of sled, in the append-only
+//! [`journal`] beside the store, which a run empties when it ends.
 //!
 //! # Damage
 //!
@@ -37,6 +38,7 @@
 //! counts fewer commits than `weir.seq`, is refused as corrupt.
 
 pub(crate) mod index;
+pub(crate) mod journal;
 pub(crate) mod pack;
 pub(crate) mod record;
 
@@ -51,6 +53,7 @@ use serde_bytes::ByteBuf;
 use crate::error::{Error, Result};
 use crate::model::StableKey;
 use index::OwnerIndex;
+use journal::{Journal, JournalError};
 use record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 
 /// The ledger format this build reads and writes.
@@ -91,6 +94,8 @@ pub(crate) struct Ledger {
     seq: Arc<std::sync::atomic::AtomicU64>,
     /// `weir.seq`: the commit count last flushed.
     seq_file: Arc<PathBuf>,
+    /// The intent journal (`weir.intents`).
+    journal: Arc<std::sync::Mutex<Journal>>,
     _lock: Arc<File>,
 }
 
@@ -177,6 +182,10 @@ impl Ledger {
                 Err(other) => return Err(corrupt(format!("sled cannot open it: {other}"))),
             }
         };
+        let (journal, pending) = Journal::open(dir).map_err(|e| match e {
+            JournalError::Io(io) => Error::Io(io),
+            JournalError::Corrupt(detail) => corrupt(detail),
+        })?;
         let ledger = Ledger {
             tree: db,
             dir: display,
@@ -184,6 +193,7 @@ impl Ledger {
             packs: Arc::new(RwLock::new(pack::PackIndex::default())),
             seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             seq_file: Arc::new(dir.join(SEQ_FILE)),
+            journal: Arc::new(std::sync::Mutex::new(journal)),
             _lock: Arc::new(lock),
         };
         let flushed_seq = ledger.read_seq_file();
@@ -191,7 +201,7 @@ impl Ledger {
         ledger.check_seq(flushed_seq)?;
         ledger.load_packs()?;
         ledger.build_index()?;
-        ledger.recover()?;
+        ledger.recover(pending)?;
         Ok(ledger)
     }
 
@@ -386,26 +396,38 @@ impl Ledger {
         }
     }
 
-    /// Folds intents left by a crash into the component entries.
-    fn recover(&self) -> Result<()> {
-        let mut ops = Vec::new();
+    /// Folds intents left by a crash into the component entries: those of
+    /// the journal, and those an earlier build kept in the store. Then
+    /// empties the journal and deletes the stored ones.
+    fn recover(&self, journaled: Vec<Intent>) -> Result<()> {
+        let mut ops: Vec<LedgerOp> = journaled.into_iter().map(LedgerOp::Recover).collect();
+        let mut stored = sled::Batch::default();
+        let mut any_stored = false;
         for item in self.tree.scan_prefix([P_INTENT]) {
             let (k, v) = item?;
             let intents: Vec<Intent> = self.decode(&v, "an intent batch")?;
             ops.extend(intents.into_iter().map(LedgerOp::Recover));
-            let raw: [u8; 8] = k
-                .get(1..)
-                .and_then(|s| s.try_into().ok())
-                .ok_or_else(|| self.corrupt("an intent key is malformed"))?;
-            ops.push(LedgerOp::DeleteIntents {
-                id: u64::from_be_bytes(raw),
-            });
+            stored.remove(k);
+            any_stored = true;
         }
         if !ops.is_empty() {
             self.apply(ops)?;
             self.tree.flush()?;
         }
+        // Only once the folds are durable: a crash before this recovers
+        // the same intents again, which folds nothing new.
+        if any_stored {
+            self.tree.apply_batch(stored)?;
+            self.tree.flush()?;
+        }
+        self.journal()?.clear()?;
         Ok(())
+    }
+
+    fn journal(&self) -> Result<std::sync::MutexGuard<'_, Journal>> {
+        self.journal
+            .lock()
+            .map_err(|_| Error::msg("the intent journal's lock is poisoned"))
     }
 
     pub(crate) fn dir(&self) -> &str {
@@ -468,19 +490,25 @@ impl Ledger {
         Ok(self.tree.get(key(P_MEMO, component))?)
     }
 
-    /// Writes an intent batch.
+    /// Appends an intent batch to the journal; durable once
+    /// [`Ledger::sync_intents`] or [`Ledger::flush`] returns.
     pub(crate) fn put_intents(&self, id: u64, intents: &[Intent]) -> Result<()> {
-        self.tree.insert(
-            key(P_INTENT, &id.to_be_bytes()),
-            rmp_serde::to_vec(intents)?,
-        )?;
-        Ok(())
+        Ok(self.journal()?.append(id, intents)?)
     }
 
-    /// Makes everything written so far durable.
+    /// Makes the intents appended so far durable.
+    pub(crate) fn sync_intents(&self) -> Result<()> {
+        Ok(self.journal()?.sync()?)
+    }
+
+    /// Makes everything written so far durable, then forgets the intent
+    /// batches deleted by the commits just made durable.
     pub(crate) fn flush(&self) -> Result<()> {
         self.tree.flush()?;
-        self.write_seq_file()
+        self.write_seq_file()?;
+        let mut journal = self.journal()?;
+        journal.forget_pending()?;
+        Ok(journal.sync()?)
     }
 
     /// The size of the ledger on disk, in bytes.
@@ -543,6 +571,7 @@ impl Ledger {
             entries: HashMap::new(),
             index_adds: rustc_hash::FxHashMap::default(),
             index_removes: Vec::new(),
+            forget_intents: Vec::new(),
             containers: HashSet::new(),
             children: HashMap::new(),
             child_removals: HashMap::new(),
@@ -636,6 +665,8 @@ struct BatchBuilder<'a> {
     /// go.
     index_adds: rustc_hash::FxHashMap<Vec<u8>, Vec<Vec<u8>>>,
     index_removes: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Intent batches to forget once the batch is durable.
+    forget_intents: Vec<u64>,
     /// `d` keys (container, component) to make sure exist.
     containers: HashSet<Vec<u8>>,
     children: HashMap<Vec<u8>, Vec<StableKey>>,
@@ -925,9 +956,7 @@ impl BatchBuilder<'_> {
                     self.child_removals.entry(parent).or_default().insert(key);
                 }
             }
-            LedgerOp::DeleteIntents { id } => {
-                self.del(key(P_INTENT, &id.to_be_bytes()));
-            }
+            LedgerOp::DeleteIntents { id } => self.forget_intents.push(id),
         }
         Ok(())
     }
@@ -1024,6 +1053,8 @@ impl BatchBuilder<'_> {
         self.ledger
             .seq
             .store(seq, std::sync::atomic::Ordering::SeqCst);
+        // Forgotten at the flush that makes this batch durable.
+        self.ledger.journal()?.forget_later(&self.forget_intents);
         metrics::counter!(crate::metrics::LEDGER_RECORDS).increment(self.keys);
         metrics::counter!(crate::metrics::LEDGER_WRITTEN_BYTES).increment(self.bytes);
         {
@@ -1165,6 +1196,73 @@ mod tests {
             state_of(&ledger, "c", "q").is_none(),
             "no phantom for a committed delete"
         );
+        Ok(())
+    }
+
+    fn intent(component: &str, path: &str, record: &str) -> Intent {
+        Intent {
+            component: buf(component.as_bytes()),
+            path: buf(path.as_bytes()),
+            record: Some(buf(record.as_bytes())),
+            gen: 0,
+            child_gen: None,
+            container: None,
+        }
+    }
+
+    #[test]
+    fn intents_left_in_the_journal_by_a_crash_are_folded_when_the_ledger_opens() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            ledger.put_intents(1, &[intent("c", "p", "r")])?;
+            ledger.sync_intents()?;
+            // Dropped without deleting its intents: as after a crash.
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        let p = state_of(&ledger, "c", "p");
+        assert!(
+            p.as_ref()
+                .is_some_and(|s| s.may_be_missing && s.records == vec![buf(b"r")]),
+            "{p:?}"
+        );
+        let journal = dir.path().join(journal::JOURNAL_FILE);
+        assert_eq!(std::fs::metadata(&journal)?.len(), 0, "emptied once folded");
+        Ok(())
+    }
+
+    #[test]
+    fn intents_an_earlier_build_kept_in_the_store_are_folded_and_deleted() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            let batch = vec![intent("c", "p", "r")];
+            ledger
+                .tree
+                .insert(key(P_INTENT, &7u64.to_be_bytes()), encode(&batch)?)?;
+            ledger.tree.flush()?;
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        assert!(state_of(&ledger, "c", "p").is_some_and(|s| s.may_be_missing));
+        assert_eq!(ledger.tree.scan_prefix([P_INTENT]).count(), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_runs_intents_are_forgotten_only_at_the_flush_after_their_deletion() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        ledger.put_intents(1, &[intent("c", "p", "r")])?;
+        ledger.sync_intents()?;
+        let journal = dir.path().join(journal::JOURNAL_FILE);
+        assert!(std::fs::metadata(&journal)?.len() > 0);
+        ledger.apply(vec![LedgerOp::DeleteIntents { id: 1 }])?;
+        assert!(
+            std::fs::metadata(&journal)?.len() > 0,
+            "kept until the deleting commit is durable"
+        );
+        ledger.flush()?;
+        assert_eq!(std::fs::metadata(&journal)?.len(), 0);
         Ok(())
     }
 
