@@ -704,7 +704,27 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         run.engine.ledger_handle.commit(ops).await?;
     }
     note_children_and_orphans(state, &prev_children, orphans);
+    free_later(run, (decls, results));
     Ok(())
+}
+
+/// The number of declarations from which a component's are freed on a
+/// blocking thread rather than where it commits.
+const FREE_LATER_FROM: usize = 10_000;
+
+/// Frees a committed component's declarations and reconcile outcomes. For
+/// a large component that is hundreds of thousands of deallocations
+/// (about 10 ms per 100k states), which would otherwise delay reporting
+/// the component done; a blocking thread of the user's runtime does it
+/// instead.
+fn free_later(run: &Run, (decls, results): (Vec<Declaration>, Vec<Option<Reconciled>>)) {
+    if decls.len() >= FREE_LATER_FROM {
+        drop(
+            run.engine
+                .user
+                .spawn_blocking(move || drop((decls, results))),
+        );
+    }
 }
 
 /// What a component commits when all its actions landed, and what it
