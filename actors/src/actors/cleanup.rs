@@ -115,6 +115,7 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
                 action: EncodedAction {
                     kind: out.kind,
                     bytes: Arc::clone(&out.action),
+                    typed: None,
                 },
                 key: key.clone(),
                 intent: (!orphan.entry.may_be_missing).then(|| delete_intent(orphan)),

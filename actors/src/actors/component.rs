@@ -551,7 +551,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         }
     };
     let Reconciliation {
-        results,
+        mut results,
         waves,
         orphans,
         prev_children,
@@ -591,9 +591,12 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     for (w, wave) in waves.iter().enumerate() {
         let mut groups = SinkGroups::default();
         for &i in wave {
-            let (Some(r), Some(d)) = (results.get(i).and_then(|r| r.as_ref()), decls.get(i)) else {
+            let (Some(r), Some(d)) = (results.get_mut(i).and_then(|r| r.as_mut()), decls.get(i))
+            else {
                 continue;
             };
+            let typed = r.output.as_mut().and_then(|o| o.typed.take());
+            let r = &*r;
             let Some(out) = &r.output else { continue };
             if is_refresh(state, d, r) {
                 continue;
@@ -602,6 +605,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                 action: EncodedAction {
                     kind: out.kind,
                     bytes: Arc::clone(&out.action),
+                    typed,
                 },
                 key: d.key.clone(),
                 intent: intent_for(state, d, r),

@@ -22,7 +22,6 @@ use crate::model::{ActionKind, StableKey};
 use crate::run::Run;
 
 /// An action on its way to a sink, with what the ledger needs to know.
-#[derive(Clone)]
 pub(crate) struct PlannedAction {
     pub action: EncodedAction,
     pub key: StableKey,
@@ -192,7 +191,6 @@ impl SinkGroups {
 }
 
 /// One unit's actions in a sink.
-#[derive(Clone)]
 struct Part {
     unit: UnitRef,
     actions: Vec<PlannedAction>,
@@ -560,13 +558,13 @@ impl SinkActor {
 
     /// Calls the sink with a batch that holds a call slot and its keys,
     /// and, once the call is over, acknowledges, splits or retries it.
-    fn call(&mut self, batch: Batch, claimed: Vec<u64>, ctx: &mut Context<Self>) {
+    fn call(&mut self, mut batch: Batch, claimed: Vec<u64>, ctx: &mut Context<Self>) {
         let env = self.env.clone();
         let core = Arc::clone(&self.core);
         let actions: Vec<EncodedAction> = batch
             .parts
-            .iter()
-            .flat_map(|p| p.actions.iter().map(|a| a.action.clone()))
+            .iter_mut()
+            .flat_map(|p| p.actions.iter_mut().map(|a| a.action.for_call()))
             .collect();
         let label = self.label(&batch);
         metrics::histogram!(crate::metrics::SINK_BATCH_SIZE, "sink" => label.clone())

@@ -10,13 +10,16 @@ use super::child::ChildTargetDef;
 use super::encode;
 use super::handler::{ActionKind, TargetChildInvalidation, TargetHandler};
 use super::key::StableKey;
-use super::sink::SinkCore;
+use super::sink::{SinkCore, TypedAction};
 use crate::error::Result;
 
 /// The output of a reconcile, encoded.
 pub(crate) struct ErasedOutput {
     pub kind: ActionKind,
     pub action: Arc<[u8]>,
+    /// The action's payload as the handler returned it, for the first
+    /// sink call that carries it.
+    pub typed: Option<TypedAction>,
     pub sink: Arc<SinkCore>,
     pub record: Option<Vec<u8>>,
     pub child_invalidation: Option<TargetChildInvalidation>,
@@ -82,9 +85,11 @@ where
             .as_ref()
             .map(encode::to_vec)
             .transpose()?;
+        let typed: TypedAction = Box::new(out.action.into_inner());
         Ok(Some(ErasedOutput {
             kind,
             action,
+            typed: Some(typed),
             sink: Arc::clone(&out.sink.core),
             record,
             child_invalidation: out.child_invalidation,

@@ -29,7 +29,9 @@ where
 {
     /// What is stored in the ledger to detect changes on the next run.
     type TrackingRecord: Serialize + DeserializeOwned + Send + Sync + 'static;
-    /// What the sink applies to the external system.
+    /// What the sink applies to the external system. Encoded when
+    /// returned, and decoded for retried sink calls: it must decode back
+    /// to an equal value.
     type Action: Serialize + DeserializeOwned + Send + 'static;
 
     /// Compares the desired state with the records of earlier runs and returns

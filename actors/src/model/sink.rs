@@ -15,11 +15,38 @@ use super::child::ChildTargetDef;
 use super::handler::{ActionKind, TargetAction};
 use crate::error::{Error, Result};
 
-/// An action as the engine carries it: its kind and its MessagePack bytes.
-#[derive(Clone, Debug)]
+/// An action as the engine carries it: its kind, its MessagePack bytes,
+/// and, until the first sink call that carries it, the value its handler
+/// returned (so that call need not decode it; a retried call decodes the
+/// bytes).
 pub(crate) struct EncodedAction {
     pub kind: ActionKind,
     pub bytes: Arc<[u8]>,
+    pub typed: Option<TypedAction>,
+}
+
+/// An action's payload as its handler returned it.
+pub(crate) type TypedAction = Box<dyn std::any::Any + Send>;
+
+impl EncodedAction {
+    /// The action for a sink call: the typed payload goes with the first.
+    pub(crate) fn for_call(&mut self) -> EncodedAction {
+        EncodedAction {
+            kind: self.kind,
+            bytes: Arc::clone(&self.bytes),
+            typed: self.typed.take(),
+        }
+    }
+}
+
+impl fmt::Debug for EncodedAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EncodedAction")
+            .field("kind", &self.kind)
+            .field("bytes", &self.bytes.len())
+            .field("typed", &self.typed.is_some())
+            .finish()
+    }
 }
 
 type ApplyFn = dyn Fn(Vec<EncodedAction>) -> BoxFuture<'static, Result<()>> + Send + Sync;
@@ -52,7 +79,10 @@ static NEXT_SINK_ID: AtomicU64 = AtomicU64::new(1);
 /// across components and calls it with them in batches. Every
 /// `from_async_fn*` call creates a new identity; clones share it. A sink may
 /// see an action again after a failed call is retried: keep actions
-/// idempotent.
+/// idempotent. The first call that carries an action gets it as the
+/// handler's `reconcile` returned it; a retried call gets it decoded from
+/// its MessagePack encoding, so an action type must decode back to an
+/// equal value.
 pub struct TargetActionSink<A> {
     pub(crate) core: Arc<SinkCore>,
     _action: PhantomData<fn(A)>,
@@ -75,13 +105,16 @@ impl<A> fmt::Debug for TargetActionSink<A> {
     }
 }
 
-fn decode_actions<A: DeserializeOwned>(
+fn decode_actions<A: DeserializeOwned + 'static>(
     actions: Vec<EncodedAction>,
 ) -> Result<Vec<TargetAction<A>>> {
     actions
         .into_iter()
         .map(|a| {
-            let payload: A = rmp_serde::from_slice(&a.bytes)?;
+            let payload: A = match a.typed.map(|t| t.downcast::<A>()) {
+                Some(Ok(typed)) => *typed,
+                _ => rmp_serde::from_slice(&a.bytes)?,
+            };
             Ok(TargetAction::with_kind(a.kind, payload))
         })
         .collect()
