@@ -27,23 +27,43 @@ pub(crate) fn with_encoded<T, R>(
 where
     T: Serialize + ?Sized,
 {
-    let encode = |buf: &mut Vec<u8>| {
-        buf.clear();
-        rmp_serde::encode::write(&mut *buf, value).map(|()| then(buf))
-    };
-    BUFFER.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut buf) => {
-            let out = encode(&mut buf);
-            // Do not keep a huge buffer alive for the thread's lifetime.
-            if buf.capacity() > MAX_KEPT_BUFFER {
-                *buf = Vec::new();
+    // The kept buffer is taken out of its cell while in use, so that an
+    // encoding nested in this one (a `Serialize` impl that encodes or
+    // fingerprints a value of its own) simply finds none.
+    let mut buf = BUFFER
+        .try_with(|cell| cell.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)))
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    buf.clear();
+    let out = rmp_serde::encode::write(&mut Reserving(&mut buf), value).map(|()| then(&buf));
+    // Keep it for the next encoding, unless it grew huge.
+    if buf.capacity() <= MAX_KEPT_BUFFER {
+        let _ = BUFFER.try_with(|cell| {
+            if let Ok(mut kept) = cell.try_borrow_mut() {
+                *kept = buf;
             }
-            out
-        }
-        // Encoding from inside another encoding (a `Serialize` impl that
-        // encodes or fingerprints a value of its own).
-        Err(_) => encode(&mut Vec::new()),
-    })
+        });
+    }
+    out
+}
+
+/// Writes into a vector, reporting a failed allocation as an error (as
+/// `rmp_serde::to_vec` does) rather than aborting.
+struct Reserving<'a>(&'a mut Vec<u8>);
+
+impl std::io::Write for Reserving<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .try_reserve(bytes.len())
+            .map_err(std::io::Error::other)?;
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// `value` encoded, in shared bytes.
@@ -104,6 +124,26 @@ mod tests {
         };
         let expected = rmp_serde::to_vec(&serde_bytes::Bytes::new(&rmp_serde::to_vec(&inner)?))?;
         assert_eq!(to_vec(&EncodesInside(inner))?, expected);
+        Ok(())
+    }
+
+    /// A value whose encoding panics halfway.
+    struct Panics;
+
+    impl Serialize for Panics {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeSeq;
+            let mut seq = s.serialize_seq(Some(2))?;
+            seq.serialize_element("first")?;
+            panic!("a Serialize impl panicked");
+        }
+    }
+
+    #[test]
+    fn a_panic_while_encoding_leaves_the_buffer_usable() -> Result<(), rmp_serde::encode::Error> {
+        let caught = std::panic::catch_unwind(|| to_vec(&Panics));
+        assert!(caught.is_err());
+        assert_eq!(to_vec(&"after")?, rmp_serde::to_vec(&"after")?);
         Ok(())
     }
 }
