@@ -569,7 +569,7 @@ impl Ledger {
         let mut b = BatchBuilder {
             ledger: self,
             entries: HashMap::new(),
-            index_adds: rustc_hash::FxHashMap::default(),
+            index_adds: Vec::new(),
             index_removes: Vec::new(),
             forget_intents: Vec::new(),
             containers: HashSet::new(),
@@ -660,10 +660,10 @@ impl EntryEdit {
 struct BatchBuilder<'a> {
     ledger: &'a Ledger,
     entries: HashMap<Vec<u8>, EntryEdit>,
-    /// Owner index changes, applied once the batch is written: the paths
-    /// each component comes to hold, and the (path, component) pairs that
-    /// go.
-    index_adds: rustc_hash::FxHashMap<Vec<u8>, Vec<Vec<u8>>>,
+    /// Owner index additions, applied once the batch is written: runs of
+    /// paths a component comes to hold, in the order of the ops.
+    index_adds: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
+    /// Owner index removals, (path, component), applied before additions.
     index_removes: Vec<(Vec<u8>, Vec<u8>)>,
     /// Intent batches to forget once the batch is durable.
     forget_intents: Vec<u64>,
@@ -761,11 +761,9 @@ impl BatchBuilder<'_> {
     }
 
     fn index_add(&mut self, component: &[u8], path: Vec<u8>) {
-        match self.index_adds.get_mut(component) {
-            Some(paths) => paths.push(path),
-            None => {
-                self.index_adds.insert(component.to_vec(), vec![path]);
-            }
+        match self.index_adds.last_mut() {
+            Some((last, paths)) if last.as_slice() == component => paths.push(path),
+            _ => self.index_adds.push((component.to_vec(), vec![path])),
         }
     }
 
@@ -795,10 +793,7 @@ impl BatchBuilder<'_> {
                 indexed,
                 containers,
             } => {
-                self.index_adds
-                    .entry(component.clone())
-                    .or_default()
-                    .extend(indexed);
+                self.index_adds.push((component.clone(), indexed));
                 for c in containers {
                     self.note_container(Some(&c), &component);
                 }
