@@ -293,7 +293,8 @@ struct TableWrites {
     rank: u32,
     upserts: Vec<Vec<SqlValue>>,
     deletes: Vec<Vec<SqlValue>>,
-    /// The keys of the rows above: a row's older actions are dropped.
+    /// The keys of the rows above while grouping: a row's older actions
+    /// are dropped. Emptied once the call's actions are grouped.
     seen: HashSet<StableKey>,
 }
 
@@ -335,19 +336,42 @@ impl TableWrites {
     }
 }
 
-/// Groups a call's actions by table. When one row appears more than once
-/// in a call, the last action wins (the engine orders one row's actions, so
-/// the last is the newest).
+/// Groups a call's actions by table (see [`group_by_table`]) and records
+/// the ranks it saw.
 fn group(
     db: &Database,
     actions: Vec<TargetAction<RowWrite>>,
 ) -> Result<BTreeMap<String, TableWrites>> {
-    let mut tables: BTreeMap<String, TableWrites> = BTreeMap::new();
     let ranks = db
         .ranks
         .lock()
         .map(|r| r.clone())
         .map_err(|_| Error::msg("sqlite rank registry lock poisoned"))?;
+    let (tables, new_ranks) = group_by_table(actions, &ranks, |t| db.schema(t))?;
+    if !new_ranks.is_empty() {
+        let mut ranks = db
+            .ranks
+            .lock()
+            .map_err(|_| Error::msg("sqlite rank registry lock poisoned"))?;
+        ranks.extend(new_ranks);
+    }
+    Ok(tables)
+}
+
+/// The tables' writes of a call, and the ranks seen in its upserts that
+/// differ from `ranks`.
+type Grouped = (BTreeMap<String, TableWrites>, Vec<(String, u32)>);
+
+/// Groups a call's actions by table. When one row appears more than once
+/// in a call, the last action wins (the engine orders one row's actions, so
+/// the last is the newest). A table's rank is the one its upserts carry,
+/// else the one in `ranks` (deletes carry none).
+fn group_by_table(
+    actions: Vec<TargetAction<RowWrite>>,
+    ranks: &HashMap<String, u32>,
+    schema_of: impl Fn(&str) -> Result<Arc<TableSchema>>,
+) -> Result<Grouped> {
+    let mut tables: BTreeMap<String, TableWrites> = BTreeMap::new();
     let mut new_ranks = Vec::new();
     for action in actions.into_iter().rev() {
         let (is_delete, write) = match action {
@@ -357,7 +381,7 @@ fn group(
         let writes = match tables.get_mut(&write.table) {
             Some(writes) => writes,
             None => {
-                let schema = db.schema(&write.table)?;
+                let schema = schema_of(&write.table)?;
                 let rank = ranks.get(&write.table).copied().unwrap_or(0);
                 tables
                     .entry(write.table.clone())
@@ -380,15 +404,9 @@ fn group(
     for writes in tables.values_mut() {
         writes.upserts.reverse();
         writes.deletes.reverse();
+        writes.seen = HashSet::new();
     }
-    if !new_ranks.is_empty() {
-        let mut ranks = db
-            .ranks
-            .lock()
-            .map_err(|_| Error::msg("sqlite rank registry lock poisoned"))?;
-        ranks.extend(new_ranks);
-    }
-    Ok(tables)
+    Ok((tables, new_ranks))
 }
 
 type SqliteQuery<'q> = Query<'q, Sqlite, SqliteArguments<'q>>;
@@ -562,6 +580,87 @@ async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn text(s: &str) -> SqlValue {
+        SqlValue::Text(s.into())
+    }
+
+    /// A table keyed by (`org`, `id`), with a `body` between them.
+    fn keyed_by_two() -> Result<Arc<TableSchema>> {
+        Ok(Arc::new(
+            TableSchema::builder()
+                .column("org", crate::sql::ColumnType::Text)
+                .column("body", crate::sql::ColumnType::Text)
+                .column("id", crate::sql::ColumnType::BigInt)
+                .primary_key(["org", "id"])
+                .build()?,
+        ))
+    }
+
+    fn write(values: Vec<SqlValue>) -> RowWrite {
+        RowWrite {
+            table: "t".into(),
+            rank: 0,
+            values,
+        }
+    }
+
+    #[test]
+    fn the_last_action_of_a_row_in_a_call_wins_and_a_delete_matches_its_upsert() -> Result<()> {
+        let schema = keyed_by_two()?;
+        let actions = vec![
+            TargetAction::Create(write(vec![text("o"), text("old"), SqlValue::Int(1)])),
+            TargetAction::Create(write(vec![text("o"), text("kept"), SqlValue::Int(2)])),
+            TargetAction::Update(write(vec![text("o"), text("new"), SqlValue::Int(1)])),
+            // A delete carries the key values only, in key order.
+            TargetAction::Delete(write(vec![text("o"), SqlValue::Int(2)])),
+            TargetAction::Create(write(vec![text("p"), text("x"), SqlValue::Int(2)])),
+        ];
+        let (tables, new_ranks) =
+            group_by_table(actions, &HashMap::new(), |_| Ok(Arc::clone(&schema)))?;
+        assert!(new_ranks.is_empty());
+        let t = tables.get("t").ok_or_else(|| Error::msg("no table t"))?;
+        assert_eq!(
+            t.upserts,
+            vec![
+                vec![text("o"), text("new"), SqlValue::Int(1)],
+                vec![text("p"), text("x"), SqlValue::Int(2)],
+            ]
+        );
+        assert_eq!(t.deletes, vec![vec![text("o"), SqlValue::Int(2)]]);
+        Ok(())
+    }
+
+    #[test]
+    fn an_upserts_key_is_the_key_of_the_delete_of_the_same_row() -> Result<()> {
+        let schema = keyed_by_two()?;
+        let writes = TableWrites::new(schema, 0);
+        assert_eq!(
+            writes.row_key(&[text("o"), text("body"), SqlValue::Int(7)], false),
+            writes.row_key(&[text("o"), SqlValue::Int(7)], true)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_tables_rank_comes_from_its_upserts_or_else_from_the_ranks_seen_before() -> Result<()> {
+        let schema = keyed_by_two()?;
+        let ranks = HashMap::from([("t".to_string(), 2)]);
+        let delete = || TargetAction::Delete(write(vec![text("o"), SqlValue::Int(1)]));
+        let (tables, new_ranks) =
+            group_by_table(vec![delete()], &ranks, |_| Ok(Arc::clone(&schema)))?;
+        assert_eq!(tables.get("t").map(|t| t.rank), Some(2));
+        assert!(new_ranks.is_empty());
+        let mut upsert = write(vec![text("o"), text("b"), SqlValue::Int(3)]);
+        upsert.rank = 1;
+        let (tables, new_ranks) =
+            group_by_table(vec![delete(), TargetAction::Create(upsert)], &ranks, |_| {
+                Ok(Arc::clone(&schema))
+            })?;
+        assert_eq!(tables.get("t").map(|t| t.rank), Some(1));
+        assert_eq!(new_ranks, vec![("t".to_string(), 1)]);
+        Ok(())
+    }
 
     #[test]
     fn the_constraint_is_read_from_the_message() {

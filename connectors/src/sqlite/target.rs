@@ -429,6 +429,42 @@ mod tests {
     }
 
     #[test]
+    fn row_fingerprints_do_not_change_between_releases() -> Result<()> {
+        // Ledgers keep these digests: a change would rewrite every row once.
+        let schema = TableSchema::builder()
+            .column("id", ColumnType::BigInt)
+            .nullable_column("doc", ColumnType::Json)
+            .column("tags", ColumnType::Array(Box::new(ColumnType::Text)))
+            .column("at", ColumnType::Timestamp)
+            .column("ok", ColumnType::Boolean)
+            .nullable_column("none", ColumnType::Text)
+            .primary_key(["id"])
+            .build()?;
+        let at = chrono::DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
+            .map_err(|e| Error::msg(e.to_string()))?
+            .with_timezone(&chrono::Utc);
+        let values = vec![
+            SqlValue::Int(42),
+            SqlValue::Json(serde_json::json!({"a": [1, 2.5, "x"]})),
+            SqlValue::Array(vec![
+                SqlValue::Text("t1".into()),
+                SqlValue::Text("t2".into()),
+            ]),
+            SqlValue::Timestamp(at),
+            SqlValue::Bool(true),
+            SqlValue::Null,
+        ];
+        let by_name = name_order(&schema);
+        let fp = Fingerprint::from(&NamedValues {
+            columns: schema.columns(),
+            by_name: &by_name,
+            values: &values,
+        });
+        assert_eq!(fp.to_string(), "69ed1ae6d4854126c15b88ee782b64db");
+        Ok(())
+    }
+
+    #[test]
     fn an_unchanged_schema_needs_no_ddl_and_a_new_key_rebuilds() -> Result<()> {
         let old = schema(&["id"])?;
         let prev = vec![MutualTrackingRecord::new(old.clone(), ManagedBy::System)];
