@@ -4,7 +4,10 @@
 //! state. `rmp_serde::to_vec` starts from an empty vector that grows
 //! (and is copied) several times per value; encoding into a buffer kept
 //! by the thread and copying the result once costs a fraction of that.
-//! The bytes are the same as `rmp_serde::to_vec`'s.
+//! The bytes are the same as `rmp_serde::to_vec`'s. Unlike `to_vec`, a
+//! failed allocation aborts (as everywhere else in weir) instead of
+//! returning an error: checking each of rmp's many small writes for it
+//! cost more than the encoding itself.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -36,7 +39,7 @@ where
         .and_then(Result::ok)
         .unwrap_or_default();
     buf.clear();
-    let out = rmp_serde::encode::write(&mut Reserving(&mut buf), value).map(|()| then(&buf));
+    let out = rmp_serde::encode::write(&mut buf, value).map(|()| then(&buf));
     // Keep it for the next encoding, unless it grew huge.
     if buf.capacity() <= MAX_KEPT_BUFFER {
         let _ = BUFFER.try_with(|cell| {
@@ -46,24 +49,6 @@ where
         });
     }
     out
-}
-
-/// Writes into a vector, reporting a failed allocation as an error (as
-/// `rmp_serde::to_vec` does) rather than aborting.
-struct Reserving<'a>(&'a mut Vec<u8>);
-
-impl std::io::Write for Reserving<'_> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .try_reserve(bytes.len())
-            .map_err(std::io::Error::other)?;
-        self.0.extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// `value` encoded, in shared bytes.
