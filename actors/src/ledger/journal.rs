@@ -322,6 +322,16 @@ mod tests {
         Ok(std::fs::metadata(dir.join(JOURNAL_FILE))?.len())
     }
 
+    /// A journal in `dir` holding batch 1 (path `a`) and batch 2 (`b`),
+    /// durable and closed.
+    fn two_batches(dir: &Path) -> Result<(), JournalError> {
+        let (mut j, _) = Journal::open(dir)?;
+        j.append(1, &[intent("a")])?;
+        j.append(2, &[intent("b")])?;
+        j.sync()?;
+        Ok(())
+    }
+
     #[test]
     fn batches_appended_are_read_back_in_order_when_reopened() -> Result<(), JournalError> {
         let dir = tempfile::tempdir()?;
@@ -358,11 +368,7 @@ mod tests {
     #[test]
     fn a_frame_cut_short_by_a_crash_is_ignored_and_dropped() -> Result<(), JournalError> {
         let dir = tempfile::tempdir()?;
-        let (mut j, _) = Journal::open(dir.path())?;
-        j.append(1, &[intent("a")])?;
-        j.append(2, &[intent("b")])?;
-        j.sync()?;
-        drop(j);
+        two_batches(dir.path())?;
         let whole = len(dir.path())?;
         for cut in [whole - 1, whole - 5, whole - 20] {
             let copy = tempfile::tempdir()?;
@@ -385,11 +391,7 @@ mod tests {
     #[test]
     fn a_damaged_frame_before_others_is_corruption() -> Result<(), JournalError> {
         let dir = tempfile::tempdir()?;
-        let (mut j, _) = Journal::open(dir.path())?;
-        j.append(1, &[intent("a")])?;
-        j.append(2, &[intent("b")])?;
-        j.sync()?;
-        drop(j);
+        two_batches(dir.path())?;
         let file = dir.path().join(JOURNAL_FILE);
         let mut bytes = std::fs::read(&file)?;
         if let Some(b) = bytes.get_mut(HEADER + 2) {
