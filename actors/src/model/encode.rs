@@ -120,7 +120,7 @@ mod tests {
             use serde::ser::SerializeSeq;
             let mut seq = s.serialize_seq(Some(2))?;
             seq.serialize_element("first")?;
-            panic!("a Serialize impl panicked");
+            std::panic::panic_any("a Serialize impl panicked")
         }
     }
 
