@@ -21,7 +21,9 @@ use super::reconciler::{
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::buf;
-use crate::ledger::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
+use crate::ledger::record::{
+    ComponentEntryOut, Intent, LedgerOp, RecordsOut, StateEntry, StateEntryOut,
+};
 use crate::model::erased::{ErasedHandler, ErasedOutput};
 use crate::model::provider::{ChildGeneration, ProviderCore, Resolved};
 use crate::model::sink::EncodedAction;
@@ -749,7 +751,9 @@ fn success_records(
     fresh: bool,
 ) -> Result<SuccessRecords> {
     let own = state.key.to_vec();
-    let mut ops = Vec::with_capacity(results.len());
+    let mut ops = Vec::with_capacity(if fresh { 0 } else { results.len() });
+    // A fresh component's states, borrowed, for its whole entry.
+    let mut new_entry = NewEntry::default();
     let mut unchanged = 0u64;
     let mut actions: Vec<(ActionKind, u64)> = Vec::new();
     for (i, r) in results.iter().enumerate() {
@@ -761,12 +765,25 @@ fn success_records(
             None => {
                 unchanged += 1;
                 if let (Some(from), Some(prev)) = (&moved_from, &r.prev) {
-                    ops.push(LedgerOp::Put {
-                        component: own.clone(),
-                        entry: prev.clone(),
-                        index_owner: true,
-                        container: container_of(d),
-                    });
+                    if fresh {
+                        new_entry.push(
+                            d,
+                            StateEntryOut {
+                                path: serde_bytes::Bytes::new(&prev.path),
+                                records: RecordsOut::Many(&prev.records),
+                                may_be_missing: prev.may_be_missing,
+                                gen: prev.gen,
+                                child_gen: prev.child_gen,
+                            },
+                        );
+                    } else {
+                        ops.push(LedgerOp::Put {
+                            component: own.clone(),
+                            entry: prev.clone(),
+                            index_owner: true,
+                            container: container_of(d),
+                        });
+                    }
                     ops.push(LedgerOp::Remove {
                         component: from.to_vec(),
                         path: d.path.to_vec(),
@@ -782,23 +799,39 @@ fn success_records(
                 }
                 match &out.record {
                     Some(record) => {
-                        let entry = StateEntry {
-                            path: buf(&d.path),
-                            records: vec![buf(record)],
-                            may_be_missing: false,
-                            gen: generation(&d.provider).current,
-                            child_gen: r
-                                .child_gen
-                                .or_else(|| r.prev.as_ref().and_then(|p| p.child_gen)),
-                        };
-                        let same = moved_from.is_none() && r.prev.as_ref() == Some(&entry);
-                        if !same {
-                            ops.push(LedgerOp::Put {
-                                component: own.clone(),
-                                entry,
-                                index_owner: r.location.is_none() || moved_from.is_some(),
-                                container: container_of(d),
-                            });
+                        let gen = generation(&d.provider).current;
+                        let child_gen = r
+                            .child_gen
+                            .or_else(|| r.prev.as_ref().and_then(|p| p.child_gen));
+                        if fresh {
+                            // No entry of its own to compare with.
+                            new_entry.push(
+                                d,
+                                StateEntryOut {
+                                    path: serde_bytes::Bytes::new(&d.path),
+                                    records: RecordsOut::One(serde_bytes::Bytes::new(record)),
+                                    may_be_missing: false,
+                                    gen,
+                                    child_gen,
+                                },
+                            );
+                        } else {
+                            let entry = StateEntry {
+                                path: buf(&d.path),
+                                records: vec![buf(record)],
+                                may_be_missing: false,
+                                gen,
+                                child_gen,
+                            };
+                            let same = moved_from.is_none() && r.prev.as_ref() == Some(&entry);
+                            if !same {
+                                ops.push(LedgerOp::Put {
+                                    component: own.clone(),
+                                    entry,
+                                    index_owner: r.location.is_none() || moved_from.is_some(),
+                                    container: container_of(d),
+                                });
+                            }
                         }
                         if let Some(from) = &moved_from {
                             ops.push(LedgerOp::Remove {
@@ -825,14 +858,91 @@ fn success_records(
             }
         }
     }
-    if fresh {
-        ops = whole_entry(&own, ops)?;
+    if let Some(put) = new_entry.into_op(own)? {
+        ops.push(put);
     }
     Ok(SuccessRecords {
         ops,
         unchanged,
         actions,
     })
+}
+
+/// Where a state of a [`NewEntry`] is: its path and its container.
+struct StateMeta<'a> {
+    path: &'a Arc<[u8]>,
+    container: Option<&'a [u8]>,
+}
+
+/// The states of a fresh component's first entry, borrowed from its
+/// declarations and outcomes, encoded in one go (no per-state copies).
+#[derive(Default)]
+struct NewEntry<'a> {
+    states: Vec<StateEntryOut<'a>>,
+    /// Each state's path (to index) and container, by position in `states`.
+    meta: Vec<StateMeta<'a>>,
+    /// About how many bytes the encoded entry takes.
+    size: usize,
+}
+
+impl<'a> NewEntry<'a> {
+    fn push(&mut self, d: &'a Declaration, state: StateEntryOut<'a>) {
+        self.size += state.path.len() + 48;
+        self.states.push(state);
+        self.meta.push(StateMeta {
+            path: &d.path,
+            container: d.provider.path.container.as_deref(),
+        });
+    }
+
+    /// The op that writes the whole entry (states sorted by path, the first
+    /// of two with one path kept), or `None` when there is no state.
+    fn into_op(self, own: Vec<u8>) -> Result<Option<LedgerOp>> {
+        if self.states.is_empty() {
+            return Ok(None);
+        }
+        let mut order: Vec<usize> = (0..self.states.len()).collect();
+        order.sort_by(|&a, &b| {
+            let path = |i: usize| self.states.get(i).map(|s| s.path);
+            path(a).cmp(&path(b))
+        });
+        order.dedup_by(|a, b| {
+            self.states.get(*a).map(|s| s.path) == self.states.get(*b).map(|s| s.path)
+        });
+        let mut containers: Vec<Vec<u8>> = Vec::new();
+        for m in &self.meta {
+            // The states of one container come in runs: keep one each.
+            let new_run = |c: &&[u8]| containers.last().map(Vec::as_slice) != Some(*c);
+            if let Some(c) = m.container.filter(new_run) {
+                containers.push(c.to_vec());
+            }
+        }
+        containers.sort();
+        containers.dedup();
+        let indexed = order
+            .iter()
+            .filter_map(|&i| self.meta.get(i).map(|m| Arc::clone(m.path)))
+            .collect();
+        let mut slots: Vec<Option<StateEntryOut<'a>>> = self.states.into_iter().map(Some).collect();
+        let states: Vec<StateEntryOut<'a>> = order
+            .iter()
+            .filter_map(|&i| slots.get_mut(i).and_then(Option::take))
+            .collect();
+        let mut encoded = Vec::with_capacity(self.size + 16);
+        rmp_serde::encode::write(
+            &mut encoded,
+            &ComponentEntryOut {
+                states: &states,
+                failure: None,
+            },
+        )?;
+        Ok(Some(LedgerOp::PutEntry {
+            component: own,
+            encoded,
+            indexed,
+            containers,
+        }))
+    }
 }
 
 /// Whether a container's action only refreshes it: an update whose record
@@ -863,51 +973,6 @@ fn forget_memo(component: &[u8]) -> LedgerOp {
         component: component.to_vec(),
         memo: None,
     }
-}
-
-/// For a component with no entry yet: replaces its per-state puts with one
-/// entry encoded here, so the ledger actor only stores bytes.
-fn whole_entry(own: &[u8], ops: Vec<LedgerOp>) -> Result<Vec<LedgerOp>> {
-    let mut states = Vec::with_capacity(ops.len());
-    let mut indexed = Vec::with_capacity(ops.len());
-    let mut containers: Vec<Vec<u8>> = Vec::new();
-    let mut rest = Vec::new();
-    for op in ops {
-        match op {
-            LedgerOp::Put {
-                component,
-                entry,
-                container,
-                ..
-            } if component == own => {
-                indexed.push(entry.path.to_vec());
-                // The states of one container come in runs: keep one each.
-                if let Some(c) = container.filter(|c| containers.last() != Some(c)) {
-                    containers.push(c);
-                }
-                states.push(entry);
-            }
-            other => rest.push(other),
-        }
-    }
-    if states.is_empty() {
-        return Ok(rest);
-    }
-    states.sort_by(|a, b| a.path.cmp(&b.path));
-    states.dedup_by(|a, b| a.path == b.path);
-    containers.sort();
-    containers.dedup();
-    let entry = ComponentEntry {
-        states,
-        failure: None,
-    };
-    rest.push(LedgerOp::PutEntry {
-        component: own.to_vec(),
-        encoded: rmp_serde::to_vec(&entry)?,
-        indexed,
-        containers,
-    });
-    Ok(rest)
 }
 
 /// The children mounted now that the last run's list lacks. Children no

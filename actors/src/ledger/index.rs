@@ -43,11 +43,11 @@ impl OwnerIndex {
     }
 
     /// Adds `component` as a holder of each of `paths`.
-    pub(crate) fn add_all(&mut self, component: &[u8], paths: &[Vec<u8>]) {
+    pub(crate) fn add_all<P: AsRef<[u8]>>(&mut self, component: &[u8], paths: &[P]) {
         let id = self.intern(component);
         self.slots.reserve(paths.len());
         for path in paths {
-            self.add_id(path, id);
+            self.add_id(path.as_ref(), id);
         }
     }
 

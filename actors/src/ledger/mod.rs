@@ -657,12 +657,15 @@ impl EntryEdit {
     }
 }
 
+/// Paths a component comes to hold: (component, paths).
+type IndexRun = (Vec<u8>, Vec<Arc<[u8]>>);
+
 struct BatchBuilder<'a> {
     ledger: &'a Ledger,
     entries: HashMap<Vec<u8>, EntryEdit>,
     /// Owner index additions, applied once the batch is written: runs of
     /// paths a component comes to hold, in the order of the ops.
-    index_adds: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
+    index_adds: Vec<IndexRun>,
     /// Owner index removals, (path, component), applied before additions.
     index_removes: Vec<(Vec<u8>, Vec<u8>)>,
     /// Intent batches to forget once the batch is durable.
@@ -760,7 +763,8 @@ impl BatchBuilder<'_> {
         self.batch.remove(k);
     }
 
-    fn index_add(&mut self, component: &[u8], path: Vec<u8>) {
+    fn index_add(&mut self, component: &[u8], path: &[u8]) {
+        let path = Arc::from(path);
         match self.index_adds.last_mut() {
             Some((last, paths)) if last.as_slice() == component => paths.push(path),
             _ => self.index_adds.push((component.to_vec(), vec![path])),
@@ -782,7 +786,7 @@ impl BatchBuilder<'_> {
                 container,
             } => {
                 if index_owner {
-                    self.index_add(&component, entry.path.to_vec());
+                    self.index_add(&component, &entry.path);
                 }
                 self.note_container(container.as_deref(), &component);
                 self.edit(&component)?.upsert(entry);
@@ -861,7 +865,7 @@ impl BatchBuilder<'_> {
                                 child_gen: intent.child_gen,
                             },
                         );
-                        self.index_add(&intent.component, intent.path.to_vec());
+                        self.index_add(&intent.component, &intent.path);
                     }
                 }
             }
@@ -1132,7 +1136,7 @@ mod tests {
         LedgerOp::PutEntry {
             component: component.as_bytes().to_vec(),
             encoded: rmp_serde::to_vec(&entry).unwrap_or_default(),
-            indexed: vec![path.as_bytes().to_vec()],
+            indexed: vec![Arc::from(path.as_bytes())],
             containers: Vec::new(),
         }
     }

@@ -101,6 +101,41 @@ pub(crate) struct ComponentEntry {
     pub failure: Option<String>,
 }
 
+/// A state entry to encode, borrowing its parts: it encodes exactly as the
+/// [`StateEntry`] with the same fields (a new component's entry is encoded
+/// from its declarations without copying each state first).
+#[derive(Serialize)]
+pub(crate) struct StateEntryOut<'a> {
+    pub path: &'a serde_bytes::Bytes,
+    pub records: RecordsOut<'a>,
+    pub may_be_missing: bool,
+    pub gen: u64,
+    pub child_gen: Option<ChildGeneration>,
+}
+
+/// The records of a [`StateEntryOut`]: encodes as a list of byte strings.
+pub(crate) enum RecordsOut<'a> {
+    One(&'a serde_bytes::Bytes),
+    Many(&'a [ByteBuf]),
+}
+
+impl Serialize for RecordsOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RecordsOut::One(record) => s.collect_seq(std::iter::once(record)),
+            RecordsOut::Many(records) => s.collect_seq(records.iter()),
+        }
+    }
+}
+
+/// A component entry to encode from borrowed states: encodes exactly as a
+/// [`ComponentEntry`] with those states and no failure.
+#[derive(Serialize)]
+pub(crate) struct ComponentEntryOut<'a> {
+    pub states: &'a [StateEntryOut<'a>],
+    pub failure: Option<&'a str>,
+}
+
 impl ComponentEntry {
     pub(crate) fn find(&self, path: &[u8]) -> Result<usize, usize> {
         self.states
@@ -145,7 +180,7 @@ pub(crate) enum LedgerOp {
         component: Vec<u8>,
         encoded: Vec<u8>,
         /// The paths of its states, to index.
-        indexed: Vec<Vec<u8>>,
+        indexed: Vec<std::sync::Arc<[u8]>>,
         /// The containers its states are below.
         containers: Vec<Vec<u8>>,
     },
@@ -185,4 +220,57 @@ pub(crate) enum LedgerOp {
     },
     /// Delete an intent batch whose components are all resolved.
     DeleteIntents { id: u64 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_encoded_from_borrowed_states_is_the_entry_encoded_whole(
+    ) -> Result<(), rmp_serde::encode::Error> {
+        let child_gen = Some(ChildGeneration::default());
+        let states = vec![
+            StateEntry {
+                path: ByteBuf::from(b"p1".to_vec()),
+                records: vec![ByteBuf::from(b"r1".to_vec())],
+                may_be_missing: false,
+                gen: 3,
+                child_gen,
+            },
+            StateEntry {
+                path: ByteBuf::from(b"p2".to_vec()),
+                records: vec![ByteBuf::from(b"a".to_vec()), ByteBuf::from(b"b".to_vec())],
+                may_be_missing: true,
+                gen: 0,
+                child_gen: None,
+            },
+        ];
+        let whole = rmp_serde::to_vec(&ComponentEntry {
+            states: states.clone(),
+            failure: None,
+        })?;
+        let out = [
+            StateEntryOut {
+                path: serde_bytes::Bytes::new(b"p1"),
+                records: RecordsOut::One(serde_bytes::Bytes::new(b"r1")),
+                may_be_missing: false,
+                gen: 3,
+                child_gen,
+            },
+            StateEntryOut {
+                path: serde_bytes::Bytes::new(b"p2"),
+                records: RecordsOut::Many(&states[1].records),
+                may_be_missing: true,
+                gen: 0,
+                child_gen: None,
+            },
+        ];
+        let borrowed = rmp_serde::to_vec(&ComponentEntryOut {
+            states: &out,
+            failure: None,
+        })?;
+        assert_eq!(borrowed, whole);
+        Ok(())
+    }
 }
