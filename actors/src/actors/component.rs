@@ -868,8 +868,9 @@ fn success_records(
     })
 }
 
-/// Where a state of a [`NewEntry`] is: its path and its container.
-struct StateMeta<'a> {
+/// A state of a [`NewEntry`], with its path (to index) and container.
+struct NewState<'a> {
+    entry: StateEntryOut<'a>,
     path: &'a Arc<[u8]>,
     container: Option<&'a [u8]>,
 }
@@ -878,18 +879,16 @@ struct StateMeta<'a> {
 /// declarations and outcomes, encoded in one go (no per-state copies).
 #[derive(Default)]
 struct NewEntry<'a> {
-    states: Vec<StateEntryOut<'a>>,
-    /// Each state's path (to index) and container, by position in `states`.
-    meta: Vec<StateMeta<'a>>,
+    states: Vec<NewState<'a>>,
     /// About how many bytes the encoded entry takes.
     size: usize,
 }
 
 impl<'a> NewEntry<'a> {
-    fn push(&mut self, d: &'a Declaration, state: StateEntryOut<'a>) {
-        self.size += state.path.len() + 48;
-        self.states.push(state);
-        self.meta.push(StateMeta {
+    fn push(&mut self, d: &'a Declaration, entry: StateEntryOut<'a>) {
+        self.size += entry.path.len() + 48;
+        self.states.push(NewState {
+            entry,
             path: &d.path,
             container: d.provider.path.container.as_deref(),
         });
@@ -897,37 +896,24 @@ impl<'a> NewEntry<'a> {
 
     /// The op that writes the whole entry (states sorted by path, the first
     /// of two with one path kept), or `None` when there is no state.
-    fn into_op(self, own: Vec<u8>) -> Result<Option<LedgerOp>> {
+    fn into_op(mut self, own: Vec<u8>) -> Result<Option<LedgerOp>> {
         if self.states.is_empty() {
             return Ok(None);
         }
-        let mut order: Vec<usize> = (0..self.states.len()).collect();
-        order.sort_by(|&a, &b| {
-            let path = |i: usize| self.states.get(i).map(|s| s.path);
-            path(a).cmp(&path(b))
-        });
-        order.dedup_by(|a, b| {
-            self.states.get(*a).map(|s| s.path) == self.states.get(*b).map(|s| s.path)
-        });
+        self.states.sort_by(|a, b| a.entry.path.cmp(b.entry.path));
+        self.states.dedup_by(|a, b| a.entry.path == b.entry.path);
         let mut containers: Vec<Vec<u8>> = Vec::new();
-        for m in &self.meta {
+        for s in &self.states {
             // The states of one container come in runs: keep one each.
             let new_run = |c: &&[u8]| containers.last().map(Vec::as_slice) != Some(*c);
-            if let Some(c) = m.container.filter(new_run) {
+            if let Some(c) = s.container.filter(new_run) {
                 containers.push(c.to_vec());
             }
         }
         containers.sort();
         containers.dedup();
-        let indexed = order
-            .iter()
-            .filter_map(|&i| self.meta.get(i).map(|m| Arc::clone(m.path)))
-            .collect();
-        let mut slots: Vec<Option<StateEntryOut<'a>>> = self.states.into_iter().map(Some).collect();
-        let states: Vec<StateEntryOut<'a>> = order
-            .iter()
-            .filter_map(|&i| slots.get_mut(i).and_then(Option::take))
-            .collect();
+        let indexed = self.states.iter().map(|s| Arc::clone(s.path)).collect();
+        let states: Vec<StateEntryOut<'a>> = self.states.into_iter().map(|s| s.entry).collect();
         let mut encoded = Vec::with_capacity(self.size + 16);
         rmp_serde::encode::write(
             &mut encoded,
