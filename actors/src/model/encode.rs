@@ -9,7 +9,7 @@
 //! returning an error: checking each of rmp's many small writes for it
 //! cost more than the encoding itself.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -18,7 +18,7 @@ use serde::Serialize;
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 thread_local! {
-    static BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
 /// Encodes `value` (structs as arrays, as `rmp_serde::to_vec`) and hands
@@ -32,21 +32,14 @@ where
 {
     // The kept buffer is taken out of its cell while in use, so that an
     // encoding nested in this one (a `Serialize` impl that encodes or
-    // fingerprints a value of its own) simply finds none.
-    let mut buf = BUFFER
-        .try_with(|cell| cell.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)))
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
+    // fingerprints a value of its own) simply finds none; so does one on a
+    // thread being torn down.
+    let mut buf = BUFFER.try_with(Cell::take).unwrap_or_default();
     buf.clear();
     let out = rmp_serde::encode::write(&mut buf, value).map(|()| then(&buf));
     // Keep it for the next encoding, unless it grew huge.
     if buf.capacity() <= MAX_KEPT_BUFFER {
-        let _ = BUFFER.try_with(|cell| {
-            if let Ok(mut kept) = cell.try_borrow_mut() {
-                *kept = buf;
-            }
-        });
+        let _ = BUFFER.try_with(|cell| cell.set(buf));
     }
     out
 }
