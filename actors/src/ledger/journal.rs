@@ -118,17 +118,21 @@ impl Journal {
     /// Appends intent batch `id`. It is durable once [`Journal::sync`]
     /// returns.
     pub(crate) fn append(&mut self, id: u64, intents: &[Intent]) -> std::io::Result<()> {
-        let payload = rmp_serde::to_vec(&FrameRef(id, intents)).map_err(std::io::Error::other)?;
+        // The payload is encoded after room for its header, which is
+        // filled in once its length and hash are known.
+        let mut frame = vec![0u8; HEADER];
+        rmp_serde::encode::write(&mut frame, &FrameRef(id, intents))
+            .map_err(std::io::Error::other)?;
+        let (header, payload) = frame.split_at_mut(HEADER);
         let len = u32::try_from(payload.len()).map_err(|_| {
             std::io::Error::other(format!(
                 "an intent batch of {} bytes is too large for the journal",
                 payload.len()
             ))
         })?;
-        let mut frame = Vec::with_capacity(HEADER + payload.len());
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(&stable_hash(&payload).to_le_bytes());
-        frame.extend_from_slice(&payload);
+        let (len_field, hash_field) = header.split_at_mut(4);
+        len_field.copy_from_slice(&len.to_le_bytes());
+        hash_field.copy_from_slice(&stable_hash(payload).to_le_bytes());
         let written = self
             .file
             .seek(SeekFrom::Start(self.len))
