@@ -305,6 +305,16 @@ impl Serialize for NamedValues<'_> {
     }
 }
 
+/// The fingerprint of a row's `values` (see [`NamedValues`]); `by_name` is
+/// [`name_order`] of `schema`.
+fn row_fingerprint(schema: &TableSchema, by_name: &[usize], values: &[SqlValue]) -> Fingerprint {
+    Fingerprint::from(&NamedValues {
+        columns: schema.columns(),
+        by_name,
+        values,
+    })
+}
+
 /// The positions of `schema`'s columns, in name order.
 fn name_order(schema: &TableSchema) -> Vec<usize> {
     let mut order: Vec<usize> = (0..schema.columns().len()).collect();
@@ -326,13 +336,9 @@ impl TargetHandler<RowSpec> for SqliteRowHandler {
         prev: Vec<Fingerprint>,
         prev_may_be_missing: bool,
     ) -> Result<Option<TargetReconcileOutput<RowWrite, Fingerprint>>> {
-        let record = desired.as_ref().map(|row| {
-            Fingerprint::from(&NamedValues {
-                columns: self.schema.columns(),
-                by_name: &self.by_name,
-                values: &row.values,
-            })
-        });
+        let record = desired
+            .as_ref()
+            .map(|row| row_fingerprint(&self.schema, &self.by_name, &row.values));
         let transition = TrackingRecordTransition::new(record, prev, prev_may_be_missing);
         let Some(kind) = diff(Some(&transition)).map(DiffAction::action_kind) else {
             return Ok(None);
@@ -418,12 +424,10 @@ mod tests {
                 .map(|(c, v)| (c.name.as_str(), v))
                 .collect();
             named.sort_by_key(|(name, _)| *name);
-            let fast = NamedValues {
-                columns: schema.columns(),
-                by_name: &by_name,
-                values: &values,
-            };
-            assert_eq!(Fingerprint::from(&fast), Fingerprint::from(&named));
+            assert_eq!(
+                row_fingerprint(&schema, &by_name, &values),
+                Fingerprint::from(&named)
+            );
         }
         Ok(())
     }
@@ -454,12 +458,7 @@ mod tests {
             SqlValue::Bool(true),
             SqlValue::Null,
         ];
-        let by_name = name_order(&schema);
-        let fp = Fingerprint::from(&NamedValues {
-            columns: schema.columns(),
-            by_name: &by_name,
-            values: &values,
-        });
+        let fp = row_fingerprint(&schema, &name_order(&schema), &values);
         assert_eq!(fp.to_string(), "69ed1ae6d4854126c15b88ee782b64db");
         Ok(())
     }
