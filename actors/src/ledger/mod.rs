@@ -1157,14 +1157,23 @@ mod tests {
     }
 
     fn recovered(component: &str, path: &str, record: Option<&str>) -> LedgerOp {
-        LedgerOp::Recover(Intent {
+        LedgerOp::Recover(intent(component, path, record))
+    }
+
+    fn intent(component: &str, path: &str, record: Option<&str>) -> Intent {
+        Intent {
             component: buf(component.as_bytes()),
             path: buf(path.as_bytes()),
             record: record.map(|r| buf(r.as_bytes())),
             gen: 0,
             child_gen: None,
             container: None,
-        })
+        }
+    }
+
+    /// The length of the intent journal in `dir`.
+    fn journal_len(dir: &Path) -> Result<u64> {
+        Ok(std::fs::metadata(dir.join(journal::JOURNAL_FILE))?.len())
     }
 
     fn state_of(ledger: &Ledger, component: &str, path: &str) -> Option<StateEntry> {
@@ -1198,23 +1207,12 @@ mod tests {
         Ok(())
     }
 
-    fn intent(component: &str, path: &str, record: &str) -> Intent {
-        Intent {
-            component: buf(component.as_bytes()),
-            path: buf(path.as_bytes()),
-            record: Some(buf(record.as_bytes())),
-            gen: 0,
-            child_gen: None,
-            container: None,
-        }
-    }
-
     #[test]
     fn intents_left_in_the_journal_by_a_crash_are_folded_when_the_ledger_opens() -> Result<()> {
         let dir = tempfile::tempdir()?;
         {
             let ledger = Ledger::open(dir.path(), 1 << 20)?;
-            ledger.put_intents(1, &[intent("c", "p", "r")])?;
+            ledger.put_intents(1, &[intent("c", "p", Some("r"))])?;
             ledger.sync_intents()?;
             // Dropped without deleting its intents: as after a crash.
         }
@@ -1225,8 +1223,7 @@ mod tests {
                 .is_some_and(|s| s.may_be_missing && s.records == vec![buf(b"r")]),
             "{p:?}"
         );
-        let journal = dir.path().join(journal::JOURNAL_FILE);
-        assert_eq!(std::fs::metadata(&journal)?.len(), 0, "emptied once folded");
+        assert_eq!(journal_len(dir.path())?, 0, "emptied once folded");
         Ok(())
     }
 
@@ -1235,7 +1232,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         {
             let ledger = Ledger::open(dir.path(), 1 << 20)?;
-            let batch = vec![intent("c", "p", "r")];
+            let batch = vec![intent("c", "p", Some("r"))];
             ledger
                 .tree
                 .insert(key(P_INTENT, &7u64.to_be_bytes()), encode(&batch)?)?;
@@ -1251,17 +1248,16 @@ mod tests {
     fn a_runs_intents_are_forgotten_only_at_the_flush_after_their_deletion() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
-        ledger.put_intents(1, &[intent("c", "p", "r")])?;
+        ledger.put_intents(1, &[intent("c", "p", Some("r"))])?;
         ledger.sync_intents()?;
-        let journal = dir.path().join(journal::JOURNAL_FILE);
-        assert!(std::fs::metadata(&journal)?.len() > 0);
+        assert!(journal_len(dir.path())? > 0);
         ledger.apply(vec![LedgerOp::DeleteIntents { id: 1 }])?;
         assert!(
-            std::fs::metadata(&journal)?.len() > 0,
+            journal_len(dir.path())? > 0,
             "kept until the deleting commit is durable"
         );
         ledger.flush()?;
-        assert_eq!(std::fs::metadata(&journal)?.len(), 0);
+        assert_eq!(journal_len(dir.path())?, 0);
         Ok(())
     }
 
