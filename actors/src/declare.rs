@@ -85,6 +85,7 @@ fn declare<V>(ctx: &Ctx, state: TargetState<V>, child: Option<Arc<ProviderCore>>
         key: state.key,
         provider: state.provider,
         value,
+        typed: state.typed,
         child,
     })
 }

@@ -25,7 +25,7 @@ use crate::ledger::record::{
     ComponentEntryOut, Intent, LedgerOp, RecordsOut, StateEntry, StateEntryOut,
 };
 use crate::model::erased::{ErasedHandler, ErasedOutput};
-use crate::model::provider::{ChildGeneration, ProviderCore, Resolved};
+use crate::model::provider::{ChildGeneration, ProviderCore, Resolved, TypedValue};
 use crate::model::sink::EncodedAction;
 use crate::model::{ActionKind, ComponentPath, StableKey, TargetChildInvalidation};
 use crate::run::{lock, PreviewAction, Run};
@@ -36,6 +36,9 @@ pub(crate) struct Declaration {
     pub key: StableKey,
     pub provider: Arc<ProviderCore>,
     pub value: Arc<[u8]>,
+    /// The value as declared, for its handler: taken by the message that
+    /// sends the declaration to its shard.
+    pub typed: Option<TypedValue>,
     /// The provider of the state's children, resolved when it reconciles.
     pub child: Option<Arc<ProviderCore>>,
 }
@@ -135,7 +138,7 @@ impl ComponentState {
         }
         let mut per_shard: Vec<Vec<ShardDecl>> = (0..n).map(|_| Vec::new()).collect();
         let DeclSet { list, early, .. } = decls;
-        for (idx, d) in list.iter().enumerate().skip(early.seen) {
+        for (idx, d) in list.iter_mut().enumerate().skip(early.seen) {
             let ready = d.provider.resolved.get().is_some();
             early.sent.push(ready);
             if let (true, Some(batch)) = (ready, per_shard.get_mut(shard_of(&d.path, n))) {
@@ -529,7 +532,7 @@ impl Drop for ActiveGuard<'_> {
 async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let run = &state.run;
     let mut active = ActiveGuard { run, active: true };
-    let (decls, errors, early) = {
+    let (mut decls, errors, early) = {
         let mut d = lock(&state.decls);
         (
             std::mem::take(&mut d.list),
@@ -544,7 +547,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         record_failure(state, &e).await;
         return Err(e);
     }
-    let reconciled = match reconcile_waves(state, &decls, early).await {
+    let reconciled = match reconcile_waves(state, &mut decls, early).await {
         Ok(r) => r,
         Err(e) => {
             active.leave();
@@ -1067,7 +1070,7 @@ struct Reconciliation {
 /// resolved, then the children of the containers resolved by that wave.
 async fn reconcile_waves(
     state: &Arc<ComponentState>,
-    decls: &[Declaration],
+    decls: &mut [Declaration],
     early: Early,
 ) -> Result<Reconciliation> {
     let run = &state.run;
@@ -1105,7 +1108,9 @@ async fn reconcile_waves(
         let mut per_shard: Vec<Vec<ShardDecl>> = (0..n).map(|_| Vec::new()).collect();
         for &i in &ready {
             done[i] = true;
-            let d = &decls[i];
+            let Some(d) = decls.get_mut(i) else {
+                continue;
+            };
             if let Some(batch) = per_shard.get_mut(shard_of(&d.path, n)) {
                 batch.push(ShardDecl::of(i, d));
             }

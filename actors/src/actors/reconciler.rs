@@ -18,9 +18,9 @@ use super::component::guarded;
 use crate::error::{Error, Result};
 use crate::ledger::record::{ComponentEntry, PrevView, StateEntry, StateEntryRef};
 use crate::ledger::Ledger;
-use crate::model::erased::ErasedOutput;
+use crate::model::erased::{Desired, ErasedOutput};
 use crate::model::keycode;
-use crate::model::provider::{ChildGeneration, ProviderCore};
+use crate::model::provider::{ChildGeneration, ProviderCore, TypedValue};
 use crate::model::{ComponentPath, StableKey};
 
 /// Which shard owns an encoded state path.
@@ -36,17 +36,21 @@ pub(crate) struct ShardDecl {
     pub key: StableKey,
     pub provider: Arc<ProviderCore>,
     pub value: Arc<[u8]>,
+    /// The value as declared, if the declaration kept it.
+    pub typed: Option<TypedValue>,
 }
 
 impl ShardDecl {
-    /// Declaration `idx` of a component, for its shard.
-    pub(crate) fn of(idx: usize, d: &super::component::Declaration) -> Self {
+    /// Declaration `idx` of a component, for its shard; it takes the
+    /// declared value, which a declaration is sent with once.
+    pub(crate) fn of(idx: usize, d: &mut super::component::Declaration) -> Self {
         ShardDecl {
             idx,
             path: Arc::clone(&d.path),
             key: d.key.clone(),
             provider: Arc::clone(&d.provider),
             value: Arc::clone(&d.value),
+            typed: d.typed.take(),
         }
     }
 }
@@ -370,7 +374,7 @@ impl ReconcilerActor {
         let claim_later = matches!(msg.chunk, Chunk::More(_));
         let mut pending = Vec::new();
         let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
-        for d in decls {
+        for mut d in decls {
             if let Some(first) = declared_now.get(&d.path) {
                 reply
                     .outcomes
@@ -393,7 +397,7 @@ impl ReconcilerActor {
                     let Some(state) = own_states.get(i) else {
                         continue;
                     };
-                    let result = reconcile_declared(&d, Some(state.view()));
+                    let result = reconcile_declared(&mut d, Some(state.view()));
                     // The component needs the previous entry only to commit a change.
                     let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry());
                     Outcome {
@@ -408,7 +412,8 @@ impl ReconcilerActor {
                         Ok(found) => {
                             let (location, prev) =
                                 found.map_or((None, None), |(c, e)| (Some(c), Some(e)));
-                            let result = reconcile_declared(&d, prev.as_ref().map(PrevView::from));
+                            let result =
+                                reconcile_declared(&mut d, prev.as_ref().map(PrevView::from));
                             Outcome {
                                 idx: d.idx,
                                 location,
@@ -552,7 +557,10 @@ pub(crate) fn effective_prev<'a>(
     (prev.records, missing)
 }
 
-fn reconcile_declared(d: &ShardDecl, prev: Option<PrevView<'_>>) -> Result<Option<ErasedOutput>> {
+fn reconcile_declared(
+    d: &mut ShardDecl,
+    prev: Option<PrevView<'_>>,
+) -> Result<Option<ErasedOutput>> {
     let Some(resolved) = d.provider.resolved.get() else {
         return Err(Error::Usage(format!(
             "provider {} is not resolved: its container produced no action",
@@ -560,10 +568,14 @@ fn reconcile_declared(d: &ShardDecl, prev: Option<PrevView<'_>>) -> Result<Optio
         )));
     };
     let (records, missing) = effective_prev(&d.provider, prev, None);
+    let desired = Desired {
+        bytes: &d.value,
+        typed: d.typed.take(),
+    };
     guarded(|| {
         resolved
             .handler
-            .reconcile(d.key.clone(), Some(&d.value), &records, missing)
+            .reconcile(d.key.clone(), Some(desired), &records, missing)
     })
     .map_err(|cause| Error::Reconcile {
         provider: d.provider.path.name.to_string(),

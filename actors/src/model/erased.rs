@@ -10,6 +10,7 @@ use super::child::ChildTargetDef;
 use super::encode;
 use super::handler::{ActionKind, TargetChildInvalidation, TargetHandler};
 use super::key::StableKey;
+use super::provider::TypedValue;
 use super::sink::{SinkCore, TypedAction};
 use crate::error::Result;
 
@@ -25,12 +26,31 @@ pub(crate) struct ErasedOutput {
     pub child_invalidation: Option<TargetChildInvalidation>,
 }
 
+/// A declared value for a handler: serialized, and as declared when the
+/// declaration kept it
+/// ([`TargetStateProvider::target_state_exact`](super::TargetStateProvider::target_state_exact)).
+pub(crate) struct Desired<'a> {
+    pub bytes: &'a [u8],
+    pub typed: Option<TypedValue>,
+}
+
+impl Desired<'_> {
+    /// The value: the one declared if it was kept (and is a `V`), else
+    /// decoded from its bytes.
+    fn into_value<V: DeserializeOwned + 'static>(self) -> Result<V> {
+        if let Some(v) = self.typed.and_then(|t| t.downcast::<V>().ok()) {
+            return Ok(*v);
+        }
+        Ok(rmp_serde::from_slice(self.bytes)?)
+    }
+}
+
 /// A handler whose value, record and action types are erased to bytes.
 pub(crate) trait ErasedHandler: Send + Sync {
     fn reconcile(
         &self,
         key: StableKey,
-        desired: Option<&[u8]>,
+        desired: Option<Desired<'_>>,
         prev: &[&[u8]],
         prev_may_be_missing: bool,
     ) -> Result<Option<ErasedOutput>>;
@@ -63,11 +83,11 @@ where
     fn reconcile(
         &self,
         key: StableKey,
-        desired: Option<&[u8]>,
+        desired: Option<Desired<'_>>,
         prev: &[&[u8]],
         prev_may_be_missing: bool,
     ) -> Result<Option<ErasedOutput>> {
-        let desired: Option<V> = desired.map(rmp_serde::from_slice).transpose()?;
+        let desired: Option<V> = desired.map(Desired::into_value).transpose()?;
         let prev = prev
             .iter()
             .map(|r| rmp_serde::from_slice::<H::TrackingRecord>(r))

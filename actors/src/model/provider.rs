@@ -205,6 +205,35 @@ where
             provider: Arc::clone(&self.core),
             key,
             value,
+            typed: None,
+            _value: PhantomData,
+        }
+    }
+}
+
+impl<V> TargetStateProvider<V>
+where
+    V: Serialize + Send + Sync + 'static,
+{
+    /// Like [`target_state`](Self::target_state), but the handler's
+    /// `reconcile` is given `value` itself rather than a copy decoded from
+    /// its serialized form, which saves decoding it. The value is still
+    /// serialized now (a handler reconciled again gets that copy).
+    ///
+    /// Use it only for a value type whose serialized form decodes back to
+    /// an equal value (no skipped fields, no custom encoding that drops
+    /// data) and that shares no state a later change could reach (no
+    /// `Arc<Mutex<_>>` inside): for such a type the handler cannot tell the
+    /// difference. The connectors' own row and file values are such types.
+    pub fn target_state_exact(&self, key: impl IntoStableKey, value: V) -> TargetState<V> {
+        let key = key.into_stable_key();
+        let encoded = super::encode::to_arc(&value).map_err(|e| e.to_string());
+        let typed: Option<TypedValue> = encoded.is_ok().then(|| Box::new(value) as TypedValue);
+        TargetState {
+            provider: Arc::clone(&self.core),
+            key,
+            value: encoded,
+            typed,
             _value: PhantomData,
         }
     }
@@ -234,8 +263,15 @@ pub struct TargetState<V> {
     pub(crate) provider: Arc<ProviderCore>,
     pub(crate) key: StableKey,
     pub(crate) value: Result<Arc<[u8]>, String>,
+    /// The value itself, for its handler (see
+    /// [`TargetStateProvider::target_state_exact`]).
+    pub(crate) typed: Option<TypedValue>,
     _value: PhantomData<fn() -> V>,
 }
+
+/// A declared value as it was given, type-erased; the handler of its
+/// provider downcasts it back.
+pub(crate) type TypedValue = Box<dyn std::any::Any + Send + Sync>;
 
 impl<V> TargetState<V> {
     /// The key of the state.

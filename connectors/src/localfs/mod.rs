@@ -260,7 +260,7 @@ impl DirTarget {
         declare_target_state(
             ctx,
             self.files
-                .target_state(StableKey::Str(Arc::from(key)), spec),
+                .target_state_exact(StableKey::Str(Arc::from(key)), spec),
         )
     }
 }

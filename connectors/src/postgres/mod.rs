@@ -334,7 +334,7 @@ impl TableTarget {
             err
         })?;
         let key = row.key(&self.schema);
-        declare_target_state(ctx, self.rows.target_state(key, row))
+        declare_target_state(ctx, self.rows.target_state_exact(key, row))
     }
 
     /// Says that this table's rows refer to rows of `parent` (a foreign

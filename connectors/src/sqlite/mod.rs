@@ -342,7 +342,7 @@ impl TableTarget {
         let key = converted.key(&self.schema);
         declare_target_state(
             ctx,
-            self.rows.target_state(
+            self.rows.target_state_exact(
                 key,
                 RowSpec {
                     values: converted.values,
