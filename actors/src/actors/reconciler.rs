@@ -16,7 +16,8 @@ use tokio::sync::oneshot;
 
 use super::component::guarded;
 use crate::error::{Error, Result};
-use crate::ledger::record::{ComponentEntry, PrevView, StateEntry, StateEntryRef};
+use crate::ledger::record::{ComponentEntry, PrevView, StateEntry};
+use crate::ledger::stored::{StoredEntry, StoredState};
 use crate::ledger::Ledger;
 use crate::model::erased::{Desired, ErasedOutput};
 use crate::model::keycode;
@@ -227,7 +228,7 @@ struct Claim {
 }
 
 /// A component's entry as read in a run (`None`: it has none yet).
-type KeptEntry = (u64, Arc<Option<ComponentEntry>>);
+type KeptEntry = (u64, Arc<Option<StoredEntry>>);
 
 /// The most states a shard keeps decoded for components reconciled in
 /// several messages: beyond it, such a component's entry is read again
@@ -265,12 +266,7 @@ impl ReconcilerActor {
             self.reconcile_stored(msg, decls)
         } else {
             match self.chunked_entry(msg) {
-                Ok(entry) => {
-                    let own = entry.as_ref().as_ref();
-                    let states: &[StateEntry] = own.map_or(&[], |o| &o.states);
-                    let failure = own.and_then(|o| o.failure.clone());
-                    self.reconcile_states(msg, decls, states, failure, own.is_some())
-                }
+                Ok(entry) => self.reconcile_states(msg, decls, entry.as_ref().as_ref()),
                 Err(e) => ShardReply::failed(e),
             }
         };
@@ -290,27 +286,21 @@ impl ReconcilerActor {
     fn reconcile_stored(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
         // The component's entry, decoded without copying: only what the
         // component needs back (orphans, changed states) is copied.
-        let raw = match self.ledger.component_raw(&msg.component) {
-            Ok(raw) => raw,
-            Err(e) => return ShardReply::failed(e),
-        };
-        let own = match raw
-            .as_deref()
-            .map(|r| self.ledger.decode_entry(r))
-            .transpose()
+        let own = match self
+            .ledger
+            .component_raw(&msg.component)
+            .and_then(|raw| raw.map(|r| StoredEntry::parse(&self.ledger, r)).transpose())
         {
             Ok(own) => own,
             Err(e) => return ShardReply::failed(e),
         };
-        let states: &[StateEntryRef<'_>] = own.as_ref().map_or(&[], |o| &o.states);
-        let failure = own.as_ref().and_then(|o| o.failure.clone());
-        self.reconcile_states(msg, decls, states, failure, own.is_some())
+        self.reconcile_states(msg, decls, own.as_ref())
     }
 
     /// The entry of a component that sends this shard several messages in
     /// a run (chunks declared while its code runs, then the rest): read
     /// and decoded on its first message, kept until its last.
-    fn chunked_entry(&mut self, msg: &ReconcileBatch) -> Result<Arc<Option<ComponentEntry>>> {
+    fn chunked_entry(&mut self, msg: &ReconcileBatch) -> Result<Arc<Option<StoredEntry>>> {
         if let Some((run_id, entry)) = self.entries.get(&msg.component) {
             if *run_id == msg.run_id {
                 return Ok(Arc::clone(entry));
@@ -318,7 +308,11 @@ impl ReconcilerActor {
         }
         // Kept from another run: stale.
         self.forget_entry(&msg.component);
-        let entry = Arc::new(self.ledger.component(&msg.component)?);
+        let entry = match self.ledger.component_raw(&msg.component)? {
+            Some(raw) => Some(StoredEntry::parse(&self.ledger, raw)?),
+            None => None,
+        };
+        let entry = Arc::new(entry);
         let Chunk::More(gate) = &msg.chunk else {
             return Ok(entry);
         };
@@ -340,30 +334,30 @@ impl ReconcilerActor {
         }
     }
 
-    /// Reconciles `decls` against the component's states (sorted by path),
-    /// and for the home shard, reports the component's failure, children
-    /// and orphans.
-    fn reconcile_states<S: EntryState>(
+    /// Reconciles `decls` against the component's entry (`None`: it has
+    /// none yet), and for the home shard, reports the component's failure,
+    /// children and orphans.
+    fn reconcile_states(
         &mut self,
         msg: &ReconcileBatch,
         decls: Vec<ShardDecl>,
-        own_states: &[S],
-        failure: Option<String>,
-        exists: bool,
+        own: Option<&StoredEntry>,
     ) -> ShardReply {
+        let own_states: &[StoredState] = own.map_or(&[], |o| &o.states);
+        let base = own.map_or(&[][..], StoredEntry::bytes);
         let mut reply = ShardReply::default();
         if msg.home {
             match self.ledger.children(&msg.component) {
                 Ok(c) => reply.prev_children = c,
                 Err(e) => return ShardReply::failed(e),
             }
-            reply.prev_failure = failure;
-            reply.entry_exists = exists;
+            reply.prev_failure = own.and_then(|o| o.failure.clone());
+            reply.entry_exists = own.is_some();
         }
         if let Some(declared) = &msg.declared_paths {
             for s in own_states {
-                if !declared.contains(s.path()) {
-                    reply.orphans.push(s.to_entry());
+                if !declared.contains(s.path(base)) {
+                    reply.orphans.push(s.to_entry(base));
                 }
             }
         }
@@ -391,15 +385,15 @@ impl ReconcilerActor {
             } else {
                 declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
             }
-            let found = own_states.binary_search_by(|s| s.path().cmp(d.path.as_ref()));
+            let found = own_states.binary_search_by(|s| s.path(base).cmp(d.path.as_ref()));
             let outcome = match found {
                 Ok(i) => {
                     let Some(state) = own_states.get(i) else {
                         continue;
                     };
-                    let result = reconcile_declared(&mut d, Some(state.view()));
+                    let result = reconcile_declared(&mut d, Some(state.view(base)));
                     // The component needs the previous entry only to commit a change.
-                    let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry());
+                    let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry(base));
                     Outcome {
                         idx: d.idx,
                         location: Some(Arc::clone(&msg.component)),
@@ -471,39 +465,8 @@ impl ReconcilerActor {
 }
 
 /// The number of states in a component's entry.
-fn state_count(entry: &Option<ComponentEntry>) -> usize {
+fn state_count(entry: &Option<StoredEntry>) -> usize {
     entry.as_ref().map_or(0, |e| e.states.len())
-}
-
-/// A state of a component's entry, borrowed from the stored bytes or owned.
-trait EntryState {
-    fn path(&self) -> &[u8];
-    fn view(&self) -> PrevView<'_>;
-    fn to_entry(&self) -> StateEntry;
-}
-
-impl EntryState for StateEntryRef<'_> {
-    fn path(&self) -> &[u8] {
-        self.path
-    }
-    fn view(&self) -> PrevView<'_> {
-        PrevView::from(self)
-    }
-    fn to_entry(&self) -> StateEntry {
-        StateEntryRef::to_entry(self)
-    }
-}
-
-impl EntryState for StateEntry {
-    fn path(&self) -> &[u8] {
-        &self.path
-    }
-    fn view(&self) -> PrevView<'_> {
-        PrevView::from(self)
-    }
-    fn to_entry(&self) -> StateEntry {
-        self.clone()
-    }
 }
 
 /// Finds a state held by another component, through the owner index.

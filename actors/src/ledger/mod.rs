@@ -41,6 +41,8 @@ pub(crate) mod index;
 pub(crate) mod journal;
 pub(crate) mod pack;
 pub(crate) mod record;
+pub(crate) mod scan;
+pub(crate) mod stored;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -434,7 +436,7 @@ impl Ledger {
         &self.dir
     }
 
-    fn corrupt(&self, detail: impl Into<String>) -> Error {
+    pub(crate) fn corrupt(&self, detail: impl Into<String>) -> Error {
         Error::LedgerCorrupt {
             path: self.dir.to_string(),
             detail: detail.into(),
@@ -448,7 +450,7 @@ impl Ledger {
     /// The entry of a component, if it has one.
     pub(crate) fn component(&self, component: &[u8]) -> Result<Option<ComponentEntry>> {
         match self.component_raw(component)? {
-            Some(v) => Ok(Some(self.decode(&v, "a component entry")?)),
+            Some(v) => Ok(Some(stored::owned_entry(self, &v)?)),
             None => Ok(None),
         }
     }
@@ -687,7 +689,7 @@ impl BatchBuilder<'_> {
     fn edit(&mut self, component: &[u8]) -> Result<&mut EntryEdit> {
         if !self.entries.contains_key(component) {
             let loaded = match self.raw_puts.remove(component) {
-                Some(raw) => self.ledger.decode(&raw, "a component entry")?,
+                Some(raw) => stored::owned_entry(self.ledger, &raw)?,
                 None => self.ledger.component(component)?.unwrap_or_default(),
             };
             self.entries

@@ -51,39 +51,6 @@ impl<'a> From<&'a StateEntry> for PrevView<'a> {
     }
 }
 
-impl<'a> From<&StateEntryRef<'a>> for PrevView<'a> {
-    fn from(s: &StateEntryRef<'a>) -> Self {
-        PrevView {
-            records: s
-                .records
-                .iter()
-                .map(|r| -> &'a [u8] {
-                    let bytes: &'a serde_bytes::Bytes = r;
-                    bytes
-                })
-                .collect(),
-            may_be_missing: s.may_be_missing,
-            gen: s.gen,
-        }
-    }
-}
-
-impl StateEntryRef<'_> {
-    pub(crate) fn to_entry(&self) -> StateEntry {
-        StateEntry {
-            path: ByteBuf::from(self.path.to_vec()),
-            records: self
-                .records
-                .iter()
-                .map(|r| ByteBuf::from(r.to_vec()))
-                .collect(),
-            may_be_missing: self.may_be_missing,
-            gen: self.gen,
-            child_gen: self.child_gen,
-        }
-    }
-}
-
 /// A component entry decoded without copying (same layout as [`ComponentEntry`]).
 #[derive(Deserialize)]
 pub(crate) struct ComponentEntryRef<'a> {
