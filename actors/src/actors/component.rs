@@ -1038,12 +1038,9 @@ fn intent_for(state: &ComponentState, d: &Declaration, r: &Reconciled) -> Option
 }
 
 fn full_intent(state: &ComponentState, d: &Declaration, r: &Reconciled) -> Intent {
-    let component = r
-        .location
-        .as_deref()
-        .map_or_else(|| state.key.to_vec(), <[u8]>::to_vec);
+    let component = r.location.as_deref().unwrap_or(&state.key);
     Intent {
-        component: buf(&component),
+        component: buf(component),
         path: buf(&d.path),
         record: r.output.as_ref().and_then(|o| o.record.as_deref().map(buf)),
         gen: generation(&d.provider).current,

@@ -88,7 +88,7 @@ pub(crate) async fn apply_rows(
             TargetAction::Create(a) | TargetAction::Update(a) => (false, a),
             TargetAction::Delete(a) => (true, a),
         };
-        let work = match tables.get_mut(&a.table) {
+        let work = match tables.get_mut(&*a.table) {
             Some(work) => work,
             None => {
                 let meta = db.table(&a.table).ok_or_else(|| {
@@ -97,7 +97,7 @@ pub(crate) async fn apply_rows(
                         a.table, db.db_name
                     ))
                 })?;
-                tables.entry(a.table.clone()).or_insert(TableWork {
+                tables.entry(a.table.to_string()).or_insert(TableWork {
                     meta,
                     index: HashMap::new(),
                     rows: Vec::new(),

@@ -45,7 +45,8 @@ pub(crate) struct TableAction {
 /// delete the row whose primary key values are `values` (delete).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct RowAction {
-    pub table: String,
+    /// The table (shared by the table's row actions).
+    pub table: Arc<str>,
     pub values: Vec<SqlValue>,
 }
 
@@ -150,7 +151,7 @@ impl DbShared {
                     ))
                 })?;
                 Ok(ChildTargetDef::new::<Row, _>(PostgresRowHandler {
-                    table: action.table.clone(),
+                    table: Arc::from(action.table.as_str()),
                     key_types: schema
                         .primary_key()
                         .iter()
@@ -307,7 +308,7 @@ impl TargetHandler<TableSpec> for PostgresTableHandler {
 /// The row handler of one table: rows are its target states, keyed by
 /// primary key, tracked by a fingerprint of their values.
 pub(crate) struct PostgresRowHandler {
-    table: String,
+    table: Arc<str>,
     key_types: Vec<ColumnType>,
     sink: TargetActionSink<RowAction>,
 }

@@ -8,7 +8,9 @@
 //! (`PRAGMA defer_foreign_keys`), so rows of related tables in one call
 //! never fail for their order.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+
+use rustc_hash::FxHashSet;
 use std::sync::{Arc, Mutex, RwLock};
 
 use sqlx::query::Query;
@@ -295,7 +297,7 @@ struct TableWrites {
     deletes: Vec<Vec<SqlValue>>,
     /// The keys of the rows above while grouping: a row's older actions
     /// are dropped. Emptied once the call's actions are grouped.
-    seen: HashSet<StableKey>,
+    seen: FxHashSet<StableKey>,
 }
 
 impl TableWrites {
@@ -311,14 +313,29 @@ impl TableWrites {
             rank,
             upserts: Vec::new(),
             deletes: Vec::new(),
-            seen: HashSet::new(),
+            seen: FxHashSet::default(),
         }
     }
 
     /// The primary key of an upserted row (`values` holds every column)
     /// or of a delete (`values` holds the key).
     fn row_key(&self, values: &[SqlValue], is_delete: bool) -> StableKey {
-        let mut parts: Vec<StableKey> = if is_delete {
+        // A one-column key is its value: no list is built for it.
+        let single = if is_delete {
+            match values {
+                [v] => Some(v),
+                _ => None,
+            }
+        } else {
+            match self.key_positions[..] {
+                [i] => values.get(i),
+                _ => None,
+            }
+        };
+        if let Some(v) = single {
+            return v.to_key();
+        }
+        let parts: Vec<StableKey> = if is_delete {
             values.iter().map(SqlValue::to_key).collect()
         } else {
             self.key_positions
@@ -327,11 +344,6 @@ impl TableWrites {
                 .map(SqlValue::to_key)
                 .collect()
         };
-        if parts.len() == 1 {
-            if let Some(one) = parts.pop() {
-                return one;
-            }
-        }
         StableKey::Array(parts.into())
     }
 }
@@ -373,19 +385,21 @@ fn group_by_table(
 ) -> Result<Grouped> {
     let mut tables: BTreeMap<String, TableWrites> = BTreeMap::new();
     let mut new_ranks = Vec::new();
+    // Most calls write one table: room for all of the call's rows at once.
+    let rows = actions.len();
     for action in actions.into_iter().rev() {
         let (is_delete, write) = match action {
             TargetAction::Create(w) | TargetAction::Update(w) => (false, w),
             TargetAction::Delete(w) => (true, w),
         };
-        let writes = match tables.get_mut(&write.table) {
+        let writes = match tables.get_mut(&*write.table) {
             Some(writes) => writes,
             None => {
                 let schema = schema_of(&write.table)?;
-                let rank = ranks.get(&write.table).copied().unwrap_or(0);
-                tables
-                    .entry(write.table.clone())
-                    .or_insert(TableWrites::new(schema, rank))
+                let rank = ranks.get(&*write.table).copied().unwrap_or(0);
+                let mut writes = TableWrites::new(schema, rank);
+                writes.seen.reserve(rows);
+                tables.entry(write.table.to_string()).or_insert(writes)
             }
         };
         if !writes.seen.insert(writes.row_key(&write.values, is_delete)) {
@@ -396,7 +410,7 @@ fn group_by_table(
         } else {
             if writes.rank != write.rank {
                 writes.rank = write.rank;
-                new_ranks.push((write.table, write.rank));
+                new_ranks.push((write.table.to_string(), write.rank));
             }
             writes.upserts.push(write.values);
         }
@@ -404,7 +418,7 @@ fn group_by_table(
     for writes in tables.values_mut() {
         writes.upserts.reverse();
         writes.deletes.reverse();
-        writes.seen = HashSet::new();
+        writes.seen = FxHashSet::default();
     }
     Ok((tables, new_ranks))
 }

@@ -194,8 +194,8 @@ pub(crate) struct RowSpec {
 /// only the primary key's.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub(crate) struct RowWrite {
-    /// The table.
-    pub table: String,
+    /// The table (shared by the table's row actions).
+    pub table: Arc<str>,
     /// The table's rank (0 on deletes: the sink knows the ranks it saw).
     pub rank: u32,
     /// The values (see above).
@@ -205,7 +205,7 @@ pub(crate) struct RowWrite {
 /// The handler of one table's rows, built by the table sink's child-handler
 /// factory. Its sink is the database's row sink, shared by every table.
 pub(crate) struct SqliteRowHandler {
-    table: String,
+    table: Arc<str>,
     schema: Arc<TableSchema>,
     /// The schema's column positions in name order, for fingerprints.
     by_name: Vec<usize>,
@@ -219,7 +219,7 @@ impl SqliteRowHandler {
         sink: TargetActionSink<RowWrite>,
     ) -> Self {
         Self {
-            table,
+            table: Arc::from(table),
             by_name: name_order(&schema),
             schema,
             sink,
