@@ -44,6 +44,8 @@ pub(crate) mod record;
 pub(crate) mod scan;
 pub(crate) mod stored;
 
+use scan::StateSpans;
+
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -593,6 +595,11 @@ impl Ledger {
 /// merged in one pass, so a batch costs O(n + m log m), not O(n * m).
 struct EntryEdit {
     base: ComponentEntry,
+    /// The entry as stored, while nothing needed its states copied out:
+    /// its bytes and their states' spans (`base.states` is empty
+    /// meanwhile; `base.failure` is the entry's). Encoding the edited entry
+    /// then copies each state left alone as it is stored.
+    stored: Option<(sled::IVec, Vec<StateSpans>)>,
     /// Upserts with their sequence number; the last one of a path wins.
     upserts: Vec<(u64, StateEntry)>,
     /// Removed paths with the sequence number of the removal.
@@ -604,10 +611,108 @@ impl EntryEdit {
     fn new(base: ComponentEntry) -> Self {
         Self {
             base,
+            stored: None,
             upserts: Vec::new(),
             removes: HashMap::new(),
             seq: 0,
         }
+    }
+
+    /// The edit of the entry stored as `raw`: kept as stored if it scans,
+    /// else decoded.
+    fn read(ledger: &Ledger, raw: sled::IVec) -> Result<Self> {
+        match scan::scan_entry(&raw) {
+            Some((states, failure)) => {
+                let mut edit = Self::new(ComponentEntry {
+                    states: Vec::new(),
+                    failure,
+                });
+                edit.stored = Some((raw, states));
+                Ok(edit)
+            }
+            None => Ok(Self::new(ledger.decode(&raw, "a component entry")?)),
+        }
+    }
+
+    /// Copies the stored states out into `base`, for edits that need them.
+    fn copy_out(&mut self) {
+        if let Some((raw, states)) = self.stored.take() {
+            self.base.states = states.iter().map(|s| s.to_entry(&raw)).collect();
+        }
+    }
+
+    /// The upserts that stand: the last one of each path, unless a later
+    /// removal undid it, sorted by path.
+    fn latest_upserts(&mut self) -> Vec<StateEntry> {
+        let mut upserts = std::mem::take(&mut self.upserts);
+        // Sort by path, then by sequence.
+        upserts.sort_by(|a, b| a.1.path.cmp(&b.1.path).then(a.0.cmp(&b.0)));
+        let mut latest: Vec<StateEntry> = Vec::with_capacity(upserts.len());
+        let mut iter = upserts.into_iter().peekable();
+        while let Some((seq, entry)) = iter.next() {
+            if iter.peek().is_some_and(|(_, next)| next.path == entry.path) {
+                continue;
+            }
+            if self
+                .removes
+                .get(entry.path.as_slice())
+                .is_some_and(|r| *r > seq)
+            {
+                continue;
+            }
+            latest.push(entry);
+        }
+        latest
+    }
+
+    /// The edited entry, encoded (`None`: it is empty). An entry kept as
+    /// stored is encoded by merging: its states left alone are copied as
+    /// stored, the others encoded; the bytes are the same as encoding the
+    /// materialized entry.
+    fn encoded(&mut self) -> Result<Option<Vec<u8>>> {
+        let Some((raw, states)) = self.stored.take() else {
+            self.materialize();
+            return (!self.base.is_empty())
+                .then(|| encode(&self.base))
+                .transpose();
+        };
+        let latest = self.latest_upserts();
+        let removes = std::mem::take(&mut self.removes);
+        enum Piece<'a> {
+            Stored(&'a [u8]),
+            New(StateEntry),
+        }
+        let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(states.len() + latest.len());
+        let mut new = latest.into_iter().peekable();
+        for s in &states {
+            let path = s.path(&raw);
+            while let Some(n) = new.next_if(|n| n.path.as_slice() < path) {
+                pieces.push(Piece::New(n));
+            }
+            if new.peek().is_some_and(|n| n.path.as_slice() == path) || removes.contains_key(path) {
+                continue;
+            }
+            match s.whole.clone().and_then(|w| raw.get(w)) {
+                Some(bytes) => pieces.push(Piece::Stored(bytes)),
+                None => pieces.push(Piece::New(s.to_entry(&raw))),
+            }
+        }
+        pieces.extend(new.map(Piece::New));
+        if pieces.is_empty() && self.base.failure.is_none() {
+            return Ok(None);
+        }
+        // `[states, failure]`, as rmp_serde writes a ComponentEntry.
+        let mut out = Vec::with_capacity(raw.len() + 64);
+        out.push(0x92);
+        scan::write_array_len(&mut out, pieces.len());
+        for piece in pieces {
+            match piece {
+                Piece::Stored(bytes) => out.extend_from_slice(bytes),
+                Piece::New(state) => rmp_serde::encode::write(&mut out, &state)?,
+            }
+        }
+        rmp_serde::encode::write(&mut out, &self.base.failure)?;
+        Ok(Some(out))
     }
 
     fn upsert(&mut self, entry: StateEntry) {
@@ -621,25 +726,12 @@ impl EntryEdit {
     }
 
     fn materialize(&mut self) {
+        self.copy_out();
         if self.upserts.is_empty() && self.removes.is_empty() {
             return;
         }
-        let mut upserts = std::mem::take(&mut self.upserts);
+        let latest = self.latest_upserts();
         let removes = std::mem::take(&mut self.removes);
-        // Sort by path, then by sequence: keep the last upsert of each path,
-        // unless a later removal undid it.
-        upserts.sort_by(|a, b| a.1.path.cmp(&b.1.path).then(a.0.cmp(&b.0)));
-        let mut latest: Vec<StateEntry> = Vec::with_capacity(upserts.len());
-        let mut iter = upserts.into_iter().peekable();
-        while let Some((seq, entry)) = iter.next() {
-            if iter.peek().is_some_and(|(_, next)| next.path == entry.path) {
-                continue;
-            }
-            if removes.get(entry.path.as_slice()).is_some_and(|r| *r > seq) {
-                continue;
-            }
-            latest.push(entry);
-        }
         let old = std::mem::take(&mut self.base.states);
         let mut merged = Vec::with_capacity(old.len() + latest.len());
         let mut new = latest.into_iter().peekable();
@@ -688,12 +780,15 @@ struct BatchBuilder<'a> {
 impl BatchBuilder<'_> {
     fn edit(&mut self, component: &[u8]) -> Result<&mut EntryEdit> {
         if !self.entries.contains_key(component) {
-            let loaded = match self.raw_puts.remove(component) {
-                Some(raw) => stored::owned_entry(self.ledger, &raw)?,
-                None => self.ledger.component(component)?.unwrap_or_default(),
+            let raw = match self.raw_puts.remove(component) {
+                Some(raw) => Some(sled::IVec::from(raw)),
+                None => self.ledger.component_raw(component)?,
             };
-            self.entries
-                .insert(component.to_vec(), EntryEdit::new(loaded));
+            let edit = match raw {
+                Some(raw) => EntryEdit::read(self.ledger, raw)?,
+                None => EntryEdit::new(ComponentEntry::default()),
+            };
+            self.entries.insert(component.to_vec(), edit);
         }
         self.entries
             .get_mut(component)
@@ -963,9 +1058,6 @@ impl BatchBuilder<'_> {
     }
 
     fn finish(mut self) -> Result<()> {
-        for edit in self.entries.values_mut() {
-            edit.materialize();
-        }
         for (parent, gone) in std::mem::take(&mut self.child_removals) {
             if let Some(list) = self.children.get_mut(&parent) {
                 list.retain(|k| !gone.contains(k));
@@ -993,21 +1085,20 @@ impl BatchBuilder<'_> {
         // Edited entries get keys of their own (a packed one moves out of
         // its pack); a deleted one leaves a tombstone, so that no pack that
         // still holds an old copy brings it back.
-        let entries = std::mem::take(&mut self.entries);
+        let mut entries = std::mem::take(&mut self.entries);
         let next_id = match self.ledger.packs.read() {
             Ok(g) => g.next_id,
             Err(p) => p.into_inner().next_id,
         };
         let mut unpacked: Vec<Vec<u8>> = Vec::new();
-        for (component, entry) in entries.iter().map(|(c, e)| (c, &e.base)) {
+        for (component, edit) in entries.iter_mut() {
             let k = key(P_COMPONENT, component);
             if self.ledger.pack_of(component).is_some() {
                 unpacked.push(component.clone());
             }
-            if !entry.is_empty() {
-                self.put(k, encode(entry)?);
-            } else {
-                self.put(k, pack::tombstone(next_id));
+            match edit.encoded()? {
+                Some(encoded) => self.put(k, encoded),
+                None => self.put(k, pack::tombstone(next_id)),
             }
         }
         // Packs left without a live member are deleted.
@@ -1093,6 +1184,7 @@ pub(crate) fn buf(bytes: &[u8]) -> ByteBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::provider::ChildGeneration;
 
     fn state(path: &str, record: &str) -> StateEntry {
         StateEntry {
@@ -1128,6 +1220,71 @@ mod tests {
         let d = &edit.base.states[2];
         assert_eq!(d.records, vec![buf(b"2")]);
         assert_eq!(edit.base.states[1].records, vec![buf(b"3")]);
+    }
+
+    /// An edited entry's encoding (`None`: empty).
+    type Encoded = Option<Vec<u8>>;
+
+    /// The same edits on an entry kept as stored and on one decoded.
+    fn edit_both(
+        ledger: &Ledger,
+        base: &ComponentEntry,
+        edits: impl Fn(&mut EntryEdit),
+    ) -> Result<(Encoded, Encoded)> {
+        let mut stored = EntryEdit::read(ledger, sled::IVec::from(encode(base)?))?;
+        assert!(stored.stored.is_some(), "an entry weir wrote scans");
+        let mut owned = EntryEdit::new(base.clone());
+        edits(&mut stored);
+        edits(&mut owned);
+        Ok((stored.encoded()?, owned.encoded()?))
+    }
+
+    #[test]
+    fn an_entry_edited_as_stored_encodes_to_the_bytes_of_the_decoded_one() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        let mut container = state("c", "1");
+        container.child_gen = Some(ChildGeneration {
+            current: 3,
+            destructive_floor: 1,
+        });
+        container.records.push(buf(b"old"));
+        container.may_be_missing = true;
+        let mut states = vec![state("a", "1"), state("b", "1"), container, state("d", "1")];
+        // Enough states for a 16-bit array length.
+        states.extend((0..40).map(|i| state(&format!("m{i:03}"), "1")));
+        for failure in [None, Some("it broke".to_string())] {
+            let base = ComponentEntry {
+                states: states.clone(),
+                failure: failure.clone(),
+            };
+            let (stored, owned) = edit_both(&ledger, &base, |e| {
+                e.upsert(state("b", "2"));
+                e.upsert(state("bb", "2"));
+                e.remove(b"d");
+                e.upsert(state("e", "2"));
+                e.remove(b"e");
+                e.remove(b"a");
+                e.upsert(state("a", "3"));
+                e.upsert(state("z", "1"));
+                e.upsert(state("z", "2"));
+                e.remove(b"m005");
+            })?;
+            assert!(stored.is_some());
+            assert_eq!(stored, owned);
+            // Untouched, and with every state removed.
+            let (stored, owned) = edit_both(&ledger, &base, |_| {})?;
+            assert_eq!(stored, owned);
+            assert_eq!(stored, Some(encode(&base)?));
+            let (stored, owned) = edit_both(&ledger, &base, |e| {
+                for s in &states {
+                    e.remove(&s.path);
+                }
+            })?;
+            assert_eq!(stored, owned);
+            assert_eq!(stored.is_none(), failure.is_none());
+        }
+        Ok(())
     }
 
     fn fresh(component: &str, path: &str) -> LedgerOp {

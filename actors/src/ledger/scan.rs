@@ -22,6 +22,8 @@ use crate::model::provider::ChildGeneration;
 /// entry's bytes, and its other fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StateSpans {
+    /// The whole encoded state, when scanned (not when decoded by serde).
+    pub whole: Option<Range<usize>>,
     pub path: Range<usize>,
     /// The first record (most states have exactly one), then the others.
     pub first: Option<Range<usize>>,
@@ -52,6 +54,24 @@ pub(crate) fn scan_entry(raw: &[u8]) -> Option<Scanned> {
         Some(r.str()?.to_string())
     };
     (r.pos == raw.len()).then_some((states, failure))
+}
+
+/// Writes a MessagePack array header for `len` items, in the shortest
+/// form, as `rmp_serde` does.
+pub(crate) fn write_array_len(out: &mut Vec<u8>, len: usize) {
+    match (u8::try_from(len), u16::try_from(len)) {
+        (Ok(n), _) if n < 16 => out.push(0x90 | n),
+        (_, Ok(n)) => {
+            out.push(0xdc);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+        _ => {
+            out.push(0xdd);
+            // Entries never hold 2^32 states.
+            let n = u32::try_from(len).unwrap_or(u32::MAX);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+    }
 }
 
 struct Reader<'a> {
@@ -148,6 +168,7 @@ impl Reader<'_> {
     }
 
     fn state(&mut self) -> Option<StateSpans> {
+        let start = self.pos;
         if self.array_len()? != 5 {
             return None;
         }
@@ -177,6 +198,7 @@ impl Reader<'_> {
             })
         };
         Some(StateSpans {
+            whole: Some(start..self.pos),
             path,
             first,
             more,
@@ -253,6 +275,10 @@ mod tests {
             assert_eq!(failure, entry.failure);
             let back = rebuilt(&raw, &spans);
             assert_eq!(back.len(), entry.states.len());
+            for (s, e) in spans.iter().zip(&entry.states) {
+                let whole = s.whole.clone().ok_or_else(|| Error::msg("no span"))?;
+                assert_eq!(raw.get(whole), Some(rmp_serde::to_vec(e)?.as_slice()));
+            }
             for (b, e) in back.iter().zip(&entry.states) {
                 assert_eq!(
                     (&b.path, &b.records, b.may_be_missing, b.gen, b.child_gen),

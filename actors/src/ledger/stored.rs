@@ -90,6 +90,7 @@ fn locate(base: &[u8], s: &StateEntryRef<'_>) -> Option<StoredState> {
     };
     let more = records.collect::<Option<Vec<_>>>()?;
     Some(StateSpans {
+        whole: None,
         path: span(base, s.path)?,
         first,
         more,
