@@ -18,6 +18,12 @@
 //! `WEIR_TEST_POSTGRES_URL`, else `postgres://postgres@127.0.0.1:5432/test`,
 //! else `postgres://root@127.0.0.1:5432/test`; without one the benchmark
 //! prints `SKIPPED` and exits successfully.
+//!
+//! weir's rows are declared by one component; `WEIR_BENCH_COMPONENTS=n`
+//! splits them over n child components instead (see `shared/split.rs`).
+
+#[path = "shared/split.rs"]
+mod split;
 
 #[cfg(not(feature = "bench-system-allocator"))]
 #[global_allocator]
@@ -121,10 +127,14 @@ async fn weir_sync(
     let (db, table) = (db.clone(), table.to_string());
     app.run(move |ctx| async move {
         let target = mount_table_target(&ctx, &db, &table, schema()?).await?;
-        for i in items.iter() {
-            target.declare_row(&ctx, i)?;
-        }
-        Ok(())
+        split::declare_rows(
+            &ctx,
+            items,
+            target,
+            (split::components(), |i| i.id as u64),
+            |t, ctx, i| t.declare_row(ctx, i),
+        )
+        .await
     })
     .await?;
     Ok(())

@@ -17,6 +17,11 @@
 //!
 //! `WEIR_BENCH_MAX_ACTIONS` sets the actions per sink call (default
 //! `DEFAULT_MAX_ACTIONS`; 16 384 and 50 000 measured the same as 4096).
+//! weir's rows are declared by one component; `WEIR_BENCH_COMPONENTS=n`
+//! splits them over n child components instead (see `shared/split.rs`).
+
+#[path = "shared/split.rs"]
+mod split;
 
 // weir allocates across many threads; see benches/engine.rs.
 #[cfg(not(feature = "bench-system-allocator"))]
@@ -73,10 +78,14 @@ async fn weir_phase(app: &App, db: &ContextKey<SqlitePool>, docs: Arc<Vec<Doc>>)
     let start = Instant::now();
     app.run(move |ctx| async move {
         let table = sqlite::mount_table_target(&ctx, &db, "docs", schema()?).await?;
-        for doc in docs.iter() {
-            table.declare_row(&ctx, doc)?;
-        }
-        Ok(())
+        split::declare_rows(
+            &ctx,
+            docs,
+            table,
+            (split::components(), |d| d.id as u64),
+            |t, ctx, d| t.declare_row(ctx, d),
+        )
+        .await
     })
     .await?;
     Ok(start.elapsed().as_secs_f64())

@@ -1,0 +1,67 @@
+//! Rows declared by one component, or split over many
+//! (`WEIR_BENCH_COMPONENTS`), for the sync benchmarks.
+//!
+//! With one component (the default) nothing can be written before every
+//! row has been declared and compared, because a component's actions are
+//! applied only once its code has returned. Split over child components,
+//! each child's rows are written as soon as it returns, while the others
+//! still declare: the shape of a sync of many source files.
+
+use std::sync::Arc;
+
+use weir::prelude::*;
+
+/// The number of components the rows are split into: `WEIR_BENCH_COMPONENTS`,
+/// else 1.
+pub fn components() -> usize {
+    std::env::var("WEIR_BENCH_COMPONENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Declares every row of `rows` into `target` with `declare`: from `ctx`
+/// itself when `components` is 1, else from that many child components.
+/// A row goes to child `id(row) % components`, so that it stays with the
+/// same child from one phase to the next.
+pub async fn declare_rows<R, T, F>(
+    ctx: &Ctx,
+    rows: Arc<Vec<R>>,
+    target: T,
+    (components, id): (usize, fn(&R) -> u64),
+    declare: F,
+) -> Result<()>
+where
+    R: Send + Sync + 'static,
+    T: Clone + Send + Sync + 'static,
+    F: Fn(&T, &Ctx, &R) -> Result<()> + Copy + Send + Sync + 'static,
+{
+    if components <= 1 {
+        for row in rows.iter() {
+            declare(&target, ctx, row)?;
+        }
+        return Ok(());
+    }
+    let mut parts: Vec<Vec<usize>> = vec![Vec::new(); components];
+    for (i, row) in rows.iter().enumerate() {
+        if let Some(part) = parts.get_mut((id(row) % components as u64) as usize) {
+            part.push(i);
+        }
+    }
+    let parts: Vec<(usize, Vec<usize>)> = parts.into_iter().enumerate().collect();
+    ctx.mount_each(
+        parts,
+        |(child, _)| *child as i64,
+        move |ctx, (_, part)| {
+            let (rows, target) = (Arc::clone(&rows), target.clone());
+            async move {
+                for row in part.iter().filter_map(|&i| rows.get(i)) {
+                    declare(&target, &ctx, row)?;
+                }
+                Ok(())
+            }
+        },
+    )
+    .await
+}
