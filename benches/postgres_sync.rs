@@ -131,7 +131,8 @@ async fn weir_sync(
             &ctx,
             items,
             target,
-            (split::components(), |i| i.id as u64),
+            split::components(),
+            |i| i.id as u64,
             |t, ctx, i| t.declare_row(ctx, i),
         )
         .await

@@ -82,7 +82,8 @@ async fn weir_phase(app: &App, db: &ContextKey<SqlitePool>, docs: Arc<Vec<Doc>>)
             &ctx,
             docs,
             table,
-            (split::components(), |d| d.id as u64),
+            split::components(),
+            |d| d.id as u64,
             |t, ctx, d| t.declare_row(ctx, d),
         )
         .await

@@ -29,7 +29,8 @@ pub async fn declare_rows<R, T, F>(
     ctx: &Ctx,
     rows: Arc<Vec<R>>,
     target: T,
-    (components, id): (usize, fn(&R) -> u64),
+    components: usize,
+    id: fn(&R) -> u64,
     declare: F,
 ) -> Result<()>
 where
