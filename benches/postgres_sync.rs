@@ -20,7 +20,8 @@
 //! prints `SKIPPED` and exits successfully.
 //!
 //! weir's rows are declared by one component; `WEIR_BENCH_COMPONENTS=n`
-//! splits them over n child components instead (see `shared/split.rs`).
+//! splits them over n child components instead, each with a contiguous
+//! range of ids (see `shared/split.rs`).
 
 #[path = "shared/split.rs"]
 mod split;

@@ -18,7 +18,8 @@
 //! `WEIR_BENCH_MAX_ACTIONS` sets the actions per sink call (default
 //! `DEFAULT_MAX_ACTIONS`; 16 384 and 50 000 measured the same as 4096).
 //! weir's rows are declared by one component; `WEIR_BENCH_COMPONENTS=n`
-//! splits them over n child components instead (see `shared/split.rs`).
+//! splits them over n child components instead, each with a contiguous
+//! range of ids (see `shared/split.rs`).
 
 #[path = "shared/split.rs"]
 mod split;

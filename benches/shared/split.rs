@@ -22,9 +22,10 @@ pub fn components() -> usize {
 }
 
 /// Declares every row of `rows` into `target` with `declare`: from `ctx`
-/// itself when `components` is 1, else from that many child components.
-/// A row goes to child `id(row) % components`, so that it stays with the
-/// same child from one phase to the next.
+/// itself when `components` is 1, else from that many child components,
+/// each with a contiguous range of ids (as each source file of a sync holds
+/// its own rows). Ids run from 0 to the largest; a row stays with the same
+/// child from one phase to the next as long as the largest id is declared.
 pub async fn declare_rows<R, T, F>(
     ctx: &Ctx,
     rows: Arc<Vec<R>>,
@@ -44,9 +45,11 @@ where
         }
         return Ok(());
     }
+    let span = rows.iter().map(id).max().unwrap_or(0) + 1;
     let mut parts: Vec<Vec<usize>> = vec![Vec::new(); components];
     for (i, row) in rows.iter().enumerate() {
-        if let Some(part) = parts.get_mut((id(row) % components as u64) as usize) {
+        let child = u128::from(id(row)) * components as u128 / u128::from(span);
+        if let Some(part) = parts.get_mut(child as usize) {
             part.push(i);
         }
     }
