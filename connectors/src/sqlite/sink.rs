@@ -298,6 +298,8 @@ struct TableWrites {
     /// The keys of the rows above while grouping: a row's older actions
     /// are dropped. Emptied once the call's actions are grouped.
     seen: FxHashSet<StableKey>,
+    /// While grouping: the rows kept, with their keys, to be sorted.
+    keyed: Vec<(bool, StableKey, Vec<SqlValue>)>,
 }
 
 impl TableWrites {
@@ -314,6 +316,7 @@ impl TableWrites {
             upserts: Vec::new(),
             deletes: Vec::new(),
             seen: FxHashSet::default(),
+            keyed: Vec::new(),
         }
     }
 
@@ -376,8 +379,11 @@ type Grouped = (BTreeMap<String, TableWrites>, Vec<(String, u32)>);
 
 /// Groups a call's actions by table. When one row appears more than once
 /// in a call, the last action wins (the engine orders one row's actions, so
-/// the last is the newest). A table's rank is the one its upserts carry,
-/// else the one in `ranks` (deletes carry none).
+/// the last is the newest). A table's rows are written in key order: a call
+/// may carry several components' rows, interleaved, and SQLite writes rows
+/// in key order much faster than rows spread over its B-tree. A table's
+/// rank is the one its upserts carry, else the one in `ranks` (deletes
+/// carry none).
 fn group_by_table(
     actions: Vec<TargetAction<RowWrite>>,
     ranks: &HashMap<String, u32>,
@@ -399,25 +405,32 @@ fn group_by_table(
                 let rank = ranks.get(&*write.table).copied().unwrap_or(0);
                 let mut writes = TableWrites::new(schema, rank);
                 writes.seen.reserve(rows);
+                writes.keyed.reserve(rows);
                 tables.entry(write.table.to_string()).or_insert(writes)
             }
         };
-        if !writes.seen.insert(writes.row_key(&write.values, is_delete)) {
+        let key = writes.row_key(&write.values, is_delete);
+        if !writes.seen.insert(key.clone()) {
             continue; // an older action of the same row
         }
-        if is_delete {
-            writes.deletes.push(write.values);
-        } else {
-            if writes.rank != write.rank {
-                writes.rank = write.rank;
-                new_ranks.push((write.table.to_string(), write.rank));
-            }
-            writes.upserts.push(write.values);
+        if !is_delete && writes.rank != write.rank {
+            writes.rank = write.rank;
+            new_ranks.push((write.table.to_string(), write.rank));
         }
+        writes.keyed.push((is_delete, key, write.values));
     }
     for writes in tables.values_mut() {
-        writes.upserts.reverse();
-        writes.deletes.reverse();
+        let mut keyed = std::mem::take(&mut writes.keyed);
+        // Keys are unique here. Rows came newest first, in runs (one per
+        // component), which this sort finds and merges.
+        keyed.sort_by(|a, b| a.1.cmp(&b.1));
+        for (is_delete, _, values) in keyed {
+            if is_delete {
+                writes.deletes.push(values);
+            } else {
+                writes.upserts.push(values);
+            }
+        }
         writes.seen = FxHashSet::default();
     }
     Ok((tables, new_ranks))
@@ -642,6 +655,42 @@ mod tests {
             ]
         );
         assert_eq!(t.deletes, vec![vec![text("o"), SqlValue::Int(2)]]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_tables_rows_are_written_in_key_order_whatever_order_they_came_in() -> Result<()> {
+        let schema = keyed_by_two()?;
+        let row = |k: &str, n: i64| write(vec![text(k), text("b"), SqlValue::Int(n)]);
+        let actions = vec![
+            TargetAction::Create(row("b", 1)),
+            TargetAction::Delete(write(vec![text("c"), SqlValue::Int(0)])),
+            TargetAction::Create(row("a", 2)),
+            TargetAction::Update(row("a", 1)),
+            TargetAction::Delete(write(vec![text("a"), SqlValue::Int(0)])),
+            TargetAction::Create(row("b", 0)),
+        ];
+        let (tables, _) = group_by_table(actions, &HashMap::new(), |_| Ok(Arc::clone(&schema)))?;
+        let t = tables.get("t").ok_or_else(|| Error::msg("no table t"))?;
+        let keys = |rows: &[Vec<SqlValue>], is_delete: bool| -> Vec<StableKey> {
+            rows.iter().map(|r| t.row_key(r, is_delete)).collect()
+        };
+        assert_eq!(
+            keys(&t.upserts, false),
+            vec![
+                StableKey::Array(vec![StableKey::Str("a".into()), StableKey::Int(1)].into()),
+                StableKey::Array(vec![StableKey::Str("a".into()), StableKey::Int(2)].into()),
+                StableKey::Array(vec![StableKey::Str("b".into()), StableKey::Int(0)].into()),
+                StableKey::Array(vec![StableKey::Str("b".into()), StableKey::Int(1)].into()),
+            ]
+        );
+        assert_eq!(
+            keys(&t.deletes, true),
+            vec![
+                StableKey::Array(vec![StableKey::Str("a".into()), StableKey::Int(0)].into()),
+                StableKey::Array(vec![StableKey::Str("c".into()), StableKey::Int(0)].into()),
+            ]
+        );
         Ok(())
     }
 
