@@ -1,7 +1,7 @@
 //! `TargetStateProvider::target_state_exact` hands the handler the value
-//! as declared, where `target_state` hands it a copy decoded from the
-//! value's MessagePack encoding. A value type with a skipped field tells
-//! the two apart: the decoded copy has lost the field.
+//! as declared, without serializing it, where `target_state` serializes it
+//! when declared and hands the handler a decoded copy. A value type with a
+//! skipped field tells the two apart: the decoded copy has lost the field.
 
 mod support;
 
@@ -102,5 +102,71 @@ async fn exact_states_sent_in_chunks_while_the_component_runs_reach_their_handle
     // Chunks of 10: most states are reconciled while the component declares.
     let app = app_with(dir.path(), |b| b.reconcile_chunk(10).shards(3)).await?;
     assert_eq!(notes_seen(&app, 95, true).await?, expected_notes(95));
+    Ok(())
+}
+
+/// A value whose serialization always fails.
+#[derive(Debug, Deserialize)]
+struct Unserializable;
+
+impl Serialize for Unserializable {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> std::result::Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("this value never serializes"))
+    }
+}
+
+/// Counts the values it is given; declares nothing to do.
+struct CountingHandler {
+    seen: Arc<Mutex<usize>>,
+}
+
+impl TargetHandler<Unserializable> for CountingHandler {
+    type TrackingRecord = String;
+    type Action = String;
+
+    fn reconcile(
+        &self,
+        _key: StableKey,
+        desired: Option<Unserializable>,
+        _prev: Vec<String>,
+        _prev_may_be_missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<String, String>>> {
+        if desired.is_some() {
+            *self.seen.lock().map_err(|_| Error::msg("poisoned"))? += 1;
+        }
+        Ok(None)
+    }
+}
+
+#[tokio::test]
+async fn a_plain_state_is_serialized_when_declared_and_an_exact_one_never_is() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    for exact in [false, true] {
+        let seen = Arc::new(Mutex::new(0));
+        let handler = CountingHandler {
+            seen: Arc::clone(&seen),
+        };
+        let declared = app
+            .run(move |ctx| async move {
+                let p = register_root_target_states_provider(&ctx, "odd", handler)?;
+                let state = if exact {
+                    p.target_state_exact("k", Unserializable)
+                } else {
+                    p.target_state("k", Unserializable)
+                };
+                declare_target_state(&ctx, state)
+            })
+            .await;
+        let seen = *seen.lock().map_err(|_| Error::msg("poisoned"))?;
+        if exact {
+            assert!(declared.is_ok(), "{declared:?}");
+            assert_eq!(seen, 1);
+        } else {
+            let text = declared.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(text.contains("cannot serialize"), "{text}");
+            assert_eq!(seen, 0);
+        }
+    }
     Ok(())
 }

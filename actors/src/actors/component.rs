@@ -36,8 +36,8 @@ pub(crate) struct Declaration {
     pub key: StableKey,
     pub provider: Arc<ProviderCore>,
     pub value: Arc<[u8]>,
-    /// The value as declared, for its handler: taken by the message that
-    /// sends the declaration to its shard.
+    /// The value as declared, for an exact state (whose `value` is then
+    /// empty): taken by the message that sends the declaration to its shard.
     pub typed: Option<TypedValue>,
     /// The provider of the state's children, resolved when it reconciles.
     pub child: Option<Arc<ProviderCore>>,

@@ -26,17 +26,20 @@ pub(crate) struct ErasedOutput {
     pub child_invalidation: Option<TargetChildInvalidation>,
 }
 
-/// A declared value for a handler: serialized, and as declared when the
-/// declaration kept it
+/// A declared value for a handler: serialized, or as declared for an exact
+/// state
 /// ([`TargetStateProvider::target_state_exact`](super::TargetStateProvider::target_state_exact)).
 pub(crate) struct Desired<'a> {
+    /// The serialized value (empty for an exact state).
     pub bytes: &'a [u8],
+    /// The value itself, for an exact state.
     pub typed: Option<TypedValue>,
 }
 
 impl Desired<'_> {
     /// The value: the one declared if it was kept (and is a `V`), else
-    /// decoded from its bytes.
+    /// decoded from its bytes (an exact state's value is kept, and taken
+    /// once: its declaration is reconciled once).
     fn into_value<V: DeserializeOwned + 'static>(self) -> Result<V> {
         if let Some(v) = self.typed.and_then(|t| t.downcast::<V>().ok()) {
             return Ok(*v);

@@ -215,25 +215,24 @@ impl<V> TargetStateProvider<V>
 where
     V: Serialize + Send + Sync + 'static,
 {
-    /// Like [`target_state`](Self::target_state), but the handler's
-    /// `reconcile` is given `value` itself rather than a copy decoded from
-    /// its serialized form, which saves decoding it. The value is still
-    /// serialized now (a handler reconciled again gets that copy).
+    /// Like [`target_state`](Self::target_state), but the value is not
+    /// serialized: the handler's `reconcile` is given `value` itself,
+    /// rather than a copy decoded from its serialized form. That saves
+    /// encoding and decoding each value (each declaration is reconciled
+    /// once).
     ///
-    /// Use it only for a value type whose serialized form decodes back to
-    /// an equal value (no skipped fields, no custom encoding that drops
-    /// data) and that shares no state a later change could reach (no
-    /// `Arc<Mutex<_>>` inside): for such a type the handler cannot tell the
-    /// difference. The connectors' own row and file values are such types.
+    /// Use it only for a value type whose serialization cannot fail and
+    /// decodes back to an equal value (no skipped fields, no custom encoding
+    /// that drops data), and that shares no state a later change could
+    /// reach (no `Arc<Mutex<_>>` inside): for such a type the handler cannot
+    /// tell the difference. The connectors' own row and file values are such
+    /// types (they are checked when declared).
     pub fn target_state_exact(&self, key: impl IntoStableKey, value: V) -> TargetState<V> {
-        let key = key.into_stable_key();
-        let encoded = super::encode::to_arc(&value).map_err(|e| e.to_string());
-        let typed: Option<TypedValue> = encoded.is_ok().then(|| Box::new(value) as TypedValue);
         TargetState {
             provider: Arc::clone(&self.core),
-            key,
-            value: encoded,
-            typed,
+            key: key.into_stable_key(),
+            value: Ok(Arc::from(&[][..])),
+            typed: Some(Box::new(value)),
             _value: PhantomData,
         }
     }
