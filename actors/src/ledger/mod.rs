@@ -44,7 +44,7 @@ pub(crate) mod record;
 pub(crate) mod scan;
 pub(crate) mod stored;
 
-use scan::StateSpans;
+use stored::StoredEntry;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -452,13 +452,13 @@ impl Ledger {
     /// The entry of a component, if it has one.
     pub(crate) fn component(&self, component: &[u8]) -> Result<Option<ComponentEntry>> {
         match self.component_raw(component)? {
-            Some(v) => Ok(Some(stored::owned_entry(self, &v)?)),
+            Some(v) => Ok(Some(StoredEntry::parse(self, v)?.to_owned_entry())),
             None => Ok(None),
         }
     }
 
-    /// The stored bytes of a component's entry, to decode without copying
-    /// with [`Ledger::decode_entry`]: from its pack, or its own key.
+    /// The stored bytes of a component's entry, to read without copying
+    /// with [`StoredEntry::parse`]: from its pack, or its own key.
     pub(crate) fn component_raw(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
         if let Some(id) = self.pack_of(component) {
             if let Some(p) = self.tree.get(key(P_PACK, &id.to_be_bytes()))? {
@@ -472,11 +472,6 @@ impl Ledger {
             .tree
             .get(key(P_COMPONENT, component))?
             .filter(|v| pack::tombstone_generation(v).is_none()))
-    }
-
-    /// Decodes an entry read with [`Ledger::component_raw`], borrowing from it.
-    pub(crate) fn decode_entry<'a>(&self, raw: &'a [u8]) -> Result<record::ComponentEntryRef<'a>> {
-        self.decode(raw, "a component entry")
     }
 
     /// The child components a component mounted in its last successful run.
@@ -595,11 +590,11 @@ impl Ledger {
 /// merged in one pass, so a batch costs O(n + m log m), not O(n * m).
 struct EntryEdit {
     base: ComponentEntry,
-    /// The entry as stored, while nothing needed its states copied out:
-    /// its bytes and their states' spans (`base.states` is empty
-    /// meanwhile; `base.failure` is the entry's). Encoding the edited entry
-    /// then copies each state left alone as it is stored.
-    stored: Option<(sled::IVec, Vec<StateSpans>)>,
+    /// The entry as stored, while nothing needed its states copied out
+    /// (`base.states` is empty meanwhile; `base.failure` is the entry's).
+    /// Encoding the edited entry then copies each state left alone as it
+    /// is stored.
+    stored: Option<StoredEntry>,
     /// Upserts with their sequence number; the last one of a path wins.
     upserts: Vec<(u64, StateEntry)>,
     /// Removed paths with the sequence number of the removal.
@@ -618,26 +613,22 @@ impl EntryEdit {
         }
     }
 
-    /// The edit of the entry stored as `raw`: kept as stored if it scans,
-    /// else decoded.
+    /// The edit of the entry stored as `raw`, kept as stored.
     fn read(ledger: &Ledger, raw: sled::IVec) -> Result<Self> {
-        match scan::scan_entry(&raw) {
-            Some((states, failure)) => {
-                let mut edit = Self::new(ComponentEntry {
-                    states: Vec::new(),
-                    failure,
-                });
-                edit.stored = Some((raw, states));
-                Ok(edit)
-            }
-            None => Ok(Self::new(ledger.decode(&raw, "a component entry")?)),
-        }
+        let mut stored = StoredEntry::parse(ledger, raw)?;
+        let mut edit = Self::new(ComponentEntry {
+            states: Vec::new(),
+            failure: stored.failure.take(),
+        });
+        edit.stored = Some(stored);
+        Ok(edit)
     }
 
     /// Copies the stored states out into `base`, for edits that need them.
     fn copy_out(&mut self) {
-        if let Some((raw, states)) = self.stored.take() {
-            self.base.states = states.iter().map(|s| s.to_entry(&raw)).collect();
+        if let Some(stored) = self.stored.take() {
+            let raw = stored.bytes();
+            self.base.states = stored.states.iter().map(|s| s.to_entry(raw)).collect();
         }
     }
 
@@ -670,7 +661,7 @@ impl EntryEdit {
     /// stored, the others encoded; the bytes are the same as encoding the
     /// materialized entry.
     fn encoded(&mut self) -> Result<Option<Vec<u8>>> {
-        let Some((raw, states)) = self.stored.take() else {
+        let Some(stored) = self.stored.take() else {
             self.materialize();
             return (!self.base.is_empty())
                 .then(|| encode(&self.base))
@@ -682,20 +673,18 @@ impl EntryEdit {
             Stored(&'a [u8]),
             New(StateEntry),
         }
-        let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(states.len() + latest.len());
+        let raw = stored.bytes();
+        let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(stored.states.len() + latest.len());
         let mut new = latest.into_iter().peekable();
-        for s in &states {
-            let path = s.path(&raw);
+        for s in &stored.states {
+            let path = s.path(raw);
             while let Some(n) = new.next_if(|n| n.path.as_slice() < path) {
                 pieces.push(Piece::New(n));
             }
             if new.peek().is_some_and(|n| n.path.as_slice() == path) || removes.contains_key(path) {
                 continue;
             }
-            match s.whole.clone().and_then(|w| raw.get(w)) {
-                Some(bytes) => pieces.push(Piece::Stored(bytes)),
-                None => pieces.push(Piece::New(s.to_entry(&raw))),
-            }
+            pieces.push(Piece::Stored(stored.state_bytes(s)));
         }
         pieces.extend(new.map(Piece::New));
         if pieces.is_empty() && self.base.failure.is_none() {

@@ -22,18 +22,6 @@ pub(crate) struct StateEntry {
     pub child_gen: Option<ChildGeneration>,
 }
 
-/// A state entry decoded without copying, borrowing from the stored bytes.
-#[derive(Deserialize)]
-pub(crate) struct StateEntryRef<'a> {
-    #[serde(borrow)]
-    pub path: &'a serde_bytes::Bytes,
-    #[serde(borrow)]
-    pub records: Vec<&'a serde_bytes::Bytes>,
-    pub may_be_missing: bool,
-    pub gen: u64,
-    pub child_gen: Option<ChildGeneration>,
-}
-
 /// What reconcile needs of a state's previous entry, borrowed.
 pub(crate) struct PrevView<'a> {
     pub records: Vec<&'a [u8]>,
@@ -49,14 +37,6 @@ impl<'a> From<&'a StateEntry> for PrevView<'a> {
             gen: s.gen,
         }
     }
-}
-
-/// A component entry decoded without copying (same layout as [`ComponentEntry`]).
-#[derive(Deserialize)]
-pub(crate) struct ComponentEntryRef<'a> {
-    #[serde(borrow)]
-    pub states: Vec<StateEntryRef<'a>>,
-    pub failure: Option<String>,
 }
 
 /// Everything the ledger keeps for one component, read and written in one go.

@@ -22,8 +22,8 @@ use crate::model::provider::ChildGeneration;
 /// entry's bytes, and its other fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StateSpans {
-    /// The whole encoded state, when scanned (not when decoded by serde).
-    pub whole: Option<Range<usize>>,
+    /// The whole encoded state.
+    pub whole: Range<usize>,
     pub path: Range<usize>,
     /// The first record (most states have exactly one), then the others.
     pub first: Option<Range<usize>>,
@@ -198,7 +198,7 @@ impl Reader<'_> {
             })
         };
         Some(StateSpans {
-            whole: Some(start..self.pos),
+            whole: start..self.pos,
             path,
             first,
             more,
@@ -276,8 +276,10 @@ mod tests {
             let back = rebuilt(&raw, &spans);
             assert_eq!(back.len(), entry.states.len());
             for (s, e) in spans.iter().zip(&entry.states) {
-                let whole = s.whole.clone().ok_or_else(|| Error::msg("no span"))?;
-                assert_eq!(raw.get(whole), Some(rmp_serde::to_vec(e)?.as_slice()));
+                assert_eq!(
+                    raw.get(s.whole.clone()),
+                    Some(rmp_serde::to_vec(e)?.as_slice())
+                );
             }
             for (b, e) in back.iter().zip(&entry.states) {
                 assert_eq!(

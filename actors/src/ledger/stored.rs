@@ -1,16 +1,15 @@
 //! A component entry kept as stored, with where each state's parts lie in
 //! it.
 //!
-//! A reconciler shard keeps the entry of a component that sends it several
-//! messages in a run. Decoding it into owned [`StateEntry`]s would copy each
-//! state's path and records into buffers of their own; this keeps the
-//! stored bytes (shared, not copied) and the spans of each part instead.
+//! Reconciler shards compare declarations with it, and a ledger commit
+//! edits it. Decoding it into owned [`StateEntry`]s would copy each state's
+//! path and records into buffers of their own; this keeps the stored bytes
+//! (shared, not copied) and the spans of each part instead (see
+//! [`scan`](super::scan)).
 
-use std::ops::Range;
-
-use super::record::{ComponentEntry, ComponentEntryRef, PrevView, StateEntry, StateEntryRef};
+use super::record::{ComponentEntry, PrevView, StateEntry};
 use super::scan::{scan_entry, StateSpans};
-use super::Ledger;
+use super::{encode, Ledger};
 use crate::error::Result;
 
 /// A component entry as stored, and its states' parts located in it.
@@ -27,25 +26,24 @@ pub(crate) struct StoredEntry {
 pub(crate) type StoredState = StateSpans;
 
 impl StoredEntry {
-    /// Reads the entry `raw`, read with [`Ledger::component_raw`]: scanned
-    /// directly, or decoded with serde if the scan gives up.
+    /// Reads the entry `raw`, read with [`Ledger::component_raw`]. An entry
+    /// in a layout the scanner does not take (weir writes none) is decoded
+    /// with serde and kept re-encoded in weir's layout.
     ///
     /// # Errors
     /// When it does not decode: the ledger is corrupt.
     pub(crate) fn parse(ledger: &Ledger, raw: sled::IVec) -> Result<StoredEntry> {
-        let (states, failure) = match scan_entry(&raw) {
-            Some(scanned) => scanned,
-            None => {
-                let entry: ComponentEntryRef<'_> = ledger.decode_entry(&raw)?;
-                let states = entry
-                    .states
-                    .iter()
-                    .map(|s| locate(&raw, s))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| ledger.corrupt("a component entry's state lies outside it"))?;
-                (states, entry.failure)
-            }
-        };
+        if let Some((states, failure)) = scan_entry(&raw) {
+            return Ok(StoredEntry {
+                raw,
+                states,
+                failure,
+            });
+        }
+        let entry: ComponentEntry = ledger.decode(&raw, "a component entry")?;
+        let raw = sled::IVec::from(encode(&entry)?);
+        let (states, failure) = scan_entry(&raw)
+            .ok_or_else(|| ledger.corrupt("a re-encoded component entry does not scan"))?;
         Ok(StoredEntry {
             raw,
             states,
@@ -57,47 +55,20 @@ impl StoredEntry {
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.raw
     }
-}
 
-/// The entry `raw` holds, copied out: scanned directly, or decoded with
-/// serde if the scan gives up.
-///
-/// # Errors
-/// When it does not decode: the ledger is corrupt.
-pub(crate) fn owned_entry(ledger: &Ledger, raw: &[u8]) -> Result<ComponentEntry> {
-    match scan_entry(raw) {
-        Some((states, failure)) => Ok(ComponentEntry {
-            states: states.iter().map(|s| s.to_entry(raw)).collect(),
-            failure,
-        }),
-        None => ledger.decode(raw, "a component entry"),
+    /// The entry, copied out.
+    pub(crate) fn to_owned_entry(&self) -> ComponentEntry {
+        ComponentEntry {
+            states: self.states.iter().map(|s| s.to_entry(&self.raw)).collect(),
+            failure: self.failure.clone(),
+        }
     }
-}
 
-/// Where `part`, a slice borrowed from `base`, lies in it.
-fn span(base: &[u8], part: &[u8]) -> Option<Range<usize>> {
-    let start = (part.as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
-    let end = start.checked_add(part.len())?;
-    (end <= base.len()).then_some(start..end)
-}
-
-/// The spans of a state decoded by serde from `base`.
-fn locate(base: &[u8], s: &StateEntryRef<'_>) -> Option<StoredState> {
-    let mut records = s.records.iter().map(|r| span(base, r));
-    let first = match records.next() {
-        Some(r) => Some(r?),
-        None => None,
-    };
-    let more = records.collect::<Option<Vec<_>>>()?;
-    Some(StateSpans {
-        whole: None,
-        path: span(base, s.path)?,
-        first,
-        more,
-        may_be_missing: s.may_be_missing,
-        gen: s.gen,
-        child_gen: s.child_gen,
-    })
+    /// The bytes of state `s` (one of [`StoredEntry::states`]) as encoded.
+    pub(crate) fn state_bytes(&self, s: &StoredState) -> &[u8] {
+        // The spans were checked against these bytes when scanned.
+        self.raw.get(s.whole.clone()).unwrap_or_default()
+    }
 }
 
 impl StateSpans {
@@ -165,8 +136,8 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
         let original = entry();
-        // As weir writes entries (scanned), and with field names (which the
-        // scan leaves to serde).
+        // As weir writes entries (scanned), and with field names (decoded
+        // with serde, then kept in weir's layout).
         for raw in [
             rmp_serde::to_vec(&original)?,
             rmp_serde::to_vec_named(&original)?,
@@ -177,8 +148,8 @@ mod tests {
     }
 
     fn check_stored(ledger: &Ledger, original: &ComponentEntry, raw: Vec<u8>) -> Result<()> {
-        let stored = StoredEntry::parse(ledger, sled::IVec::from(raw.as_slice()))?;
-        let owned = owned_entry(ledger, &raw)?;
+        let stored = StoredEntry::parse(ledger, sled::IVec::from(raw))?;
+        let owned = stored.to_owned_entry();
         assert_eq!(owned.failure, original.failure);
         assert_eq!(owned.states.len(), original.states.len());
         for (s, o) in owned.states.iter().zip(&original.states) {
