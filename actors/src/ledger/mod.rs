@@ -1319,6 +1319,13 @@ mod tests {
         }
     }
 
+    /// The ledger in `dir` opened again after `first` ran on it, then was
+    /// dropped without any other clean-up.
+    fn reopened(dir: &Path, first: impl FnOnce(&Ledger) -> Result<()>) -> Result<Ledger> {
+        first(&Ledger::open(dir, 1 << 20)?)?;
+        Ledger::open(dir, 1 << 20)
+    }
+
     /// The length of the intent journal in `dir`.
     fn journal_len(dir: &Path) -> Result<u64> {
         Ok(std::fs::metadata(dir.join(journal::JOURNAL_FILE))?.len())
@@ -1358,13 +1365,11 @@ mod tests {
     #[test]
     fn intents_left_in_the_journal_by_a_crash_are_folded_when_the_ledger_opens() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        {
-            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        // Dropped without deleting its intents: as after a crash.
+        let ledger = reopened(dir.path(), |ledger| {
             ledger.put_intents(1, &[intent("c", "p", Some("r"))])?;
-            ledger.sync_intents()?;
-            // Dropped without deleting its intents: as after a crash.
-        }
-        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            ledger.sync_intents()
+        })?;
         let p = state_of(&ledger, "c", "p");
         assert!(
             p.as_ref()
@@ -1378,15 +1383,14 @@ mod tests {
     #[test]
     fn intents_an_earlier_build_kept_in_the_store_are_folded_and_deleted() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        {
-            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        let ledger = reopened(dir.path(), |ledger| {
             let batch = vec![intent("c", "p", Some("r"))];
             ledger
                 .tree
                 .insert(key(P_INTENT, &7u64.to_be_bytes()), encode(&batch)?)?;
             ledger.tree.flush()?;
-        }
-        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            Ok(())
+        })?;
         assert!(state_of(&ledger, "c", "p").is_some_and(|s| s.may_be_missing));
         assert_eq!(ledger.tree.scan_prefix([P_INTENT]).count(), 0);
         Ok(())
@@ -1556,8 +1560,7 @@ mod tests {
     #[test]
     fn packed_entries_are_read_back_and_survive_reopening() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        {
-            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        let ledger = reopened(dir.path(), |ledger| {
             ledger.apply(
                 (0..10)
                     .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
@@ -1567,11 +1570,10 @@ mod tests {
                 ledger.pack_of(b"c3").is_some(),
                 "ten new entries are packed"
             );
-            assert!(has(&ledger, "c3"));
+            assert!(has(ledger, "c3"));
             assert_eq!(ledger.owner_candidates(b"p3").len(), 1);
-            ledger.flush()?;
-        }
-        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            ledger.flush()
+        })?;
         for i in 0..10 {
             assert!(has(&ledger, &format!("c{i}")), "c{i} after reopening");
         }
