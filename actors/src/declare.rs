@@ -85,7 +85,6 @@ fn declare<V>(ctx: &Ctx, state: TargetState<V>, child: Option<Arc<ProviderCore>>
         key: state.key,
         provider: state.provider,
         value,
-        typed: state.typed,
         child,
     })
 }

@@ -25,7 +25,7 @@ use crate::ledger::record::{
     ComponentEntryOut, Intent, LedgerOp, RecordsOut, StateEntry, StateEntryOut,
 };
 use crate::model::erased::{ErasedHandler, ErasedOutput};
-use crate::model::provider::{ChildGeneration, ProviderCore, Resolved, TypedValue};
+use crate::model::provider::{ChildGeneration, DeclaredValue, ProviderCore, Resolved};
 use crate::model::sink::EncodedAction;
 use crate::model::{ActionKind, ComponentPath, StableKey, TargetChildInvalidation};
 use crate::run::{lock, PreviewAction, Run};
@@ -35,10 +35,9 @@ pub(crate) struct Declaration {
     pub path: Arc<[u8]>,
     pub key: StableKey,
     pub provider: Arc<ProviderCore>,
-    pub value: Arc<[u8]>,
-    /// The value as declared, for an exact state (whose `value` is then
-    /// empty): taken by the message that sends the declaration to its shard.
-    pub typed: Option<TypedValue>,
+    /// The value; an exact one is taken by the message that sends the
+    /// declaration to its shard.
+    pub value: DeclaredValue,
     /// The provider of the state's children, resolved when it reconciles.
     pub child: Option<Arc<ProviderCore>>,
 }

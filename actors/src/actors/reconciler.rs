@@ -19,9 +19,9 @@ use crate::error::{Error, Result};
 use crate::ledger::record::{ComponentEntry, PrevView, StateEntry};
 use crate::ledger::stored::{StoredEntry, StoredState};
 use crate::ledger::Ledger;
-use crate::model::erased::{Desired, ErasedOutput};
+use crate::model::erased::ErasedOutput;
 use crate::model::keycode;
-use crate::model::provider::{ChildGeneration, ProviderCore, TypedValue};
+use crate::model::provider::{ChildGeneration, DeclaredValue, ProviderCore};
 use crate::model::{ComponentPath, StableKey};
 
 /// Which shard owns an encoded state path.
@@ -36,9 +36,7 @@ pub(crate) struct ShardDecl {
     pub path: Arc<[u8]>,
     pub key: StableKey,
     pub provider: Arc<ProviderCore>,
-    pub value: Arc<[u8]>,
-    /// The value as declared, if the declaration kept it.
-    pub typed: Option<TypedValue>,
+    pub value: DeclaredValue,
 }
 
 impl ShardDecl {
@@ -50,8 +48,7 @@ impl ShardDecl {
             path: Arc::clone(&d.path),
             key: d.key.clone(),
             provider: Arc::clone(&d.provider),
-            value: Arc::clone(&d.value),
-            typed: d.typed.take(),
+            value: d.value.hand_on(),
         }
     }
 }
@@ -531,10 +528,7 @@ fn reconcile_declared(
         )));
     };
     let (records, missing) = effective_prev(&d.provider, prev, None);
-    let desired = Desired {
-        bytes: &d.value,
-        typed: d.typed.take(),
-    };
+    let desired = d.value.hand_on();
     guarded(|| {
         resolved
             .handler

@@ -10,7 +10,7 @@ use super::child::ChildTargetDef;
 use super::encode;
 use super::handler::{ActionKind, TargetChildInvalidation, TargetHandler};
 use super::key::StableKey;
-use super::provider::TypedValue;
+use super::provider::DeclaredValue;
 use super::sink::{SinkCore, TypedAction};
 use crate::error::Result;
 
@@ -26,34 +26,12 @@ pub(crate) struct ErasedOutput {
     pub child_invalidation: Option<TargetChildInvalidation>,
 }
 
-/// A declared value for a handler: serialized, or as declared for an exact
-/// state
-/// ([`TargetStateProvider::target_state_exact`](super::TargetStateProvider::target_state_exact)).
-pub(crate) struct Desired<'a> {
-    /// The serialized value (empty for an exact state).
-    pub bytes: &'a [u8],
-    /// The value itself, for an exact state.
-    pub typed: Option<TypedValue>,
-}
-
-impl Desired<'_> {
-    /// The value: the one declared if it was kept (and is a `V`), else
-    /// decoded from its bytes (an exact state's value is kept, and taken
-    /// once: its declaration is reconciled once).
-    fn into_value<V: DeserializeOwned + 'static>(self) -> Result<V> {
-        if let Some(v) = self.typed.and_then(|t| t.downcast::<V>().ok()) {
-            return Ok(*v);
-        }
-        Ok(rmp_serde::from_slice(self.bytes)?)
-    }
-}
-
 /// A handler whose value, record and action types are erased to bytes.
 pub(crate) trait ErasedHandler: Send + Sync {
     fn reconcile(
         &self,
         key: StableKey,
-        desired: Option<Desired<'_>>,
+        desired: Option<DeclaredValue>,
         prev: &[&[u8]],
         prev_may_be_missing: bool,
     ) -> Result<Option<ErasedOutput>>;
@@ -86,11 +64,11 @@ where
     fn reconcile(
         &self,
         key: StableKey,
-        desired: Option<Desired<'_>>,
+        desired: Option<DeclaredValue>,
         prev: &[&[u8]],
         prev_may_be_missing: bool,
     ) -> Result<Option<ErasedOutput>> {
-        let desired: Option<V> = desired.map(Desired::into_value).transpose()?;
+        let desired: Option<V> = desired.map(DeclaredValue::into_value).transpose()?;
         let prev = prev
             .iter()
             .map(|r| rmp_serde::from_slice::<H::TrackingRecord>(r))

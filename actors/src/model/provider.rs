@@ -200,12 +200,13 @@ where
     /// value is serialized now; later changes to it are not seen.
     pub fn target_state(&self, key: impl IntoStableKey, value: V) -> TargetState<V> {
         let key = key.into_stable_key();
-        let value = super::encode::to_arc(&value).map_err(|e| e.to_string());
+        let value = super::encode::to_arc(&value)
+            .map(DeclaredValue::Encoded)
+            .map_err(|e| e.to_string());
         TargetState {
             provider: Arc::clone(&self.core),
             key,
             value,
-            typed: None,
             _value: PhantomData,
         }
     }
@@ -231,8 +232,7 @@ where
         TargetState {
             provider: Arc::clone(&self.core),
             key: key.into_stable_key(),
-            value: Ok(Arc::from(&[][..])),
-            typed: Some(Box::new(value)),
+            value: Ok(DeclaredValue::Exact(Some(Box::new(value)))),
             _value: PhantomData,
         }
     }
@@ -261,16 +261,56 @@ where
 pub struct TargetState<V> {
     pub(crate) provider: Arc<ProviderCore>,
     pub(crate) key: StableKey,
-    pub(crate) value: Result<Arc<[u8]>, String>,
-    /// The value itself, for its handler (see
-    /// [`TargetStateProvider::target_state_exact`]).
-    pub(crate) typed: Option<TypedValue>,
+    /// The value, or why it could not be serialized.
+    pub(crate) value: Result<DeclaredValue, String>,
     _value: PhantomData<fn() -> V>,
 }
 
 /// A declared value as it was given, type-erased; the handler of its
 /// provider downcasts it back.
 pub(crate) type TypedValue = Box<dyn std::any::Any + Send + Sync>;
+
+/// A declared value, as its handler will get it.
+pub(crate) enum DeclaredValue {
+    /// Serialized when declared ([`TargetStateProvider::target_state`]),
+    /// decoded for the handler.
+    Encoded(Arc<[u8]>),
+    /// The value itself ([`TargetStateProvider::target_state_exact`]);
+    /// `None` once handed on (a declaration is reconciled once).
+    Exact(Option<TypedValue>),
+}
+
+impl DeclaredValue {
+    /// The value to send on: encoded bytes are shared, an exact value is
+    /// taken (leaving `Exact(None)`).
+    pub(crate) fn hand_on(&mut self) -> DeclaredValue {
+        match self {
+            DeclaredValue::Encoded(bytes) => DeclaredValue::Encoded(Arc::clone(bytes)),
+            DeclaredValue::Exact(value) => DeclaredValue::Exact(value.take()),
+        }
+    }
+
+    /// The value as a `V`: decoded, or downcast.
+    ///
+    /// # Errors
+    /// When the bytes do not decode as a `V`, or an exact value is not a
+    /// `V` or was handed on already (neither happens: a provider's values
+    /// have one type, and a declaration is reconciled once).
+    pub(crate) fn into_value<V: DeserializeOwned + 'static>(self) -> crate::Result<V> {
+        match self {
+            DeclaredValue::Encoded(bytes) => Ok(rmp_serde::from_slice(&bytes)?),
+            DeclaredValue::Exact(Some(value)) => value.downcast::<V>().map(|v| *v).map_err(|_| {
+                crate::Error::msg(format!(
+                    "the declared value is not a {}",
+                    std::any::type_name::<V>()
+                ))
+            }),
+            DeclaredValue::Exact(None) => Err(crate::Error::msg(
+                "the declared value was handed to its handler already",
+            )),
+        }
+    }
+}
 
 impl<V> TargetState<V> {
     /// The key of the state.
