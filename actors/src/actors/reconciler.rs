@@ -363,7 +363,9 @@ impl ReconcilerActor {
         // only once it reaches its commit (its last message): a component
         // whose code then fails claims nothing, as if it had sent nothing.
         let claim_later = matches!(msg.chunk, Chunk::More(_));
-        let mut pending = Vec::new();
+        // Sized once: growing them cost more than filling them.
+        reply.outcomes.reserve_exact(decls.len());
+        let mut pending = Vec::with_capacity(if claim_later { decls.len() } else { 0 });
         let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
         for mut d in decls {
             if let Some(first) = declared_now.get(&d.path) {

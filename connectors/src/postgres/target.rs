@@ -18,7 +18,7 @@ use weir_actors::{
 
 use super::ddl;
 use super::sink;
-use crate::sql::{ColumnType, Row, SqlValue, TableSchema};
+use crate::sql::{msgpack, ColumnType, Row, SqlValue, TableSchema};
 
 /// What a table target state declares: the table's name, schema and owner.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -305,6 +305,18 @@ impl TargetHandler<TableSpec> for PostgresTableHandler {
     }
 }
 
+/// A row's tracking record: the fingerprint of its MessagePack encoding
+/// (written directly: a struct of one field, the list of values).
+fn row_fingerprint(row: &Row) -> Fingerprint {
+    msgpack::fingerprint(row, |buf| {
+        msgpack::write_len(buf, 1)?;
+        msgpack::write_len(buf, row.values.len())?;
+        row.values
+            .iter()
+            .try_for_each(|value| msgpack::write_value(buf, value))
+    })
+}
+
 /// The row handler of one table: rows are its target states, keyed by
 /// primary key, tracked by a fingerprint of their values.
 pub(crate) struct PostgresRowHandler {
@@ -324,7 +336,7 @@ impl TargetHandler<Row> for PostgresRowHandler {
         prev: Vec<Fingerprint>,
         prev_may_be_missing: bool,
     ) -> Result<Option<TargetReconcileOutput<RowAction, Fingerprint>>> {
-        let fingerprint = desired.as_ref().map(Fingerprint::from);
+        let fingerprint = desired.as_ref().map(row_fingerprint);
         let transition = TrackingRecordTransition::new(fingerprint, prev, prev_may_be_missing);
         let Some(kind) = diff(Some(&transition)).map(DiffAction::action_kind) else {
             return Ok(None);
@@ -401,6 +413,37 @@ fn key_value(key: &StableKey, ty: &ColumnType) -> std::result::Result<SqlValue, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_fingerprints_do_not_change_between_releases() -> Result<()> {
+        // Ledgers keep these digests: a change would rewrite every row once.
+        let at = chrono::DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
+            .map_err(|e| Error::msg(e.to_string()))?
+            .with_timezone(&chrono::Utc);
+        let row = Row {
+            values: vec![
+                SqlValue::Int(42),
+                SqlValue::Int(-70_000),
+                SqlValue::Json(serde_json::json!({"a": [1, 2.5, "x"]})),
+                SqlValue::Array(vec![
+                    SqlValue::Text("t1".into()),
+                    SqlValue::Text("t2".into()),
+                ]),
+                SqlValue::Timestamp(at),
+                SqlValue::Bool(true),
+                SqlValue::Float(0.25),
+                SqlValue::Text("text".into()),
+                SqlValue::Bytes(vec![1, 2]),
+                SqlValue::Uuid(uuid::Uuid::from_u128(9)),
+                SqlValue::Null,
+            ],
+        };
+        assert_eq!(
+            row_fingerprint(&row).to_string(),
+            "2b5d963f0ec239f1de2b5dccd13e9348"
+        );
+        Ok(())
+    }
 
     #[test]
     fn row_keys_convert_back_to_typed_key_values() -> Result<()> {

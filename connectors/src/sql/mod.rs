@@ -12,6 +12,7 @@
 mod depth;
 mod flat;
 pub mod ident;
+pub(crate) mod msgpack;
 pub mod schema;
 pub mod value;
 

@@ -15,7 +15,7 @@ use weir_actors::{
     TargetHandler, TargetReconcileOutput,
 };
 
-use crate::sql::{Column, ColumnType, SchemaChange, SqlValue, TableSchema};
+use crate::sql::{msgpack, Column, ColumnType, SchemaChange, SqlValue, TableSchema};
 
 /// The declared value of a table.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -308,10 +308,19 @@ impl Serialize for NamedValues<'_> {
 /// The fingerprint of a row's `values` (see [`NamedValues`]); `by_name` is
 /// [`name_order`] of `schema`.
 fn row_fingerprint(schema: &TableSchema, by_name: &[usize], values: &[SqlValue]) -> Fingerprint {
-    Fingerprint::from(&NamedValues {
+    let named = NamedValues {
         columns: schema.columns(),
         by_name,
         values,
+    };
+    // The bytes `named` serializes to, written directly.
+    msgpack::fingerprint(&named, |buf| {
+        msgpack::write_len(buf, named.pairs().count())?;
+        named.pairs().try_for_each(|(name, value)| {
+            msgpack::write_len(buf, 2)?;
+            rmp::encode::write_str(buf, name)?;
+            msgpack::write_value(buf, value)
+        })
     })
 }
 
