@@ -70,12 +70,10 @@ impl Row {
         schema: &TableSchema,
         row: &T,
     ) -> Result<Row> {
-        if let Some(fields) = flat_fields(row) {
+        if let Some(mut fields) = flat_fields(row) {
             return Self::from_fields(table, schema, |name| {
-                fields
-                    .iter()
-                    .position(|(k, _)| k == name)
-                    .and_then(|i| Some((i, &fields.get(i)?.1)))
+                let field = fields.iter_mut().find(|(k, _)| k == name)?;
+                Some(std::mem::replace(&mut field.1, Value::Nil))
             });
         }
         // Bounded: deeper values are cut (and refused below, when they are
@@ -93,7 +91,7 @@ impl Row {
                 .map_err(|e| {
                     Error::permanent(format!("table {table}: cannot read the row: {e}"))
                 })?;
-        let Value::Map(fields) = value else {
+        let Value::Map(mut fields) = value else {
             return Err(Error::permanent(format!(
                 "table {table}: a row must be a struct or a map of column names, not {value}"
             )));
@@ -115,20 +113,23 @@ impl Row {
                 }
             }
         }
-        Self::from_fields(table, schema, find)
+        Self::from_fields(table, schema, |name| {
+            let field = fields.iter_mut().find(|(k, _)| k.as_str() == Some(name))?;
+            Some(std::mem::replace(&mut field.1, Value::Nil))
+        })
     }
 
-    /// The row of `schema` whose fields `find` looks up by column name
-    /// (the field's position and value): each column's value is checked
-    /// against its type and nullability.
-    fn from_fields<'v>(
+    /// The row of `schema` whose fields `take` takes out by column name
+    /// (each at most once): each column's value is checked against its type
+    /// and nullability.
+    fn from_fields(
         table: &str,
         schema: &TableSchema,
-        find: impl Fn(&str) -> Option<(usize, &'v Value)>,
+        mut take: impl FnMut(&str) -> Option<Value>,
     ) -> Result<Row> {
         let mut values = Vec::with_capacity(schema.columns().len());
         for column in schema.columns() {
-            let value = match find(&column.name).map(|(_, v)| v) {
+            let value = match take(&column.name) {
                 None | Some(Value::Nil) => {
                     if !column.nullable {
                         return Err(Error::permanent(format!(
@@ -138,7 +139,7 @@ impl Row {
                     }
                     SqlValue::Null
                 }
-                Some(v) => convert(v, &column.ty).map_err(|why| {
+                Some(v) => convert_owned(v, &column.ty).map_err(|why| {
                     Error::permanent(format!("table {table}, column {}: {why}", column.name))
                 })?,
             };
@@ -150,11 +151,19 @@ impl Row {
     /// The row's primary key as a stable key: the key value itself for a
     /// single-column key, an array for a composite one.
     pub fn key(&self, schema: &TableSchema) -> StableKey {
+        let value_of = |k: &String| {
+            let i = schema.columns().iter().position(|c| &c.name == k)?;
+            self.values.get(i)
+        };
+        if let [only] = schema.primary_key() {
+            if let Some(value) = value_of(only) {
+                return value.to_key();
+            }
+        }
         let parts: Vec<StableKey> = schema
             .primary_key()
             .iter()
-            .filter_map(|k| schema.columns().iter().position(|c| &c.name == k))
-            .filter_map(|i| self.values.get(i))
+            .filter_map(value_of)
             .map(SqlValue::to_key)
             .collect();
         match <[StableKey; 1]>::try_from(parts) {
@@ -220,6 +229,20 @@ fn float(v: &Value) -> std::result::Result<f64, String> {
         return Err(format!("{f} is not a finite number"));
     }
     Ok(f)
+}
+
+/// [`convert`], moving text instead of copying it.
+fn convert_owned(v: Value, ty: &ColumnType) -> std::result::Result<SqlValue, String> {
+    match (ty, v) {
+        (ColumnType::Text, Value::String(s)) => {
+            text(&s)?;
+            // `text` checked that it is UTF-8.
+            s.into_str()
+                .map(SqlValue::Text)
+                .ok_or_else(|| "text is not valid UTF-8".to_string())
+        }
+        (ty, v) => convert(&v, ty),
+    }
 }
 
 fn convert(v: &Value, ty: &ColumnType) -> std::result::Result<SqlValue, String> {
