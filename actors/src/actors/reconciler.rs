@@ -207,6 +207,9 @@ pub(crate) struct ReconcilerActor {
     ledger: Ledger,
     /// Per run: each declared path and the component that declared it.
     declared: HashMap<u64, HashMap<Arc<[u8]>, ComponentPath>>,
+    /// How many paths the last run that ended declared here: a new run's
+    /// map starts that large instead of growing (and rehashing) to it.
+    last_declared: usize,
     /// The entries of components reconciled in several messages, by
     /// component, with the run they were read in.
     entries: HashMap<Arc<[u8]>, KeptEntry>,
@@ -240,6 +243,7 @@ impl ReconcilerActor {
             metrics: None,
             ledger,
             declared: HashMap::default(),
+            last_declared: 0,
             entries: HashMap::default(),
             cached_states: 0,
             pending: HashMap::default(),
@@ -358,7 +362,7 @@ impl ReconcilerActor {
                 }
             }
         }
-        let declared_now = self.declared.entry(msg.run_id).or_default();
+        let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
         // States sent in chunks while the component's code runs are claimed
         // only once it reaches its commit (its last message): a component
         // whose code then fails claims nothing, as if it had sent nothing.
@@ -444,7 +448,7 @@ impl ReconcilerActor {
             .get_mut(&msg.run_id)
             .and_then(|by_component| by_component.remove(&msg.component))
             .unwrap_or_default();
-        let declared_now = self.declared.entry(msg.run_id).or_default();
+        let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
         let mut duplicates = Vec::new();
         for claim in claims {
             match declared_now.get(&claim.path) {
@@ -461,6 +465,18 @@ impl ReconcilerActor {
         }
         duplicates
     }
+}
+
+/// The paths declared in `run_id` so far; a new run's map is sized for
+/// `expected` paths.
+fn declared_in(
+    declared: &mut HashMap<u64, HashMap<Arc<[u8]>, ComponentPath>>,
+    expected: usize,
+    run_id: u64,
+) -> &mut HashMap<Arc<[u8]>, ComponentPath> {
+    declared
+        .entry(run_id)
+        .or_insert_with(|| HashMap::with_capacity_and_hasher(expected, Default::default()))
 }
 
 /// The number of states in a component's entry.
@@ -621,7 +637,9 @@ impl Handler<EndRun> for ReconcilerActor {
     type Result = ();
 
     fn handle(&mut self, msg: EndRun, _ctx: &mut Context<Self>) {
-        self.declared.remove(&msg.run_id);
+        if let Some(declared) = self.declared.remove(&msg.run_id) {
+            self.last_declared = declared.len();
+        }
         self.pending.remove(&msg.run_id);
         // An App's runs follow one another: whatever is kept is this run's.
         self.entries.clear();
