@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
 use sqlx::postgres::PgDatabaseError;
 use sqlx::{PgPool, Postgres, Transaction};
 use weir_actors::{Error, Result, StableKey, TargetAction};
@@ -54,7 +55,7 @@ pub(crate) async fn apply_tables(
 struct TableWork {
     meta: Arc<TableMeta>,
     /// The position of each key in `rows`.
-    index: HashMap<StableKey, usize>,
+    index: FxHashMap<StableKey, usize>,
     rows: Vec<(StableKey, bool, Vec<SqlValue>)>,
 }
 
@@ -83,6 +84,8 @@ pub(crate) async fn apply_rows(
     actions: Vec<TargetAction<RowAction>>,
 ) -> Result<()> {
     let mut tables: HashMap<String, TableWork> = HashMap::new();
+    // Most calls write one table: room for all of the call's rows at once.
+    let size = actions.len();
     for action in actions {
         let (is_delete, a) = match action {
             TargetAction::Create(a) | TargetAction::Update(a) => (false, a),
@@ -97,10 +100,12 @@ pub(crate) async fn apply_rows(
                         a.table, db.db_name
                     ))
                 })?;
+                let mut index = FxHashMap::default();
+                index.reserve(size);
                 tables.entry(a.table.to_string()).or_insert(TableWork {
                     meta,
-                    index: HashMap::new(),
-                    rows: Vec::new(),
+                    index,
+                    rows: Vec::with_capacity(size),
                 })
             }
         };
@@ -149,14 +154,20 @@ pub(crate) async fn apply_rows(
     Ok(())
 }
 
-fn key_of<'a>(values: impl Iterator<Item = &'a SqlValue>) -> StableKey {
-    let mut parts: Vec<StableKey> = values.map(SqlValue::to_key).collect();
-    if parts.len() == 1 {
-        if let Some(one) = parts.pop() {
-            return one;
-        }
+fn key_of<'a>(mut values: impl Iterator<Item = &'a SqlValue>) -> StableKey {
+    // A one-column key is its value: no list is built for it.
+    let first = values.next().map(SqlValue::to_key);
+    let second = values.next().map(SqlValue::to_key);
+    match (first, second) {
+        (Some(one), None) => one,
+        (first, second) => StableKey::Array(
+            first
+                .into_iter()
+                .chain(second)
+                .chain(values.map(SqlValue::to_key))
+                .collect(),
+        ),
     }
-    StableKey::Array(parts.into())
 }
 
 /// Runs the upsert (or delete) statement of `meta` over `rows` (full rows,
