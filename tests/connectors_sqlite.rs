@@ -146,6 +146,28 @@ fn err_or<T>(result: Result<T>, what: &str) -> Result<Error> {
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread")]
+async fn connect_makes_every_commit_durable_before_the_ledger_records_it() -> Result<()> {
+    // weir records a row once its sink call returns. With `synchronous =
+    // NORMAL` a WAL commit can still be lost to a power cut while the
+    // (synced) ledger keeps its record, and the row would never be written
+    // again. Every pooled connection must sync its commits (FULL = 2).
+    let f = fixture().await?;
+    let mut held = Vec::new();
+    for _ in 0..sqlite::DEFAULT_MAX_CONNECTIONS {
+        let mut conn = f.pool.acquire().await?;
+        let (journal,): (String,) = sqlx::query_as("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await?;
+        let (synchronous,): (i64,) = sqlx::query_as("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await?;
+        assert_eq!((journal.as_str(), synchronous), ("wal", 2));
+        held.push(conn);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn rows_are_created_updated_and_deleted_as_declared() -> Result<()> {
     let f = fixture().await?;
     let stats = sync_docs(

@@ -46,7 +46,11 @@
 //!   one that mounts another table of the same database, or calls
 //!   [`register_database`].
 //! - Open the database with [`connect`] (or the same settings): WAL
-//!   journal, `synchronous = NORMAL`, foreign keys on and a busy timeout.
+//!   journal, `synchronous = FULL`, foreign keys on and a busy timeout.
+//!   weir records a row in its ledger once the row's transaction has
+//!   committed; with `synchronous = NORMAL` a power cut could lose that
+//!   commit but not the record, and weir would not write the row again
+//!   until it changes.
 //!
 //! # Example
 //!
@@ -111,7 +115,8 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 4;
 
 /// Opens (creating it if missing) a SQLite database file as weir expects
 /// it: WAL journal (readers never block the writer), `synchronous =
-/// NORMAL`, foreign keys enforced, and a [`DEFAULT_BUSY_TIMEOUT`].
+/// FULL` (a commit is on disk before weir records it; one sync per sink
+/// call), foreign keys enforced, and a [`DEFAULT_BUSY_TIMEOUT`].
 ///
 /// # Errors
 /// When the file cannot be created or opened, naming the path.
@@ -121,7 +126,7 @@ pub async fn connect(path: impl AsRef<Path>) -> Result<SqlitePool> {
         .filename(path)
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
+        .synchronous(SqliteSynchronous::Full)
         .foreign_keys(true)
         .busy_timeout(DEFAULT_BUSY_TIMEOUT);
     SqlitePoolOptions::new()
