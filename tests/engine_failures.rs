@@ -7,7 +7,7 @@ mod support;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -777,6 +777,69 @@ async fn a_hanging_sink_call_times_out_and_the_run_fails_in_bounded_time() -> Re
     let n = calls.load(Ordering::SeqCst);
     assert!((1..=2).contains(&n), "{n} calls with max_attempts = 2");
     assert!(started.elapsed() < Duration::from_secs(10));
+    Ok(())
+}
+
+/// Held by a sink call that takes a while to let go when it is cancelled
+/// (blocking clean-up in a destructor); says when it has.
+struct SlowToStop(Arc<AtomicBool>);
+
+impl Drop for SlowToStop {
+    fn drop(&mut self) {
+        std::thread::sleep(Duration::from_millis(300));
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_call_has_stopped_before_its_keys_are_called_again() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app_with(dir.path(), |b| {
+        b.retry_policy(RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(10),
+            call_timeout: Some(Duration::from_millis(100)),
+        })
+    })
+    .await?;
+    let stopped = Arc::new(AtomicBool::new(false));
+    let beside = Arc::new(AtomicBool::new(false));
+    let (stop, seen) = (Arc::clone(&stopped), Arc::clone(&beside));
+    let store = Store::default();
+    let sink = scripted_sink(
+        Log::default(),
+        store.clone(),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(move |n, _: &[String]| {
+            if n == 0 {
+                // Hangs past the timeout, then is slow to stop.
+                let guard = SlowToStop(Arc::clone(&stop));
+                return Step::Instead(
+                    async move {
+                        let _guard = guard;
+                        futures::future::pending::<()>().await;
+                        Ok(())
+                    }
+                    .boxed(),
+                );
+            }
+            if !stop.load(Ordering::SeqCst) {
+                seen.store(true, Ordering::SeqCst);
+            }
+            Step::Apply
+        }),
+    );
+    let handler = RowHandler::new(sink);
+    let run =
+        app.run(move |ctx| async move { declare_rows(&ctx, PROVIDER, handler, &[("a", "1")]) });
+    within(Duration::from_secs(10), run).await??;
+    assert!(stopped.load(Ordering::SeqCst));
+    assert!(
+        !beside.load(Ordering::SeqCst),
+        "the retry on key a ran while the timed-out call still held it"
+    );
+    assert!(store.snapshot().contains_key("a"));
     Ok(())
 }
 

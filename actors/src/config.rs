@@ -58,7 +58,10 @@ pub struct RetryPolicy {
     pub initial_backoff: Duration,
     /// The longest delay between retries.
     pub max_backoff: Duration,
-    /// A call that takes longer fails (retriably); `None` waits forever.
+    /// A call that takes longer is cancelled and fails (retriably); `None`
+    /// waits forever. It is reported failed, and its keys called again,
+    /// only once it has stopped: its future is dropped at its next
+    /// `.await`, but code blocking inside it holds them until it returns.
     pub call_timeout: Option<Duration>,
 }
 

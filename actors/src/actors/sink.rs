@@ -714,13 +714,18 @@ pub(crate) fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
 async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, actions: Vec<EncodedAction>) -> Result<()> {
     // The user's function runs on the user's runtime, inside the task, so
     // that even a panic before it returns a future is caught there.
-    let handle = env.user.spawn(async move { (core.apply)(actions).await });
-    let abort = handle.abort_handle();
+    let mut handle = env.user.spawn(async move { (core.apply)(actions).await });
     let joined = match env.retry.call_timeout {
-        Some(limit) => match tokio::time::timeout(limit, handle).await {
+        Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
             Ok(j) => j,
             Err(_) => {
-                abort.abort();
+                handle.abort();
+                // The call's keys are released when this returns: wait
+                // until the cancelled call has let go of them, so that no
+                // later call on them runs beside it (a future is dropped at
+                // its next await; blocking code holds the keys until it
+                // returns).
+                let _ = (&mut handle).await;
                 return Err(Error::msg(format!(
                     "sink call timed out after {} ms",
                     limit.as_millis()
