@@ -300,6 +300,49 @@ async fn mounting_a_child_key_already_mounted_in_this_run_is_an_error() -> Resul
     .await
 }
 
+#[tokio::test]
+async fn a_ctx_kept_after_its_component_returned_declares_and_mounts_nothing() -> Result<()> {
+    bounded(async {
+        let dir = tempfile::tempdir()?;
+        let app = app(dir.path()).await?;
+        let rig = Rig::new();
+        let handler = rig.handler();
+        let late_ran = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&late_ran);
+        let (declared, mounted) = app
+            .update(move |ctx| async move {
+                let h = handler.clone();
+                // The child hands its own Ctx back to its parent.
+                let kept = ctx
+                    .mount("child", move |c| async move {
+                        declare_all(&c, &h, &owned(&[("c1", "1")]))?;
+                        Ok(c)
+                    })
+                    .await?;
+                let declared = declare_all(&kept, &handler, &owned(&[("late", "1")]));
+                let mounted = kept
+                    .mount("grandchild", move |_c| async move {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    })
+                    .await;
+                Ok((declared.err(), mounted.err()))
+            })
+            .await?;
+        for (what, err) in [("declaring", declared), ("mounting", mounted)] {
+            let text = err.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                text.contains("component /child has finished"),
+                "{what} through a kept Ctx: {text:?}"
+            );
+        }
+        assert_eq!(late_ran.load(Ordering::SeqCst), 0);
+        assert_eq!(rig.store.snapshot(), map(&[("c1", "1")]));
+        Ok(())
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------
 // 2. mount_each
 // ---------------------------------------------------------------------------

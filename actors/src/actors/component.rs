@@ -89,6 +89,9 @@ pub(crate) struct ComponentState {
     /// The memo key to record when the component commits (mounted with
     /// [`Ctx::mount_each_memo`](crate::Ctx::mount_each_memo)).
     memo: std::sync::OnceLock<Vec<u8>>,
+    /// Set when the component's code has returned: a `Ctx` kept beyond
+    /// that declares and mounts nothing (see [`ComponentState::close`]).
+    finished: std::sync::atomic::AtomicBool,
 }
 
 impl ComponentState {
@@ -102,6 +105,25 @@ impl ComponentState {
             children: Mutex::new(ChildSet::default()),
             permit: Mutex::new(None),
             memo: std::sync::OnceLock::new(),
+            finished: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Marks the component's code as returned (whatever it returned).
+    /// Under the children's lock, and before the commit takes the
+    /// declarations under theirs, so no declaration or child gets in after.
+    fn close(&self) {
+        let _children = lock(&self.children);
+        self.finished.store(true, Ordering::SeqCst);
+    }
+
+    /// The error of a `Ctx` used after its component's code returned.
+    fn finished_error(&self, what: std::fmt::Arguments<'_>) -> Option<Error> {
+        self.finished.load(Ordering::SeqCst).then(|| {
+            Error::Usage(format!(
+                "component {} has finished: a Ctx kept after its code returned cannot {what}",
+                self.path
+            ))
         })
     }
 
@@ -109,6 +131,10 @@ impl ComponentState {
     /// component (and is returned as an error).
     pub(crate) fn declare(&self, decl: Declaration) -> Result<()> {
         let mut decls = lock(&self.decls);
+        let what = format_args!("declare {} {}", decl.provider.path.name, decl.key);
+        if let Some(err) = self.finished_error(what) {
+            return Err(err);
+        }
         if !decls.paths.insert(Arc::clone(&decl.path)) {
             let err = Error::DuplicateDeclaration {
                 provider: decl.provider.path.name.to_string(),
@@ -196,6 +222,9 @@ impl ComponentState {
     /// Registers a child component key; an error if it was mounted already.
     fn add_child(&self, key: &StableKey) -> Result<()> {
         let mut children = lock(&self.children);
+        if let Some(err) = self.finished_error(format_args!("mount child {key}")) {
+            return Err(err);
+        }
         if !children.set.insert(key.clone()) {
             return Err(Error::Usage(format!(
                 "component {} mounts child {key} twice in one run",
@@ -243,6 +272,7 @@ where
     run.metrics.inflight.increment(1.0);
     let ctx = crate::ctx::Ctx::from_state(Arc::clone(&state));
     let outcome = AssertUnwindSafe(f(ctx)).catch_unwind().await;
+    state.close();
     let result = match outcome {
         // Boxed: the commit state machine is large, and a task that never
         // gets there (a memoized or failed component) should not carry it.
