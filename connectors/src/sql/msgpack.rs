@@ -7,7 +7,7 @@
 //! floats, text) with `rmp`'s writers, and hands the others to
 //! `rmp_serde`. The digests are those ledgers already hold.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 
 use serde::Serialize;
 use weir_actors::Fingerprint;
@@ -18,7 +18,7 @@ use super::value::SqlValue;
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 thread_local! {
-    static BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
 /// Appends what `rmp_serde` writes for `value`.
@@ -74,25 +74,23 @@ pub(crate) fn fingerprint<T: Serialize + ?Sized>(
     value: &T,
     write: impl FnOnce(&mut Vec<u8>) -> Result<(), rmp_serde::encode::Error>,
 ) -> Fingerprint {
-    let mut fresh = Vec::new();
-    BUFFER.with(|kept| {
-        // A fingerprint taken while another is being written (never, for
-        // the values written here) uses a buffer of its own.
-        let mut kept = kept.try_borrow_mut();
-        let buf = match kept.as_deref_mut() {
-            Ok(buf) => buf,
-            Err(_) => &mut fresh,
-        };
-        buf.clear();
-        let digest = match write(buf) {
-            Ok(()) => Fingerprint::from_msgpack(buf),
-            Err(_) => Fingerprint::from(value),
-        };
-        if buf.capacity() > MAX_KEPT_BUFFER {
-            *buf = Vec::new();
-        }
-        digest
+    with_buffer(|buf| match write(buf) {
+        Ok(()) => Fingerprint::from_msgpack(buf),
+        Err(_) => Fingerprint::from(value),
     })
+}
+
+/// Runs `f` with the thread's kept buffer, emptied. The buffer is taken
+/// out of its cell while in use: a fingerprint taken meanwhile (or one on a
+/// thread being torn down) finds none and starts a fresh one.
+fn with_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    let mut buf = BUFFER.try_with(Cell::take).unwrap_or_default();
+    buf.clear();
+    let out = f(&mut buf);
+    if buf.capacity() <= MAX_KEPT_BUFFER {
+        let _ = BUFFER.try_with(|cell| cell.set(buf));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -148,6 +146,30 @@ mod tests {
             row.values.iter().try_for_each(|v| write_value(buf, v))
         });
         assert_eq!(digest, Fingerprint::from(&row));
+    }
+
+    #[test]
+    fn a_fingerprint_taken_while_another_is_written_leaves_both_right() {
+        let outer = Row {
+            values: vec![SqlValue::Text("outer".into())],
+        };
+        let inner = Row {
+            values: vec![SqlValue::Int(7), SqlValue::Null],
+        };
+        let write_row = |row: &Row, buf: &mut Vec<u8>| {
+            write_len(buf, 1)?;
+            write_len(buf, row.values.len())?;
+            row.values.iter().try_for_each(|v| write_value(buf, v))
+        };
+        let mut nested = None;
+        let digest = fingerprint(&outer, |buf| {
+            write_len(buf, 1)?;
+            nested = Some(fingerprint(&inner, |b| write_row(&inner, b)));
+            write_len(buf, outer.values.len())?;
+            outer.values.iter().try_for_each(|v| write_value(buf, v))
+        });
+        assert_eq!(digest, Fingerprint::from(&outer));
+        assert_eq!(nested, Some(Fingerprint::from(&inner)));
     }
 
     #[test]
