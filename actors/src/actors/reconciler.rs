@@ -371,6 +371,10 @@ impl ReconcilerActor {
         reply.outcomes.reserve_exact(decls.len());
         let mut pending = Vec::with_capacity(if claim_later { decls.len() } else { 0 });
         let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
+        // Where the next declaration's state is, if it follows the last one
+        // found in the entry (states are sorted by path, and declarations
+        // often come in that order): checked before searching.
+        let mut next = 0;
         for mut d in decls {
             if let Some(first) = declared_now.get(&d.path) {
                 reply
@@ -388,9 +392,13 @@ impl ReconcilerActor {
             } else {
                 declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
             }
-            let found = own_states.binary_search_by(|s| s.path(base).cmp(d.path.as_ref()));
+            let found = match own_states.get(next) {
+                Some(s) if s.path(base) == d.path.as_ref() => Ok(next),
+                _ => own_states.binary_search_by(|s| s.path(base).cmp(d.path.as_ref())),
+            };
             let outcome = match found {
                 Ok(i) => {
+                    next = i + 1;
                     let Some(state) = own_states.get(i) else {
                         continue;
                     };
