@@ -61,7 +61,10 @@ pub struct RetryPolicy {
     /// A call that takes longer is cancelled and fails (retriably); `None`
     /// waits forever. It is reported failed, and its keys called again,
     /// only once it has stopped: its future is dropped at its next
-    /// `.await`, but code blocking inside it holds them until it returns.
+    /// `.await`, but code blocking inside it holds them until it returns. A
+    /// sink that hands work to other threads must, likewise, not let its
+    /// future end before that work (weir's directory sinks wait for their
+    /// blocking file-system work even when their future is dropped).
     pub call_timeout: Option<Duration>,
 }
 

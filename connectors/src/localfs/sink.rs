@@ -40,16 +40,44 @@ pub(crate) fn file_sink(root: Arc<Path>) -> TargetActionSink<FileAction> {
 }
 
 /// Runs `work` on tokio's blocking pool (inline when there is no runtime).
+///
+/// The future does not end before the work does, even when it is dropped
+/// (a sink call cancelled after its timeout): the engine calls the same
+/// keys again once the cancelled call has stopped, and work left running
+/// on the pool could then land after the newer call's.
 pub(crate) async fn blocking<T, F>(work: F) -> Result<T>
 where
     F: FnOnce() -> Result<T> + Send + 'static,
     T: Send + 'static,
 {
     match tokio::runtime::Handle::try_current() {
-        Ok(handle) => handle.spawn_blocking(work).await.map_err(|e| {
-            Error::msg(format!("localfs: a file-system task did not complete: {e}"))
-        })?,
+        Ok(handle) => {
+            let (running, stopped) = std::sync::mpsc::channel::<()>();
+            let _wait = WaitForWork(stopped);
+            handle
+                .spawn_blocking(move || {
+                    // Dropped when the work ends (or unwinds, or never starts).
+                    let _running = running;
+                    work()
+                })
+                .await
+                .map_err(|e| {
+                    Error::msg(format!("localfs: a file-system task did not complete: {e}"))
+                })?
+        }
         Err(_) => work(),
+    }
+}
+
+/// Waits, when dropped, until the work holding the other end of the
+/// channel has ended: at once after a normal completion, for as long as
+/// the work takes when a cancelled call drops its future.
+struct WaitForWork(std::sync::mpsc::Receiver<()>);
+
+impl Drop for WaitForWork {
+    fn drop(&mut self) {
+        // Nothing is ever sent: this returns when the sender is dropped.
+        let _ = self.0.recv();
     }
 }
 
@@ -262,6 +290,28 @@ mod tests {
             path: path.to_string(),
             content: None,
         })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_call_ends_only_once_its_blocking_work_has() -> Result<()> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&done);
+        let call = tokio::spawn(blocking(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            flag.store(true, Ordering::SeqCst);
+            Ok(())
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        call.abort();
+        // The engine awaits the cancelled call before calling its keys again.
+        let joined = call.await;
+        assert!(joined.is_err_and(|e| e.is_cancelled()));
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the call ended while its file-system work still ran"
+        );
+        Ok(())
     }
 
     #[test]
