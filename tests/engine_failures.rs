@@ -843,6 +843,54 @@ async fn a_timed_out_call_has_stopped_before_its_keys_are_called_again() -> Resu
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_completes_while_being_cancelled_counts_as_done() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app_with(dir.path(), |b| {
+        b.retry_policy(RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(10),
+            call_timeout: Some(Duration::from_millis(100)),
+        })
+    })
+    .await?;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = Store::default();
+    let rows = Arc::clone(&store.rows);
+    let sink = scripted_sink(
+        Log::default(),
+        store.clone(),
+        Arc::clone(&calls),
+        Arc::new(move |_, _: &[String]| {
+            let rows = Arc::clone(&rows);
+            // Blocks past the timeout (nothing can cancel it meanwhile),
+            // then applies and succeeds.
+            Step::Instead(
+                async move {
+                    std::thread::sleep(Duration::from_millis(300));
+                    rows.lock()
+                        .map_err(|_| Error::msg("poisoned"))?
+                        .insert("a".into(), "1".into());
+                    Ok(())
+                }
+                .boxed(),
+            )
+        }),
+    );
+    let handler = RowHandler::new(sink);
+    let run =
+        app.run(move |ctx| async move { declare_rows(&ctx, PROVIDER, handler, &[("a", "1")]) });
+    within(Duration::from_secs(10), run).await??;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "a call that applied its actions was reported as timed out and called again"
+    );
+    assert_eq!(store.snapshot(), map(&[("a", "1")]));
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // 10. The ledger
 // ---------------------------------------------------------------------------

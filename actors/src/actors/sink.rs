@@ -724,12 +724,17 @@ async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, actions: Vec<EncodedActio
                 // until the cancelled call has let go of them, so that no
                 // later call on them runs beside it (a future is dropped at
                 // its next await; blocking code holds the keys until it
-                // returns).
-                let _ = (&mut handle).await;
-                return Err(Error::msg(format!(
-                    "sink call timed out after {} ms",
-                    limit.as_millis()
-                )));
+                // returns). A call that ended meanwhile, or panicked,
+                // reports what it did.
+                match (&mut handle).await {
+                    Err(e) if e.is_cancelled() => {
+                        return Err(Error::msg(format!(
+                            "sink call timed out after {} ms",
+                            limit.as_millis()
+                        )))
+                    }
+                    ended => ended,
+                }
             }
         },
         None => handle.await,
