@@ -100,12 +100,15 @@ pub(crate) async fn apply_rows(
                         a.table, db.db_name
                     ))
                 })?;
+                // The first table gets room for the whole call; calls
+                // spanning several tables grow the others as they go.
+                let room = if tables.is_empty() { size } else { 0 };
                 let mut index = FxHashMap::default();
-                index.reserve(size);
+                index.reserve(room);
                 tables.entry(a.table.to_string()).or_insert(TableWork {
                     meta,
                     index,
-                    rows: Vec::with_capacity(size),
+                    rows: Vec::with_capacity(room),
                 })
             }
         };
