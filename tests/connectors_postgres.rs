@@ -459,6 +459,163 @@ async fn every_column_type_round_trips() -> Result<()> {
     rig.finish().await
 }
 
+/// Every column type with a binary COPY form (arrays have none).
+#[derive(Clone, Debug, Serialize)]
+struct Scalars {
+    id: i64,
+    t: String,
+    s: i16,
+    i: i32,
+    r: f32,
+    d: f64,
+    flag: bool,
+    #[serde(with = "serde_bytes_compat")]
+    raw: Vec<u8>,
+    meta: serde_json::Value,
+    at: String,
+    u: String,
+    none: Option<String>,
+}
+
+fn scalars_schema() -> Result<TableSchema> {
+    TableSchema::builder()
+        .column("id", ColumnType::BigInt)
+        .column("t", ColumnType::Text)
+        .column("s", ColumnType::SmallInt)
+        .column("i", ColumnType::Integer)
+        .column("r", ColumnType::Real)
+        .column("d", ColumnType::Double)
+        .column("flag", ColumnType::Boolean)
+        .column("raw", ColumnType::Bytes)
+        .column("meta", ColumnType::Json)
+        .column("at", ColumnType::Timestamp)
+        .column("u", ColumnType::Uuid)
+        .nullable_column("none", ColumnType::Text)
+        .primary_key(["id"])
+        .build()
+}
+
+/// Rows with the values a text or binary encoding gets wrong first.
+fn awkward_scalars() -> Vec<Scalars> {
+    let row = |id: i64, t: &str, d: f64, r: f32, at: &str, none: Option<&str>| Scalars {
+        id,
+        t: t.into(),
+        s: i16::try_from(id % 3).unwrap_or_default() * 16_383,
+        i: i32::MIN + i32::try_from(id).unwrap_or_default(),
+        r,
+        d,
+        flag: id % 2 == 0,
+        raw: (0..=255u8)
+            .rev()
+            .take(usize::try_from(id).unwrap_or(0) * 40)
+            .collect(),
+        meta: serde_json::json!({"é": [1, 2.5, null, "tab\there", {"q": "\"\\"}], "n": id}),
+        at: at.into(),
+        u: format!("67e55044-10b1-426f-9247-bb680e5fe0c{id}"),
+        none: none.map(Into::into),
+    };
+    vec![
+        row(
+            1,
+            "tab\tnew\nline\r\\back",
+            -0.0,
+            0.1,
+            "1999-12-31T23:59:59.9999995Z",
+            None,
+        ),
+        row(
+            2,
+            "",
+            1e-300,
+            -3.4e38,
+            "2026-11-30T12:00:00.000001Z",
+            Some("x"),
+        ),
+        row(
+            3,
+            "héllo \"q\" 'x' \\N",
+            f64::MAX,
+            f32::MIN_POSITIVE,
+            "1970-01-01T00:00:00Z",
+            Some(""),
+        ),
+        row(4, "\\.", 2.5, 1.0, "2000-01-01T00:00:00.0000004Z", None),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_new_to_weir_are_copied_in_and_land_exactly_as_upserted_rows() -> Result<()> {
+    let pool = server_or_skip!();
+    let (copied, upserted) = (unique("copied"), unique("upserted"));
+    let log = unique("copylog");
+    let rig = Rig::new(pool, &[&copied, &upserted, &log]).await?;
+    let columns = "id bigint PRIMARY KEY, t text NOT NULL, s smallint NOT NULL, \
+                   i integer NOT NULL, r real NOT NULL, d double precision NOT NULL, \
+                   flag boolean NOT NULL, raw bytea NOT NULL, meta jsonb NOT NULL, \
+                   at timestamptz NOT NULL, u uuid NOT NULL, none text";
+    // Each inserted row records the statement that inserted it.
+    rig.exec(&format!(
+        "CREATE TABLE \"{copied}\" ({columns}); CREATE TABLE \"{upserted}\" ({columns}); \
+         CREATE TABLE \"{log}\" (tbl text, q text); \
+         CREATE FUNCTION \"{log}_f\"() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN INSERT INTO \"{log}\" VALUES (TG_TABLE_NAME, current_query()); RETURN NEW; END $$; \
+         INSERT INTO \"{upserted}\" (id, t, s, i, r, d, flag, raw, meta, at, u) \
+           SELECT g, 'old', 0, 0, 0, 0, false, '', '{{}}', now(), gen_random_uuid() \
+           FROM generate_series(1, 4) g; \
+         CREATE TRIGGER log BEFORE INSERT ON \"{copied}\" FOR EACH ROW EXECUTE FUNCTION \"{log}_f\"(); \
+         CREATE TRIGGER log BEFORE INSERT ON \"{upserted}\" FOR EACH ROW EXECUTE FUNCTION \"{log}_f\"();"
+    ))
+    .await?;
+    // Both tables are new to weir: every row is a create. The first has
+    // none of them and takes the copy; the second has them all already,
+    // so its copy fails and its rows are upserted.
+    let tables = [copied.clone(), upserted.clone()];
+    rig.run(move |ctx| async move {
+        for table in &tables {
+            let target = mount_table_target_with(
+                &ctx,
+                &db(),
+                table,
+                scalars_schema()?,
+                TableOptions::default().managed_by(ManagedBy::User),
+            )
+            .await?;
+            for row in awkward_scalars() {
+                target.declare_row(&ctx, &row)?;
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    let statements = |table: &str| {
+        let sql = format!("SELECT split_part(q, ' ', 1) FROM \"{log}\" WHERE tbl = $1");
+        let (table, pool) = (table.to_string(), rig.pool.clone());
+        async move {
+            sqlx::query_scalar::<_, String>(&sql)
+                .bind(table)
+                .fetch_all(&pool)
+                .await
+        }
+    };
+    assert_eq!(statements(&copied).await?, vec!["COPY"; 4]);
+    assert_eq!(statements(&upserted).await?, vec!["INSERT"; 4]);
+    // Compared as text, where -0 and 0 differ.
+    let differing: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM ((SELECT x::text FROM \"{copied}\" x EXCEPT SELECT y::text FROM \"{upserted}\" y) \
+         UNION ALL (SELECT y::text FROM \"{upserted}\" y EXCEPT SELECT x::text FROM \"{copied}\" x)) d"
+    ))
+    .fetch_one(&rig.pool)
+    .await?;
+    assert_eq!(differing, 0, "copied and upserted rows differ");
+    let d: String = sqlx::query_scalar(&format!("SELECT d::text FROM \"{copied}\" WHERE id = 1"))
+        .fetch_one(&rig.pool)
+        .await?;
+    assert_eq!(d, "-0");
+    rig.exec(&format!("DROP FUNCTION \"{log}_f\"() CASCADE"))
+        .await?;
+    rig.finish().await
+}
+
 #[derive(Clone, Debug, Serialize)]
 struct Scored {
     id: String,

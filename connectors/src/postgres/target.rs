@@ -18,6 +18,7 @@ use weir_actors::{
 
 use super::ddl;
 use super::sink;
+use super::types;
 use crate::sql::{msgpack, ColumnType, Row, SqlValue, TableSchema};
 
 /// What a table target state declares: the table's name, schema and owner.
@@ -59,6 +60,9 @@ pub(crate) struct TableMeta {
     pub key_positions: Vec<usize>,
     pub upsert_sql: String,
     pub delete_sql: String,
+    /// How rows new to weir are written (see `sink::apply_rows`); `None`
+    /// when the table's rows are always upserted.
+    pub copy_sql: Option<String>,
     /// Parents are written before children (rank ascending), deletes in
     /// reverse: see `TableTarget::depends_on`.
     pub rank: AtomicU32,
@@ -76,6 +80,7 @@ impl TableMeta {
                 .collect(),
             upsert_sql: ddl::upsert_sql(name, schema)?,
             delete_sql: ddl::delete_sql(name, schema)?,
+            copy_sql: types::copy_sql(name, schema),
             rank: AtomicU32::new(0),
         })
     }

@@ -194,6 +194,117 @@ impl ColumnArray {
     }
 }
 
+/// The statement copying rows into `table` in COPY's binary format, its
+/// columns in schema order; `None` when a column has no binary form here
+/// (arrays), so that the table's rows are always upserted.
+pub(crate) fn copy_sql(table: &str, schema: &TableSchema) -> Option<String> {
+    if schema
+        .columns()
+        .iter()
+        .any(|c| matches!(c.ty, ColumnType::Array(_)))
+    {
+        return None;
+    }
+    let columns: Vec<String> = schema
+        .columns()
+        .iter()
+        .map(|c| crate::sql::quote_identifier(&c.name))
+        .collect();
+    Some(format!(
+        "COPY {} ({}) FROM STDIN (FORMAT binary)",
+        crate::sql::quote_identifier(table),
+        columns.join(", ")
+    ))
+}
+
+/// `rows` (full rows, in schema order) in COPY's binary format, each value
+/// encoded as the upsert's parameters encode it, so that a row lands the
+/// same either way.
+///
+/// # Errors
+/// A value that does not fit its column (the upsert then reports it).
+pub(crate) fn copy_binary<'a>(
+    schema: &TableSchema,
+    rows: impl ExactSizeIterator<Item = &'a [SqlValue]>,
+) -> std::result::Result<Vec<u8>, String> {
+    let columns = schema.columns();
+    let fields = i16::try_from(columns.len()).map_err(|_| "too many columns".to_string())?;
+    let mut out = Vec::with_capacity(19 + rows.len() * 16 * columns.len());
+    out.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
+    out.extend_from_slice(&0u32.to_be_bytes()); // flags
+    out.extend_from_slice(&0u32.to_be_bytes()); // header extension length
+    for row in rows {
+        if row.len() != columns.len() {
+            return Err(format!(
+                "{} values for {} columns",
+                row.len(),
+                columns.len()
+            ));
+        }
+        out.extend_from_slice(&fields.to_be_bytes());
+        for (column, value) in columns.iter().zip(row) {
+            copy_field(&mut out, &column.ty, value)
+                .map_err(|why| format!("column {}: {why}", column.name))?;
+        }
+    }
+    out.extend_from_slice(&(-1i16).to_be_bytes());
+    Ok(out)
+}
+
+/// Appends one field: its length, then its binary form.
+fn copy_field(
+    out: &mut Vec<u8>,
+    ty: &ColumnType,
+    value: &SqlValue,
+) -> std::result::Result<(), String> {
+    fn field(out: &mut Vec<u8>, bytes: &[u8]) -> std::result::Result<(), String> {
+        let len = i32::try_from(bytes.len()).map_err(|_| "a value over 2 GiB".to_string())?;
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(bytes);
+        Ok(())
+    }
+    match (ty, value) {
+        (_, SqlValue::Null) => out.extend_from_slice(&(-1i32).to_be_bytes()),
+        (ColumnType::SmallInt, SqlValue::Int(i)) => {
+            let v = i16::try_from(*i).map_err(|e| format!("{i}: {e}"))?;
+            field(out, &v.to_be_bytes())?;
+        }
+        (ColumnType::Integer, SqlValue::Int(i)) => {
+            let v = i32::try_from(*i).map_err(|e| format!("{i}: {e}"))?;
+            field(out, &v.to_be_bytes())?;
+        }
+        (ColumnType::BigInt, SqlValue::Int(i)) => field(out, &i.to_be_bytes())?,
+        // Checked to fit an f32 when the row was converted.
+        #[allow(clippy::cast_possible_truncation)]
+        (ColumnType::Real, SqlValue::Float(f)) => field(out, &(*f as f32).to_be_bytes())?,
+        (ColumnType::Double, SqlValue::Float(f)) => field(out, &f.to_be_bytes())?,
+        (ColumnType::Boolean, SqlValue::Bool(b)) => field(out, &[u8::from(*b)])?,
+        (ColumnType::Text, SqlValue::Text(s)) => field(out, s.as_bytes())?,
+        (ColumnType::Bytes, SqlValue::Bytes(b)) => field(out, b)?,
+        (ColumnType::Json, SqlValue::Json(j)) => {
+            // jsonb's binary form: a version byte, then the text.
+            let mut bytes = vec![1u8];
+            serde_json::to_writer(&mut bytes, j).map_err(|e| e.to_string())?;
+            field(out, &bytes)?;
+        }
+        (ColumnType::Timestamp, SqlValue::Timestamp(t)) => {
+            // Microseconds since 2000-01-01, worked out as sqlx binds them.
+            let micros = postgres_epoch()
+                .and_then(|epoch| (t.naive_utc() - epoch).num_microseconds())
+                .ok_or_else(|| format!("{t} is out of range"))?;
+            field(out, &micros.to_be_bytes())?;
+        }
+        (ColumnType::Uuid, SqlValue::Uuid(u)) => field(out, u.as_bytes())?,
+        (ty, v) => return Err(format!("{v:?} cannot be copied as {ty:?}")),
+    }
+    Ok(())
+}
+
+/// PostgreSQL's epoch, 2000-01-01 00:00:00 UTC.
+fn postgres_epoch() -> Option<chrono::NaiveDateTime> {
+    DateTime::<Utc>::from_timestamp(946_684_800, 0).map(|t| t.naive_utc())
+}
+
 /// A PostgreSQL array literal (`{"a","b",NULL}`) of one-dimensional values.
 fn array_literal(items: &[SqlValue]) -> std::result::Result<String, String> {
     let mut out = String::from("{");
@@ -239,6 +350,40 @@ fn array_literal(items: &[SqlValue]) -> std::result::Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tables_with_array_columns_are_never_copied_and_misfits_are_refused() -> Result<()> {
+        let with_array = TableSchema::builder()
+            .column("id", ColumnType::BigInt)
+            .column("tags", ColumnType::Array(Box::new(ColumnType::Text)))
+            .primary_key(["id"])
+            .build()?;
+        assert_eq!(copy_sql("t", &with_array), None);
+        let plain = TableSchema::builder()
+            .column("id", ColumnType::BigInt)
+            .nullable_column("body", ColumnType::Text)
+            .primary_key(["id"])
+            .build()?;
+        assert_eq!(
+            copy_sql("t", &plain).as_deref(),
+            Some(r#"COPY "t" ("id", "body") FROM STDIN (FORMAT binary)"#)
+        );
+        let rows = [vec![SqlValue::Int(1), SqlValue::Null]];
+        let data = copy_binary(&plain, rows.iter().map(Vec::as_slice)).map_err(Error::msg)?;
+        // Header, one tuple (2 fields: 8-byte id, NULL body), trailer.
+        let mut expected = b"PGCOPY\n\xff\r\n\0".to_vec();
+        expected.extend_from_slice(&[0; 8]);
+        expected.extend_from_slice(&2i16.to_be_bytes());
+        expected.extend_from_slice(&8i32.to_be_bytes());
+        expected.extend_from_slice(&1i64.to_be_bytes());
+        expected.extend_from_slice(&(-1i32).to_be_bytes());
+        expected.extend_from_slice(&(-1i16).to_be_bytes());
+        assert_eq!(data, expected);
+        let misfit = [vec![SqlValue::Text("1".into()), SqlValue::Null]];
+        let err = copy_binary(&plain, misfit.iter().map(Vec::as_slice));
+        assert!(err.is_err_and(|e| e.starts_with("column id:")));
+        Ok(())
+    }
 
     #[test]
     fn array_literals_quote_and_escape_every_element() {
