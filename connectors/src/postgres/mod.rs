@@ -44,7 +44,14 @@
 //! transaction per sink call**: upserts as
 //! `INSERT ... SELECT ... FROM UNNEST($1, $2, ...) ON CONFLICT (pk) DO
 //! UPDATE` (one array parameter per column, 10 000 rows per statement),
-//! deletes as `DELETE ... WHERE (pk) IN (SELECT ... FROM UNNEST(...))`.
+//! deletes as `DELETE ... WHERE pk = ANY($1)` (a composite key, or one
+//! bound as text: `WHERE (pk) IN (SELECT ... FROM UNNEST(...))`). Rows new
+//! to weir (no record of them) are copied in with `COPY ... FROM STDIN
+//! (FORMAT binary)`, about half the server's work of an upsert; a copy
+//! that fails (the table has the rows already, or a constraint refuses
+//! one) is rolled back to a savepoint and the rows are upserted instead, so
+//! errors are reported as for any upsert. Tables with array columns are
+//! always upserted.
 //! Within a transaction, upserts of parent tables come before those of
 //! their children, and deletes of children before their parents'
 //! ([`TableTarget::depends_on`]), so foreign keys between weir's tables hold
