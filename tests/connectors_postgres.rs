@@ -546,47 +546,57 @@ fn awkward_scalars() -> Vec<Scalars> {
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_new_to_weir_are_copied_in_and_land_exactly_as_upserted_rows() -> Result<()> {
     let pool = server_or_skip!();
-    let (copied, upserted) = (unique("copied"), unique("upserted"));
+    let (copied, upserted, user) = (unique("copied"), unique("upserted"), unique("usercopy"));
     let log = unique("copylog");
-    let rig = Rig::new(pool, &[&copied, &upserted, &log]).await?;
+    let rig = Rig::new(pool, &[&copied, &upserted, &user, &log]).await?;
     let columns = "id bigint PRIMARY KEY, t text NOT NULL, s smallint NOT NULL, \
                    i integer NOT NULL, r real NOT NULL, d double precision NOT NULL, \
                    flag boolean NOT NULL, raw bytea NOT NULL, meta jsonb NOT NULL, \
                    at timestamptz NOT NULL, u uuid NOT NULL, none text";
-    // Each inserted row records the statement that inserted it.
-    rig.exec(&format!(
-        "CREATE TABLE \"{copied}\" ({columns}); CREATE TABLE \"{upserted}\" ({columns}); \
-         CREATE TABLE \"{log}\" (tbl text, q text); \
+    rig.exec(&format!("CREATE TABLE \"{user}\" ({columns})"))
+        .await?;
+    let tables = [
+        (copied.clone(), ManagedBy::System),
+        (upserted.clone(), ManagedBy::System),
+        (user.clone(), ManagedBy::User),
+    ];
+    let sync = |rows: Vec<Scalars>| {
+        let tables = tables.clone();
+        rig.run(move |ctx| async move {
+            for (table, managed_by) in &tables {
+                let options = TableOptions::default().managed_by(*managed_by);
+                let target =
+                    mount_table_target_with(&ctx, &db(), table, scalars_schema()?, options).await?;
+                for row in &rows {
+                    target.declare_row(&ctx, row)?;
+                }
+            }
+            Ok(())
+        })
+    };
+    // weir creates its two tables; then each inserted row records the
+    // statement that inserted it, and the second table gets the rows'
+    // keys behind weir's back.
+    sync(Vec::new()).await?;
+    let mut setup = format!(
+        "CREATE TABLE \"{log}\" (tbl text, q text); \
          CREATE FUNCTION \"{log}_f\"() RETURNS trigger LANGUAGE plpgsql AS \
            $$ BEGIN INSERT INTO \"{log}\" VALUES (TG_TABLE_NAME, current_query()); RETURN NEW; END $$; \
          INSERT INTO \"{upserted}\" (id, t, s, i, r, d, flag, raw, meta, at, u) \
            SELECT g, 'old', 0, 0, 0, 0, false, '', '{{}}', now(), gen_random_uuid() \
-           FROM generate_series(1, 4) g; \
-         CREATE TRIGGER log BEFORE INSERT ON \"{copied}\" FOR EACH ROW EXECUTE FUNCTION \"{log}_f\"(); \
-         CREATE TRIGGER log BEFORE INSERT ON \"{upserted}\" FOR EACH ROW EXECUTE FUNCTION \"{log}_f\"();"
-    ))
-    .await?;
-    // Both tables are new to weir: every row is a create. The first has
-    // none of them and takes the copy; the second has them all already,
-    // so its copy fails and its rows are upserted.
-    let tables = [copied.clone(), upserted.clone()];
-    rig.run(move |ctx| async move {
-        for table in &tables {
-            let target = mount_table_target_with(
-                &ctx,
-                &db(),
-                table,
-                scalars_schema()?,
-                TableOptions::default().managed_by(ManagedBy::User),
-            )
-            .await?;
-            for row in awkward_scalars() {
-                target.declare_row(&ctx, &row)?;
-            }
-        }
-        Ok(())
-    })
-    .await?;
+           FROM generate_series(1, 4) g;"
+    );
+    for table in [&copied, &upserted, &user] {
+        setup.push_str(&format!(
+            " CREATE TRIGGER log BEFORE INSERT ON \"{table}\" \
+              FOR EACH ROW EXECUTE FUNCTION \"{log}_f\"();"
+        ));
+    }
+    rig.exec(&setup).await?;
+    // Every row is new to weir. The first table has none of them and takes
+    // the copy; the second has them all already, so its copy fails and its
+    // rows are upserted; the user's table is always upserted.
+    sync(awkward_scalars()).await?;
     let statements = |table: &str| {
         let sql = format!("SELECT split_part(q, ' ', 1) FROM \"{log}\" WHERE tbl = $1");
         let (table, pool) = (table.to_string(), rig.pool.clone());
@@ -599,14 +609,20 @@ async fn rows_new_to_weir_are_copied_in_and_land_exactly_as_upserted_rows() -> R
     };
     assert_eq!(statements(&copied).await?, vec!["COPY"; 4]);
     assert_eq!(statements(&upserted).await?, vec!["INSERT"; 4]);
+    assert_eq!(statements(&user).await?, vec!["INSERT"; 4]);
     // Compared as text, where -0 and 0 differ.
-    let differing: i64 = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM ((SELECT x::text FROM \"{copied}\" x EXCEPT SELECT y::text FROM \"{upserted}\" y) \
-         UNION ALL (SELECT y::text FROM \"{upserted}\" y EXCEPT SELECT x::text FROM \"{copied}\" x)) d"
-    ))
-    .fetch_one(&rig.pool)
-    .await?;
-    assert_eq!(differing, 0, "copied and upserted rows differ");
+    for other in [&upserted, &user] {
+        let differing: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM ((SELECT x::text FROM \"{copied}\" x EXCEPT SELECT y::text FROM \"{other}\" y) \
+             UNION ALL (SELECT y::text FROM \"{other}\" y EXCEPT SELECT x::text FROM \"{copied}\" x)) d"
+        ))
+        .fetch_one(&rig.pool)
+        .await?;
+        assert_eq!(
+            differing, 0,
+            "copied rows differ from the rows upserted into {other}"
+        );
+    }
     let d: String = sqlx::query_scalar(&format!("SELECT d::text FROM \"{copied}\" WHERE id = 1"))
         .fetch_one(&rig.pool)
         .await?;

@@ -50,8 +50,10 @@
 //! (FORMAT binary)`, about half the server's work of an upsert; a copy
 //! that fails (the table has the rows already, or a constraint refuses
 //! one) is rolled back to a savepoint and the rows are upserted instead, so
-//! errors are reported as for any upsert. Tables with array columns are
-//! always upserted.
+//! errors are reported as for any upsert. Tables with array columns, and
+//! tables the user manages (weir cannot be sure their key is unique, and a
+//! copy would then add a second row where the upsert fails), are always
+//! upserted.
 //! Within a transaction, upserts of parent tables come before those of
 //! their children, and deletes of children before their parents'
 //! ([`TableTarget::depends_on`]), so foreign keys between weir's tables hold
@@ -217,7 +219,7 @@ fn prepare(
     }
     let key_schema = key_schema.primary_key(schema.primary_key()).build()?;
     let (shared, provider) = table_provider(ctx, db)?;
-    let meta = Arc::new(TableMeta::new(table_name, schema)?);
+    let meta = Arc::new(TableMeta::new(table_name, schema, options.managed_by)?);
     shared.inner.set_table(Arc::clone(&meta));
     let key = StableKey::Array(Arc::from(vec![
         StableKey::Str(Arc::from(db.name())),

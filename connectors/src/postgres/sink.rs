@@ -99,7 +99,8 @@ type Rows = Vec<(StableKey, Vec<SqlValue>)>;
 /// the upsert (100k rows: 106 ms against 245 ms); if that fails (the table
 /// has some of them already, or a constraint refuses one), the copy is
 /// rolled back to a savepoint and the rows are upserted, which reports any
-/// error as before. Tables with array columns are always upserted.
+/// error as before. Tables with array columns, and tables the user
+/// manages, are always upserted (see `TableMeta::copy_sql`).
 pub(crate) async fn apply_rows(
     db: Arc<DbInner>,
     actions: Vec<TargetAction<RowAction>>,

@@ -61,7 +61,9 @@ pub(crate) struct TableMeta {
     pub upsert_sql: String,
     pub delete_sql: String,
     /// How rows new to weir are written (see `sink::apply_rows`); `None`
-    /// when the table's rows are always upserted.
+    /// when the table's rows are always upserted: it has array columns, or
+    /// the user manages it (weir cannot be sure its key is unique there, and
+    /// a copy would then add a second row where the upsert fails).
     pub copy_sql: Option<String>,
     /// Parents are written before children (rank ascending), deletes in
     /// reverse: see `TableTarget::depends_on`.
@@ -69,7 +71,7 @@ pub(crate) struct TableMeta {
 }
 
 impl TableMeta {
-    pub(crate) fn new(name: &str, schema: &TableSchema) -> Result<Self> {
+    pub(crate) fn new(name: &str, schema: &TableSchema, managed_by: ManagedBy) -> Result<Self> {
         Ok(Self {
             name: name.to_string(),
             schema: schema.clone(),
@@ -80,7 +82,10 @@ impl TableMeta {
                 .collect(),
             upsert_sql: ddl::upsert_sql(name, schema)?,
             delete_sql: ddl::delete_sql(name, schema)?,
-            copy_sql: types::copy_sql(name, schema),
+            copy_sql: match managed_by {
+                ManagedBy::System => types::copy_sql(name, schema),
+                ManagedBy::User => None,
+            },
             rank: AtomicU32::new(0),
         })
     }
