@@ -632,6 +632,46 @@ async fn rows_new_to_weir_are_copied_in_and_land_exactly_as_upserted_rows() -> R
     rig.finish().await
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adopted_table_without_a_unique_key_gets_no_second_row() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("adopted");
+    let rig = Rig::new(pool, &[&t]).await?;
+    // A table weir will manage, there before it, with no key at all.
+    rig.exec(&format!(
+        "CREATE TABLE \"{t}\" (id text NOT NULL, body text); \
+         INSERT INTO \"{t}\" VALUES ('a', 'theirs')"
+    ))
+    .await?;
+    let result = sync_docs(&rig, &t, docs_schema()?, vec![doc("a", "ours")]).await;
+    // The upsert cannot run without a unique key, and nothing is copied
+    // in past it.
+    assert!(result.is_err(), "{result:?}");
+    let rows: Vec<(String, Option<String>)> =
+        sqlx::query_as(&format!("SELECT id, body FROM \"{t}\""))
+            .fetch_all(&rig.pool)
+            .await?;
+    assert_eq!(rows, vec![("a".to_string(), Some("theirs".to_string()))]);
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_row_can_take_a_unique_value_an_updated_row_gives_up() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("swap");
+    let rig = Rig::new(pool, &[&t]).await?;
+    sync_docs(&rig, &t, docs_schema()?, vec![doc("1", "x")]).await?;
+    rig.exec(&format!(
+        "CREATE UNIQUE INDEX \"{t}_body\" ON \"{t}\" (body)"
+    ))
+    .await?;
+    // Row 1 gives up "x" and new row 2 takes it, in one call: the copy of
+    // row 2 fails, and the rows are upserted in the order they came.
+    sync_docs(&rig, &t, docs_schema()?, vec![doc("1", "y"), doc("2", "x")]).await?;
+    assert_eq!(rig.bodies(&t).await?, expected(&[("1", "y"), ("2", "x")]));
+    rig.finish().await
+}
+
 #[derive(Clone, Debug, Serialize)]
 struct Scored {
     id: String,

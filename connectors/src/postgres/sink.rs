@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgDatabaseError;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 use weir_actors::{Error, Result, StableKey, TargetAction};
 
 use super::target::{DbInner, RowAction, TableAction, TableMeta};
@@ -158,28 +159,73 @@ pub(crate) async fn apply_rows(
     let mut upserts = Vec::with_capacity(order.len());
     let mut deletes = Vec::with_capacity(order.len());
     for work in order {
-        let copies = work.meta.copy_sql.is_some();
-        let (mut new, mut up, mut del): (Rows, Rows, Rows) = Default::default();
+        let (mut up, mut created, mut del): (Rows, Vec<bool>, Rows) = Default::default();
         for (key, write, values) in work.rows {
             match write {
-                Write::Create if copies => new.push((key, values)),
-                Write::Create | Write::Update => up.push((key, values)),
+                Write::Create | Write::Update => {
+                    created.push(write == Write::Create);
+                    up.push((key, values));
+                }
                 Write::Delete => del.push((key, values)),
             }
         }
-        upserts.push((Arc::clone(&work.meta), new, up));
+        upserts.push((Arc::clone(&work.meta), up, created));
         deletes.push((work.meta, del));
     }
-    let mut tx = db.pool.begin().await?;
-    for (meta, new, rows) in upserts {
-        copy_or_upsert(&mut tx, &meta, new).await?;
-        write_chunks(&mut tx, &meta, rows, false).await?;
+    // A call cancelled while it runs (its timeout) closes its connection
+    // rather than give it back in an unknown state (a COPY cut short leaves
+    // the protocol out of step).
+    let mut conn = CloseIfCancelled::new(db.pool.acquire().await?);
+    let result = write_all(conn.connection(), upserts, deletes).await;
+    conn.ended();
+    result
+}
+
+/// One call's rows per table, in rank order: upserts (with which of them
+/// are new to weir), then deletes.
+type Upserts = Vec<(Arc<TableMeta>, Rows, Vec<bool>)>;
+type Deletes = Vec<(Arc<TableMeta>, Rows)>;
+
+async fn write_all(conn: &mut PgConnection, upserts: Upserts, deletes: Deletes) -> Result<()> {
+    let mut tx = conn.begin().await?;
+    for (meta, rows, created) in upserts {
+        copy_then_upsert(&mut tx, &meta, rows, &created).await?;
     }
     for (meta, keys) in deletes.into_iter().rev() {
         write_chunks(&mut tx, &meta, keys, true).await?;
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// A pooled connection that is closed, not given back, when dropped before
+/// [`CloseIfCancelled::ended`].
+struct CloseIfCancelled {
+    conn: PoolConnection<Postgres>,
+    ended: bool,
+}
+
+impl CloseIfCancelled {
+    fn new(conn: PoolConnection<Postgres>) -> Self {
+        Self { conn, ended: false }
+    }
+
+    fn connection(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+
+    /// The call returned (whatever it returned): the connection is in step.
+    fn ended(&mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for CloseIfCancelled {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.conn.close_on_drop();
+        }
+    }
 }
 
 fn key_of<'a>(mut values: impl Iterator<Item = &'a SqlValue>) -> StableKey {
@@ -198,50 +244,103 @@ fn key_of<'a>(mut values: impl Iterator<Item = &'a SqlValue>) -> StableKey {
     }
 }
 
-/// Copies `rows` (new to weir) into `meta`'s table; if the copy fails, rolls
-/// it back and upserts them instead.
-async fn copy_or_upsert(
-    tx: &mut Transaction<'static, Postgres>,
+/// Upserts a table's `rows`, copying in first those new to weir
+/// (`created`) when the table allows it: then only the others are upserted.
+/// If the copy fails, it is rolled back and every row is upserted, in the
+/// order they came (an update may free a unique value a new row takes).
+async fn copy_then_upsert(
+    tx: &mut Transaction<'_, Postgres>,
     meta: &TableMeta,
     rows: Rows,
+    created: &[bool],
 ) -> Result<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let copied = match &meta.copy_sql {
-        Some(sql) => match copy_binary(&meta.schema, rows.iter().map(|(_, v)| v.as_slice())) {
-            // A value the copy cannot encode: the upsert reports it.
-            Err(_) => false,
-            Ok(data) => {
-                let context = |what: &str| format!("table {}: {what}", meta.name);
-                sqlx::query("SAVEPOINT weir_copy")
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(|e| Error::msg(format!("{}: {e}", context("savepoint"))))?;
-                let copied = copy_in(tx, sql, data).await.is_ok();
-                let end = if copied {
-                    "RELEASE SAVEPOINT weir_copy"
-                } else {
-                    "ROLLBACK TO SAVEPOINT weir_copy"
-                };
-                sqlx::query(end)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(|e| Error::msg(format!("{}: {e}", context("copying rows"))))?;
-                copied
-            }
-        },
-        None => false,
+    let new = || {
+        rows.iter()
+            .zip(created)
+            .filter(|(_, &c)| c)
+            .map(|((_, v), _)| v.as_slice())
     };
-    if copied {
-        return Ok(());
-    }
+    let copied = match &meta.copy_sql {
+        Some(sql) if new().next().is_some() && key_is_unique(tx, meta).await? => {
+            match copy_binary(&meta.schema, new().collect::<Vec<_>>().into_iter()) {
+                // A value the copy cannot encode: the upsert reports it.
+                Err(_) => false,
+                Ok(data) => copy_in_savepoint(tx, meta, sql, data).await?,
+            }
+        }
+        _ => false,
+    };
+    let rows = if copied {
+        rows.into_iter()
+            .zip(created)
+            .filter_map(|(row, &c)| (!c).then_some(row))
+            .collect()
+    } else {
+        rows
+    };
     write_chunks(tx, meta, rows, false).await
+}
+
+/// Runs the copy inside a savepoint; whether it landed (else it is rolled
+/// back).
+async fn copy_in_savepoint(
+    tx: &mut Transaction<'_, Postgres>,
+    meta: &TableMeta,
+    sql: &str,
+    data: Vec<u8>,
+) -> Result<bool> {
+    let failed =
+        |what: &str, e: sqlx::Error| Error::msg(format!("table {}: {what}: {e}", meta.name));
+    sqlx::query("SAVEPOINT weir_copy")
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| failed("savepoint", e))?;
+    let copied = copy_in(tx, sql, data).await.is_ok();
+    let end = if copied {
+        "RELEASE SAVEPOINT weir_copy"
+    } else {
+        "ROLLBACK TO SAVEPOINT weir_copy"
+    };
+    sqlx::query(end)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| failed("copying rows", e))?;
+    Ok(copied)
+}
+
+/// Whether the table has a unique index on exactly its key's columns (not
+/// deferred, not partial): only then does a copy fail where the upsert
+/// would update. A table weir created has its primary key; one it adopted
+/// (`CREATE TABLE IF NOT EXISTS` found it) may not. Asked once per table
+/// and run.
+async fn key_is_unique(tx: &mut Transaction<'_, Postgres>, meta: &TableMeta) -> Result<bool> {
+    if let Some(known) = meta.key_is_unique.get() {
+        return Ok(*known);
+    }
+    // Sorted bytewise, as `COLLATE "C"` sorts them.
+    let mut key: Vec<String> = meta.schema.primary_key().to_vec();
+    key.sort();
+    let unique: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_index i \
+           WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indimmediate \
+             AND i.indpred IS NULL AND i.indnkeyatts = $2 \
+             AND (SELECT array_agg(a.attname::text ORDER BY a.attname::text COLLATE \"C\") \
+                  FROM pg_attribute a \
+                  WHERE a.attrelid = i.indrelid \
+                    AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1])) = $3)",
+    )
+    .bind(crate::sql::quote_identifier(&meta.name))
+    .bind(i16::try_from(key.len()).unwrap_or(i16::MAX))
+    .bind(&key)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(|e| Error::msg(format!("table {}: reading its indexes: {e}", meta.name)))?;
+    Ok(*meta.key_is_unique.get_or_init(|| unique))
 }
 
 /// Runs one `COPY ... FROM STDIN` with `data`.
 async fn copy_in(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Transaction<'_, Postgres>,
     sql: &str,
     data: Vec<u8>,
 ) -> std::result::Result<u64, sqlx::Error> {
@@ -256,7 +355,7 @@ async fn copy_in(
 /// Runs the upsert (or delete) statement of `meta` over `rows` (full rows,
 /// or primary key values), chunk by chunk.
 async fn write_chunks(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Transaction<'_, Postgres>,
     meta: &TableMeta,
     mut rows: Vec<(StableKey, Vec<SqlValue>)>,
     delete: bool,

@@ -65,6 +65,9 @@ pub(crate) struct TableMeta {
     /// the user manages it (weir cannot be sure its key is unique there, and
     /// a copy would then add a second row where the upsert fails).
     pub copy_sql: Option<String>,
+    /// Whether the table has a unique index on the key (asked once, when
+    /// rows are first copied; see `sink::key_is_unique`).
+    pub key_is_unique: std::sync::OnceLock<bool>,
     /// Parents are written before children (rank ascending), deletes in
     /// reverse: see `TableTarget::depends_on`.
     pub rank: AtomicU32,
@@ -86,6 +89,7 @@ impl TableMeta {
                 ManagedBy::System => types::copy_sql(name, schema),
                 ManagedBy::User => None,
             },
+            key_is_unique: std::sync::OnceLock::new(),
             rank: AtomicU32::new(0),
         })
     }
