@@ -672,6 +672,56 @@ async fn a_new_row_can_take_a_unique_value_an_updated_row_gives_up() -> Result<(
     rig.finish().await
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_copy_cancelled_by_the_call_timeout_leaves_no_broken_connection_behind() -> Result<()> {
+    // One connection, so that a call after the cancelled one would get the
+    // same connection back if it were returned to the pool.
+    let Some((_, pool)) = pg::server(1).await.map_err(Error::msg)? else {
+        return Ok(());
+    };
+    let t = unique("cancelled");
+    let dir = tempfile::tempdir()?;
+    let app = App::builder("pg-test")
+        .ledger_path(dir.path().join("ledger"))
+        .provide_key(&db(), pool.clone())
+        .retry_policy(RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(20),
+            call_timeout: Some(Duration::from_millis(300)),
+        })
+        .build()
+        .await?;
+    let rig = Rig {
+        pool,
+        app,
+        _dir: dir,
+        tables: vec![t.clone()],
+    };
+    sync_docs(&rig, &t, docs_schema()?, Vec::new()).await?;
+    // The first row ever inserted makes the copy wait a second, well past
+    // the timeout (a sequence, which no rollback resets, says which is first).
+    rig.exec(&format!(
+        "CREATE SEQUENCE \"{t}_seq\"; \
+         CREATE FUNCTION \"{t}_f\"() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN IF nextval('\"{t}_seq\"') = 1 THEN PERFORM pg_sleep(1); END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER slow BEFORE INSERT ON \"{t}\" FOR EACH ROW EXECUTE FUNCTION \"{t}_f\"();"
+    ))
+    .await?;
+    sync_docs(&rig, &t, docs_schema()?, vec![doc("a", "1"), doc("b", "2")]).await?;
+    assert_eq!(rig.bodies(&t).await?, expected(&[("a", "1"), ("b", "2")]));
+    // The pool's connection still answers each query with its own result.
+    let n: i64 = sqlx::query_scalar("SELECT 42::bigint")
+        .fetch_one(&rig.pool)
+        .await?;
+    assert_eq!(n, 42);
+    rig.exec(&format!(
+        "DROP FUNCTION \"{t}_f\"() CASCADE; DROP SEQUENCE \"{t}_seq\""
+    ))
+    .await?;
+    rig.finish().await
+}
+
 #[derive(Clone, Debug, Serialize)]
 struct Scored {
     id: String,
