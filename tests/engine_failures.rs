@@ -780,6 +780,19 @@ async fn a_hanging_sink_call_times_out_and_the_run_fails_in_bounded_time() -> Re
     Ok(())
 }
 
+/// An app whose sink calls time out after 100 ms, tried twice.
+async fn app_timing_out(dir: &Path) -> Result<App> {
+    app_with(dir, |b| {
+        b.retry_policy(RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(10),
+            call_timeout: Some(Duration::from_millis(100)),
+        })
+    })
+    .await
+}
+
 /// Held by a sink call that takes a while to let go when it is cancelled
 /// (blocking clean-up in a destructor); says when it has.
 struct SlowToStop(Arc<AtomicBool>);
@@ -794,15 +807,7 @@ impl Drop for SlowToStop {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_call_has_stopped_before_its_keys_are_called_again() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let app = app_with(dir.path(), |b| {
-        b.retry_policy(RetryPolicy {
-            max_attempts: 2,
-            initial_backoff: Duration::from_millis(5),
-            max_backoff: Duration::from_millis(10),
-            call_timeout: Some(Duration::from_millis(100)),
-        })
-    })
-    .await?;
+    let app = app_timing_out(dir.path()).await?;
     let stopped = Arc::new(AtomicBool::new(false));
     let beside = Arc::new(AtomicBool::new(false));
     let (stop, seen) = (Arc::clone(&stopped), Arc::clone(&beside));
@@ -846,15 +851,7 @@ async fn a_timed_out_call_has_stopped_before_its_keys_are_called_again() -> Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_completes_while_being_cancelled_counts_as_done() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let app = app_with(dir.path(), |b| {
-        b.retry_policy(RetryPolicy {
-            max_attempts: 2,
-            initial_backoff: Duration::from_millis(5),
-            max_backoff: Duration::from_millis(10),
-            call_timeout: Some(Duration::from_millis(100)),
-        })
-    })
-    .await?;
+    let app = app_timing_out(dir.path()).await?;
     let calls = Arc::new(AtomicUsize::new(0));
     let store = Store::default();
     let rows = Arc::clone(&store.rows);
