@@ -83,7 +83,7 @@ impl TableWork {
     }
 }
 
-/// One table's writes of a call: rows to copy in, to upsert, to delete.
+/// A table's rows of a call, with their keys: full rows, or key values.
 type Rows = Vec<(StableKey, Vec<SqlValue>)>;
 
 /// Applies row actions of any tables of one database in one transaction:
@@ -97,11 +97,12 @@ type Rows = Vec<(StableKey, Vec<SqlValue>)>;
 ///
 /// Rows created (weir holds no record of them) are copied in with `COPY
 /// ... FROM STDIN (FORMAT binary)`, about twice as cheap for the server as
-/// the upsert (100k rows: 106 ms against 245 ms); if that fails (the table
-/// has some of them already, or a constraint refuses one), the copy is
-/// rolled back to a savepoint and the rows are upserted, which reports any
-/// error as before. Tables with array columns, and tables the user
-/// manages, are always upserted (see `TableMeta::copy_sql`).
+/// the upsert (100k rows: 106 ms against 245 ms), when the table has a
+/// unique index on its key (see [`copy_then_upsert`]); if the copy fails
+/// (the table has some of them already, or a constraint refuses one), it
+/// is rolled back to a savepoint and all the table's rows are upserted,
+/// which reports any error as before. Tables with array columns, and
+/// tables the user manages, are always upserted (see `TableMeta::copy_sql`).
 pub(crate) async fn apply_rows(
     db: Arc<DbInner>,
     actions: Vec<TargetAction<RowAction>>,
