@@ -13,6 +13,7 @@ use weir_actors::{Error, Result, StableKey, TargetAction};
 
 use super::target::{DbInner, RowAction, TableAction, TableMeta};
 use super::types::{copy_binary, ColumnArray};
+use crate::sql::value::key_of;
 use crate::sql::SqlValue;
 
 /// Rows per statement. Each statement binds one array per column, far
@@ -226,22 +227,6 @@ impl Drop for CloseIfCancelled {
         if !self.ended {
             self.conn.close_on_drop();
         }
-    }
-}
-
-fn key_of<'a>(mut values: impl Iterator<Item = &'a SqlValue>) -> StableKey {
-    // A one-column key is its value: no list is built for it.
-    let first = values.next().map(SqlValue::to_key);
-    let second = values.next().map(SqlValue::to_key);
-    match (first, second) {
-        (Some(one), None) => one,
-        (first, second) => StableKey::Array(
-            first
-                .into_iter()
-                .chain(second)
-                .chain(values.map(SqlValue::to_key))
-                .collect(),
-        ),
     }
 }
 

@@ -151,25 +151,29 @@ impl Row {
     /// The row's primary key as a stable key: the key value itself for a
     /// single-column key, an array for a composite one.
     pub fn key(&self, schema: &TableSchema) -> StableKey {
-        let value_of = |k: &String| {
+        key_of(schema.primary_key().iter().filter_map(|k| {
             let i = schema.columns().iter().position(|c| &c.name == k)?;
             self.values.get(i)
-        };
-        if let [only] = schema.primary_key() {
-            if let Some(value) = value_of(only) {
-                return value.to_key();
-            }
-        }
-        let parts: Vec<StableKey> = schema
-            .primary_key()
-            .iter()
-            .filter_map(value_of)
-            .map(SqlValue::to_key)
-            .collect();
-        match <[StableKey; 1]>::try_from(parts) {
-            Ok([one]) => one,
-            Err(parts) => StableKey::Array(parts.into()),
-        }
+        }))
+    }
+}
+
+/// The stable key of a row's primary key values, in key order: the value
+/// itself for a one-column key (no list is built for it), an array
+/// otherwise.
+pub(crate) fn key_of<'a>(values: impl IntoIterator<Item = &'a SqlValue>) -> StableKey {
+    let mut values = values.into_iter();
+    let first = values.next().map(SqlValue::to_key);
+    let second = values.next().map(SqlValue::to_key);
+    match (first, second) {
+        (Some(one), None) => one,
+        (first, second) => StableKey::Array(
+            first
+                .into_iter()
+                .chain(second)
+                .chain(values.map(SqlValue::to_key))
+                .collect(),
+        ),
     }
 }
 

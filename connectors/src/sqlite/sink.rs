@@ -20,6 +20,7 @@ use weir_actors::{ChildTargetDef, Error, Result, StableKey, TargetAction, Target
 
 use super::ddl;
 use super::target::{RowSpec, RowWrite, SqliteRowHandler, TableAction, TableDdl};
+use crate::sql::value::key_of;
 use crate::sql::{SqlValue, TableSchema};
 
 /// What the sinks of one database share.
@@ -323,31 +324,11 @@ impl TableWrites {
     /// The primary key of an upserted row (`values` holds every column)
     /// or of a delete (`values` holds the key).
     fn row_key(&self, values: &[SqlValue], is_delete: bool) -> StableKey {
-        // A one-column key is its value: no list is built for it.
-        let single = if is_delete {
-            match values {
-                [v] => Some(v),
-                _ => None,
-            }
+        if is_delete {
+            key_of(values)
         } else {
-            match self.key_positions[..] {
-                [i] => values.get(i),
-                _ => None,
-            }
-        };
-        if let Some(v) = single {
-            return v.to_key();
+            key_of(self.key_positions.iter().filter_map(|&i| values.get(i)))
         }
-        let parts: Vec<StableKey> = if is_delete {
-            values.iter().map(SqlValue::to_key).collect()
-        } else {
-            self.key_positions
-                .iter()
-                .filter_map(|&i| values.get(i))
-                .map(SqlValue::to_key)
-                .collect()
-        };
-        StableKey::Array(parts.into())
     }
 }
 
