@@ -248,7 +248,7 @@ async fn copy_then_upsert(
     };
     let copied = match &meta.copy_sql {
         Some(sql) if new().next().is_some() && key_is_unique(tx, meta).await? => {
-            match copy_binary(&meta.schema, new().collect::<Vec<_>>().into_iter()) {
+            match copy_binary(&meta.schema, new()) {
                 // A value the copy cannot encode: the upsert reports it.
                 Err(_) => false,
                 Ok(data) => copy_in_savepoint(tx, meta, sql, data).await?,

@@ -225,11 +225,14 @@ pub(crate) fn copy_sql(table: &str, schema: &TableSchema) -> Option<String> {
 /// A value that does not fit its column (the upsert then reports it).
 pub(crate) fn copy_binary<'a>(
     schema: &TableSchema,
-    rows: impl ExactSizeIterator<Item = &'a [SqlValue]>,
+    rows: impl IntoIterator<Item = &'a [SqlValue]>,
 ) -> std::result::Result<Vec<u8>, String> {
+    let rows = rows.into_iter();
     let columns = schema.columns();
     let fields = i16::try_from(columns.len()).map_err(|_| "too many columns".to_string())?;
-    let mut out = Vec::with_capacity(19 + rows.len() * 16 * columns.len());
+    // Room for as many rows as there may be (all of them, for a first load).
+    let (fewest, most) = rows.size_hint();
+    let mut out = Vec::with_capacity(19 + most.unwrap_or(fewest) * 16 * columns.len());
     out.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
     out.extend_from_slice(&0u32.to_be_bytes()); // flags
     out.extend_from_slice(&0u32.to_be_bytes()); // header extension length
