@@ -49,10 +49,11 @@
 //! to weir (no record of them) are copied in with `COPY ... FROM STDIN
 //! (FORMAT binary)`, about half the server's work of an upsert; a copy
 //! that fails (the table has the rows already, or a constraint refuses
-//! one) is rolled back to a savepoint and the rows are upserted instead, so
-//! errors are reported as for any upsert. Tables with array columns, and
-//! tables the user manages (weir cannot be sure their key is unique, and a
-//! copy would then add a second row where the upsert fails), are always
+//! one) is rolled back to a savepoint and the table's rows are all
+//! upserted instead, so errors are reported as for any upsert. Only tables
+//! with a unique index on exactly the key are copied into. Tables with
+//! array columns, and tables the user manages (whose rules and triggers
+//! may expect the upsert's `INSERT`; COPY applies no rules), are always
 //! upserted.
 //! Within a transaction, upserts of parent tables come before those of
 //! their children, and deletes of children before their parents'

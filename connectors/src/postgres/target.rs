@@ -62,8 +62,9 @@ pub(crate) struct TableMeta {
     pub delete_sql: String,
     /// How rows new to weir are written (see `sink::apply_rows`); `None`
     /// when the table's rows are always upserted: it has array columns, or
-    /// the user manages it (weir cannot be sure its key is unique there, and
-    /// a copy would then add a second row where the upsert fails).
+    /// the user manages it (its rules and triggers may expect the upsert's
+    /// `INSERT`; COPY applies no rules). A table without a unique index on
+    /// the key is upserted too, found out when rows are first copied.
     pub copy_sql: Option<String>,
     /// Whether the table has a unique index on the key (asked once, when
     /// rows are first copied; see `sink::key_is_unique`).
