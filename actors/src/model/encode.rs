@@ -30,18 +30,13 @@ pub(crate) fn with_encoded<T, R>(
 where
     T: Serialize + ?Sized,
 {
-    with_buffer(|buf| rmp_serde::encode::write(&mut *buf, value).map(|()| then(buf)))
-}
-
-/// Runs `f` with the thread's kept buffer, emptied.
-pub(crate) fn with_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
     // The kept buffer is taken out of its cell while in use, so that an
     // encoding nested in this one (a `Serialize` impl that encodes or
     // fingerprints a value of its own) simply finds none; so does one on a
     // thread being torn down.
     let mut buf = BUFFER.try_with(Cell::take).unwrap_or_default();
     buf.clear();
-    let out = f(&mut buf);
+    let out = rmp_serde::encode::write(&mut buf, value).map(|()| then(&buf));
     // Keep it for the next encoding, unless it grew huge.
     if buf.capacity() <= MAX_KEPT_BUFFER {
         let _ = BUFFER.try_with(|cell| cell.set(buf));

@@ -93,17 +93,6 @@ impl Fingerprint {
         Self::finish(&hasher)
     }
 
-    /// [`Fingerprint::from_msgpack`] of the bytes `write` appends to the
-    /// empty buffer it is given (one the thread keeps between calls).
-    ///
-    /// # Errors
-    /// `write`'s error; nothing is hashed then.
-    pub fn from_msgpack_written<E>(
-        write: impl FnOnce(&mut Vec<u8>) -> std::result::Result<(), E>,
-    ) -> std::result::Result<Fingerprint, E> {
-        super::encode::with_buffer(|buf| write(buf).map(|()| Self::from_msgpack(buf)))
-    }
-
     /// The 16 bytes of the fingerprint.
     pub fn as_bytes(&self) -> &[u8; LEN] {
         &self.0
@@ -317,15 +306,6 @@ mod tests {
         assert_ne!(
             Fingerprint::from_msgpack(&encoded),
             Fingerprint::from_bytes(&encoded)
-        );
-        let written = Fingerprint::from_msgpack_written(|buf| {
-            buf.extend_from_slice(&encoded);
-            Ok::<(), ()>(())
-        });
-        assert_eq!(written, Ok(Fingerprint::from(&row)));
-        assert_eq!(
-            Fingerprint::from_msgpack_written(|_| Err("refused")),
-            Err("refused")
         );
         Ok(())
     }

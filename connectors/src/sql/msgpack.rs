@@ -7,10 +7,19 @@
 //! floats, text) with `rmp`'s writers, and hands the others to
 //! `rmp_serde`. The digests are those ledgers already hold.
 
+use std::cell::Cell;
+
 use serde::Serialize;
 use weir_actors::Fingerprint;
 
 use super::value::SqlValue;
+
+/// The largest buffer kept between fingerprints, per thread.
+const MAX_KEPT_BUFFER: usize = 64 * 1024;
+
+thread_local! {
+    static BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
 
 /// Appends what `rmp_serde` writes for `value`.
 pub(crate) fn write_value(
@@ -65,7 +74,23 @@ pub(crate) fn fingerprint<T: Serialize + ?Sized>(
     value: &T,
     write: impl FnOnce(&mut Vec<u8>) -> Result<(), rmp_serde::encode::Error>,
 ) -> Fingerprint {
-    Fingerprint::from_msgpack_written(write).unwrap_or_else(|_| Fingerprint::from(value))
+    with_buffer(|buf| match write(buf) {
+        Ok(()) => Fingerprint::from_msgpack(buf),
+        Err(_) => Fingerprint::from(value),
+    })
+}
+
+/// Runs `f` with the thread's kept buffer, emptied. The buffer is taken
+/// out of its cell while in use: a fingerprint taken meanwhile (or one on a
+/// thread being torn down) finds none and starts a fresh one.
+fn with_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    let mut buf = BUFFER.try_with(Cell::take).unwrap_or_default();
+    buf.clear();
+    let out = f(&mut buf);
+    if buf.capacity() <= MAX_KEPT_BUFFER {
+        let _ = BUFFER.try_with(|cell| cell.set(buf));
+    }
+    out
 }
 
 #[cfg(test)]
