@@ -561,10 +561,11 @@ impl Drop for ActiveGuard<'_> {
 async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let run = &state.run;
     let mut active = ActiveGuard { run, active: true };
-    let (mut decls, errors, early) = {
+    let (mut decls, paths, errors, early) = {
         let mut d = lock(&state.decls);
         (
             std::mem::take(&mut d.list),
+            std::mem::take(&mut d.paths),
             std::mem::take(&mut d.errors),
             std::mem::take(&mut d.early),
         )
@@ -576,7 +577,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         record_failure(state, &e).await;
         return Err(e);
     }
-    let reconciled = match reconcile_waves(state, &mut decls, early).await {
+    let reconciled = match reconcile_waves(state, &mut decls, paths, early).await {
         Ok(r) => r,
         Err(e) => {
             active.leave();
@@ -1094,9 +1095,12 @@ struct Reconciliation {
 
 /// Reconciles declarations in waves: first those whose provider is
 /// resolved, then the children of the containers resolved by that wave.
+/// `paths` are the declarations' paths (the set `declare` kept to refuse
+/// duplicates), which the home shard finds orphans with.
 async fn reconcile_waves(
     state: &Arc<ComponentState>,
     decls: &mut [Declaration],
+    paths: HashSet<Arc<[u8]>>,
     early: Early,
 ) -> Result<Reconciliation> {
     let run = &state.run;
@@ -1109,8 +1113,7 @@ async fn reconcile_waves(
     let home = decls
         .first()
         .map_or_else(|| shard_of(&state.key, n), |d| shard_of(&d.path, n));
-    let mut all_paths: Option<HashSet<Arc<[u8]>>> =
-        Some(decls.iter().map(|d| Arc::clone(&d.path)).collect());
+    let mut all_paths = Some(paths);
     let sent_early = |i: usize| early.sent.get(i).copied().unwrap_or(false);
     let mut done: Vec<bool> = (0..decls.len()).map(sent_early).collect();
     let chunked = |s: usize| early.shards.get(s).copied().unwrap_or(false);
