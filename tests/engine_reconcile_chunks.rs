@@ -205,3 +205,69 @@ async fn a_state_declared_only_by_a_component_that_fails_is_still_deleted() -> R
     assert_eq!(rig.store.snapshot(), map(&[("y", "1")]));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_component_declaring_as_many_states_as_before_still_deletes_the_one_it_dropped(
+) -> Result<()> {
+    // As many declarations as stored states, one of them new: the old one
+    // it replaced must still be found and deleted.
+    for chunk in [1, 3, 4096] {
+        let dir = tempfile::tempdir()?;
+        let app = chunked_app(dir.path(), chunk).await?;
+        let rig = Rig::new();
+        let run = |declared: Vec<(String, String)>| {
+            let handler = rig.handler();
+            app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
+        };
+        let first = rows(20, |i| format!("v{i}"));
+        run(first.clone()).await?;
+
+        let mut second: Vec<(String, String)> = first.into_iter().skip(1).collect();
+        second.push(("k999".to_string(), "new".to_string()));
+        let stats = run(second.clone()).await?;
+        assert_eq!(
+            (stats.created, stats.deleted, stats.unchanged),
+            (1, 1, 19),
+            "chunk {chunk}"
+        );
+        assert_eq!(
+            rig.store.snapshot(),
+            second.into_iter().collect(),
+            "chunk {chunk}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_state_that_moves_to_another_component_is_not_deleted_when_its_place_is_taken(
+) -> Result<()> {
+    for chunk in [1, 4096] {
+        let dir = tempfile::tempdir()?;
+        let app = chunked_app(dir.path(), chunk).await?;
+        let rig = Rig::new();
+        let xy = vec![
+            ("x".to_string(), "1".to_string()),
+            ("y".to_string(), "1".to_string()),
+        ];
+        run_a_then_b(&app, &rig, xy, false, Vec::new()).await?;
+
+        // /a swaps y for z (as many states as before); /b takes y over.
+        let xz = vec![
+            ("x".to_string(), "1".to_string()),
+            ("z".to_string(), "1".to_string()),
+        ];
+        let stats = run_a_then_b(&app, &rig, xz, false, one("y", "2")).await?;
+        assert_eq!(
+            (stats.created, stats.updated, stats.deleted),
+            (1, 1, 0),
+            "chunk {chunk}"
+        );
+        assert_eq!(
+            rig.store.snapshot(),
+            map(&[("x", "1"), ("y", "2"), ("z", "1")]),
+            "chunk {chunk}"
+        );
+    }
+    Ok(())
+}

@@ -16,7 +16,7 @@ use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::reconciler::{
-    shard_of, Chunk, EarlyGate, Orphan, ReconcileBatch, ShardDecl, ShardReply,
+    shard_of, Chunk, EarlyGate, FindOrphans, Orphan, ReconcileBatch, ShardDecl, ShardReply,
 };
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
@@ -178,7 +178,7 @@ impl ComponentState {
             }
             early.gate.outstanding.fetch_add(1, Ordering::SeqCst);
             let chunk = Chunk::More(Arc::clone(&early.gate));
-            early.replies.push(self.send_batch(s, batch, None, chunk));
+            early.replies.push(self.send_batch(s, batch, false, chunk));
             if let Some(sent) = early.shards.get_mut(s) {
                 *sent = true;
             }
@@ -186,12 +186,13 @@ impl ComponentState {
     }
 
     /// Sends shard `s` a batch of this component's declarations; the home
-    /// shard (`declared_paths` given) also reports children and orphans.
+    /// shard also reports the component's children, failure and stored
+    /// state count.
     fn send_batch(
         &self,
         s: usize,
         decls: Vec<ShardDecl>,
-        declared_paths: Option<HashSet<Arc<[u8]>>>,
+        home: bool,
         chunk: Chunk,
     ) -> oneshot::Receiver<ShardReply> {
         let run = &self.run;
@@ -205,8 +206,7 @@ impl ComponentState {
                 component: Arc::clone(&self.key),
                 component_path: self.path.clone(),
                 decls,
-                home: declared_paths.is_some(),
-                declared_paths,
+                home,
                 chunk,
                 reply: tx,
             });
@@ -1096,7 +1096,8 @@ struct Reconciliation {
 /// Reconciles declarations in waves: first those whose provider is
 /// resolved, then the children of the containers resolved by that wave.
 /// `paths` are the declarations' paths (the set `declare` kept to refuse
-/// duplicates), which the home shard finds orphans with.
+/// duplicates): when the declarations did not match every state the
+/// component's entry holds, the home shard finds the others with them.
 async fn reconcile_waves(
     state: &Arc<ComponentState>,
     decls: &mut [Declaration],
@@ -1113,7 +1114,6 @@ async fn reconcile_waves(
     let home = decls
         .first()
         .map_or_else(|| shard_of(&state.key, n), |d| shard_of(&d.path, n));
-    let mut all_paths = Some(paths);
     let sent_early = |i: usize| early.sent.get(i).copied().unwrap_or(false);
     let mut done: Vec<bool> = (0..decls.len()).map(sent_early).collect();
     let chunked = |s: usize| early.shards.get(s).copied().unwrap_or(false);
@@ -1127,6 +1127,8 @@ async fn reconcile_waves(
         fresh: false,
     };
     let mut first = true;
+    // The entry's states, and how many the declarations found there.
+    let (mut stored, mut matched) = (0, 0);
     loop {
         let ready: Vec<usize> = (0..decls.len())
             .filter(|&i| !done[i] && decls[i].provider.resolved.get().is_some())
@@ -1164,9 +1166,8 @@ async fn reconcile_waves(
             if batch.is_empty() && !is_home && !last {
                 continue;
             }
-            let declared_paths = if is_home { all_paths.take() } else { None };
             let chunk = if last { Chunk::Last } else { Chunk::Only };
-            let reply = state.send_batch(s, batch, declared_paths, chunk);
+            let reply = state.send_batch(s, batch, is_home, chunk);
             replies.push((is_home, reply));
         }
         let mut errors: Vec<Error> = Vec::new();
@@ -1177,8 +1178,11 @@ async fn reconcile_waves(
             if let Some(e) = reply.error {
                 return Err(e);
             }
+            matched += reply.matched;
             if first {
-                out.orphans.extend(reply.orphans);
+                if is_home {
+                    stored = reply.stored;
+                }
                 if !reply.prev_children.is_empty() {
                     out.prev_children = reply.prev_children;
                 }
@@ -1229,7 +1233,30 @@ async fn reconcile_waves(
             )),
         });
     }
+    if matched != stored {
+        out.orphans = find_orphans(state, home, paths).await?;
+    }
     Ok(out)
+}
+
+/// The states of the component's entry that it no longer declares: asked
+/// of shard `home`, which checks each against `paths`.
+async fn find_orphans(
+    state: &ComponentState,
+    home: usize,
+    declared_paths: HashSet<Arc<[u8]>>,
+) -> Result<Vec<StateEntry>> {
+    let (tx, rx) = oneshot::channel();
+    if let Some(shard) = state.run.engine.shards.get(home) {
+        shard.do_send(FindOrphans {
+            run_id: state.run.id,
+            component: Arc::clone(&state.key),
+            declared_paths,
+            reply: tx,
+        });
+    }
+    rx.await
+        .map_err(|_| Error::Shutdown("a reconciler shard stopped".into()))?
 }
 
 /// Builds a container's child handler from its action and resolves the

@@ -5,7 +5,9 @@
 //! state). The shard reads the component's entry from the ledger, finds each
 //! state's previous records (following the owner index when the state moved
 //! from another component), calls the handler, and replies with the outcomes
-//! and the states the component no longer declares.
+//! and how many of the component's stored states they matched. When those
+//! are fewer than the states stored, the component asks its home shard for
+//! the ones it no longer declares ([`FindOrphans`]).
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -90,11 +92,8 @@ pub(crate) struct ReconcileBatch {
     pub component: Arc<[u8]>,
     pub component_path: ComponentPath,
     pub decls: Vec<ShardDecl>,
-    /// For the home shard: every path the component declares, to find the
-    /// states it no longer declares (on any shard).
-    pub declared_paths: Option<HashSet<Arc<[u8]>>>,
     /// Whether this is the component's home shard in this run: it also
-    /// reports the component's child list, failure and orphans.
+    /// reports the component's child list, failure and stored state count.
     pub home: bool,
     /// Where this message stands among the component's messages to this
     /// shard in this run.
@@ -123,8 +122,13 @@ impl Message for ReconcileBatch {
 #[derive(Default)]
 pub(crate) struct ShardReply {
     pub outcomes: Vec<Outcome>,
-    /// States of this component on this shard that it no longer declares.
-    pub orphans: Vec<StateEntry>,
+    /// How many of the declarations found their state in the component's
+    /// own entry. Paths are unique in an entry and among a component's
+    /// declarations, so when a component's replies add up to the states
+    /// its entry holds, it declared every one of them again.
+    pub matched: usize,
+    /// The home shard's count of the states in the component's entry.
+    pub stored: usize,
     /// The home shard's view of the component: its children and failure.
     pub prev_children: Vec<StableKey>,
     pub prev_failure: Option<String>,
@@ -152,6 +156,19 @@ impl ShardReply {
             ..ShardReply::default()
         }
     }
+}
+
+/// Finds the states of a component's entry whose paths it no longer
+/// declares, from every path it declares in this run.
+pub(crate) struct FindOrphans {
+    pub run_id: u64,
+    pub component: Arc<[u8]>,
+    pub declared_paths: HashSet<Arc<[u8]>>,
+    pub reply: oneshot::Sender<Result<Vec<StateEntry>>>,
+}
+
+impl Message for FindOrphans {
+    type Result = ();
 }
 
 /// A state that is no longer declared, to be deleted at the end of a run.
@@ -337,7 +354,7 @@ impl ReconcilerActor {
 
     /// Reconciles `decls` against the component's entry (`None`: it has
     /// none yet), and for the home shard, reports the component's failure,
-    /// children and orphans.
+    /// children and stored state count.
     fn reconcile_states(
         &mut self,
         msg: &ReconcileBatch,
@@ -354,13 +371,7 @@ impl ReconcilerActor {
             }
             reply.prev_failure = own.and_then(|o| o.failure.clone());
             reply.entry_exists = own.is_some();
-        }
-        if let Some(declared) = &msg.declared_paths {
-            for s in own_states {
-                if !declared.contains(s.path(base)) {
-                    reply.orphans.push(s.to_entry(base));
-                }
-            }
+            reply.stored = own_states.len();
         }
         let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
         // States sent in chunks while the component's code runs are claimed
@@ -402,6 +413,7 @@ impl ReconcilerActor {
                     let Some(state) = own_states.get(i) else {
                         continue;
                     };
+                    reply.matched += 1;
                     let result = reconcile_declared(&mut d, Some(state.view(base)));
                     // The component needs the previous entry only to commit a change.
                     let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry(base));
@@ -588,6 +600,38 @@ impl Handler<ReconcileBatch> for ReconcilerActor {
         m.calls.increment(calls);
         m.duration.record(started.elapsed().as_secs_f64());
         let _ = msg.reply.send(reply);
+    }
+}
+
+impl Handler<FindOrphans> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: FindOrphans, _ctx: &mut Context<Self>) {
+        let kept = self
+            .entries
+            .get(&msg.component)
+            .filter(|(run_id, _)| *run_id == msg.run_id)
+            .map(|(_, entry)| Arc::clone(entry));
+        let entry = match kept {
+            Some(entry) => Ok(entry),
+            None => self
+                .ledger
+                .component_raw(&msg.component)
+                .and_then(|raw| raw.map(|r| StoredEntry::parse(&self.ledger, r)).transpose())
+                .map(Arc::new),
+        };
+        let orphans = entry.map(|entry| {
+            let Some(own) = entry.as_ref() else {
+                return Vec::new();
+            };
+            let base = own.bytes();
+            own.states
+                .iter()
+                .filter(|s| !msg.declared_paths.contains(s.path(base)))
+                .map(|s| s.to_entry(base))
+                .collect()
+        });
+        let _ = msg.reply.send(orphans);
     }
 }
 
