@@ -271,3 +271,49 @@ async fn a_state_that_moves_to_another_component_is_not_deleted_when_its_place_i
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn two_components_sending_one_state_in_chunks_at_once_leave_it_to_the_first_to_commit(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = chunked_app(dir.path(), 1).await?;
+    let rig = Rig::new();
+    let handler = rig.handler();
+    // Both components send their chunk before either reaches its commit,
+    // so the second to commit finds the state claimed only then.
+    let both_declared = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    let result = app
+        .run(move |ctx| async move {
+            let provider = register_root_target_states_provider::<String, _>(&ctx, ROWS, handler)?;
+            ctx.mount_each(
+                vec!["a".to_string(), "b".to_string()],
+                |name| name.clone(),
+                move |c, name| {
+                    let provider = provider.clone();
+                    let barrier = std::sync::Arc::clone(&both_declared);
+                    async move {
+                        declare_into(&c, &provider, one("x", &name))?;
+                        barrier.wait().await;
+                        Ok(())
+                    }
+                },
+            )
+            .await
+        })
+        .await;
+    let err = err_or(result, |s| format!("both components committed x: {s:?}"))?;
+    let failed = failed_paths(&err);
+    let winner = match failed.as_slice() {
+        [one] if one == "/a" => "b",
+        [one] if one == "/b" => "a",
+        _ => return Err(Error::msg(format!("not one failed component: {err}"))),
+    };
+    assert!(
+        err.to_string().contains(&format!(
+            "declared twice in this run (first by component /{winner})"
+        )),
+        "{err}"
+    );
+    assert_eq!(rig.store.snapshot(), map(&[("x", winner)]));
+    Ok(())
+}

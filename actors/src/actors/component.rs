@@ -1208,6 +1208,16 @@ async fn reconcile_waves(
                     }
                 }
             }
+            // States sent in chunks that another component claimed first.
+            for (idx, first) in reply.duplicates {
+                if let Some(d) = decls.get(idx) {
+                    errors.push(Error::DuplicateDeclaration {
+                        provider: d.provider.path.name.to_string(),
+                        key: d.key.clone(),
+                        first_by: Some(first),
+                    });
+                }
+            }
         }
         if let Some(e) = errors.into_iter().next() {
             return Err(e);

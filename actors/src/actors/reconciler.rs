@@ -10,6 +10,7 @@
 //! the ones it no longer declares ([`FindOrphans`]).
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -122,6 +123,9 @@ impl Message for ReconcileBatch {
 #[derive(Default)]
 pub(crate) struct ShardReply {
     pub outcomes: Vec<Outcome>,
+    /// Declarations sent in chunks that another component claimed first
+    /// (by index), with that component: each a duplicate declaration.
+    pub duplicates: Vec<(usize, ComponentPath)>,
     /// How many of the declarations found their state in the component's
     /// own entry. Paths are unique in an entry and among a component's
     /// declarations, so when a component's replies add up to the states
@@ -240,8 +244,6 @@ pub(crate) struct ReconcilerActor {
 struct Claim {
     path: Arc<[u8]>,
     idx: usize,
-    provider: Arc<ProviderCore>,
-    key: StableKey,
 }
 
 /// A component's entry as read in a run (`None`: it has none yet).
@@ -291,8 +293,7 @@ impl ReconcilerActor {
         if matches!(msg.chunk, Chunk::Last) {
             // Unless it cannot commit, the component claims its chunks' states.
             if reply.error.is_none() {
-                let duplicates = self.claim_pending(msg);
-                reply.outcomes.extend(duplicates);
+                reply.duplicates = self.claim_pending(msg);
             }
             self.forget_entry(&msg.component);
         }
@@ -387,21 +388,28 @@ impl ReconcilerActor {
         // often come in that order): checked before searching.
         let mut next = 0;
         for mut d in decls {
-            if let Some(first) = declared_now.get(&d.path) {
+            let first = if claim_later {
+                declared_now.get(&d.path).cloned()
+            } else {
+                match declared_now.entry(Arc::clone(&d.path)) {
+                    Entry::Occupied(first) => Some(first.get().clone()),
+                    Entry::Vacant(slot) => {
+                        slot.insert(msg.component_path.clone());
+                        None
+                    }
+                }
+            };
+            if let Some(first) = first {
                 reply
                     .outcomes
-                    .push(Outcome::duplicate(d.idx, &d.provider, d.key, first));
+                    .push(Outcome::duplicate(d.idx, &d.provider, d.key, &first));
                 continue;
             }
             if claim_later {
                 pending.push(Claim {
                     path: Arc::clone(&d.path),
                     idx: d.idx,
-                    provider: Arc::clone(&d.provider),
-                    key: d.key.clone(),
                 });
-            } else {
-                declared_now.insert(Arc::clone(&d.path), msg.component_path.clone());
             }
             let found = match own_states.get(next) {
                 Some(s) if s.path(base) == d.path.as_ref() => Ok(next),
@@ -461,8 +469,9 @@ impl ReconcilerActor {
     }
 
     /// Claims the states a component sent in chunks, now that it reached
-    /// its commit; one another component claimed meanwhile is a duplicate.
-    fn claim_pending(&mut self, msg: &ReconcileBatch) -> Vec<Outcome> {
+    /// its commit; one another component claimed meanwhile is a duplicate,
+    /// returned with the component that claimed it.
+    fn claim_pending(&mut self, msg: &ReconcileBatch) -> Vec<(usize, ComponentPath)> {
         let claims = self
             .pending
             .get_mut(&msg.run_id)
@@ -471,15 +480,10 @@ impl ReconcilerActor {
         let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
         let mut duplicates = Vec::new();
         for claim in claims {
-            match declared_now.get(&claim.path) {
-                Some(first) => duplicates.push(Outcome::duplicate(
-                    claim.idx,
-                    &claim.provider,
-                    claim.key,
-                    first,
-                )),
-                None => {
-                    declared_now.insert(claim.path, msg.component_path.clone());
+            match declared_now.entry(claim.path) {
+                Entry::Occupied(first) => duplicates.push((claim.idx, first.get().clone())),
+                Entry::Vacant(slot) => {
+                    slot.insert(msg.component_path.clone());
                 }
             }
         }
