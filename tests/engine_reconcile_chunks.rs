@@ -317,3 +317,43 @@ async fn two_components_sending_one_state_in_chunks_at_once_leave_it_to_the_firs
     assert_eq!(rig.store.snapshot(), map(&[("x", winner)]));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_component_declaring_into_many_providers_reaches_each_ones_own_handler() -> Result<()> {
+    // More providers than a shard's batch looks through before indexing
+    // them, declared in turn, each with the same keys: every state must
+    // reach its own provider's sink.
+    const PROVIDERS: usize = 40;
+    for chunk in [7, 4096] {
+        let dir = tempfile::tempdir()?;
+        let app = chunked_app(dir.path(), chunk).await?;
+        let rigs: Vec<Rig> = (0..PROVIDERS).map(|_| Rig::new()).collect();
+        let handlers: Vec<_> = rigs.iter().map(Rig::handler).collect();
+        app.run(move |ctx| async move {
+            let mut providers = Vec::new();
+            for (p, handler) in handlers.into_iter().enumerate() {
+                providers.push(register_root_target_states_provider::<String, _>(
+                    &ctx,
+                    &format!("test/p{p}"),
+                    handler,
+                )?);
+            }
+            for round in 0..3 {
+                for (p, provider) in providers.iter().enumerate() {
+                    declare_into(&ctx, provider, one(&format!("k{round}"), &format!("p{p}")))?;
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        for (p, rig) in rigs.iter().enumerate() {
+            let v = format!("p{p}");
+            assert_eq!(
+                rig.store.snapshot(),
+                map(&[("k0", &v), ("k1", &v), ("k2", &v)]),
+                "chunk {chunk}, provider {p}"
+            );
+        }
+    }
+    Ok(())
+}

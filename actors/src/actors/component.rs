@@ -16,7 +16,7 @@ use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::reconciler::{
-    shard_of, Chunk, EarlyGate, FindOrphans, Orphan, ReconcileBatch, ShardDecl, ShardReply,
+    shard_of, Chunk, EarlyGate, FindOrphans, Orphan, ReconcileBatch, ShardBatch, ShardReply,
 };
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
@@ -161,13 +161,13 @@ impl ComponentState {
         {
             return;
         }
-        let mut per_shard: Vec<Vec<ShardDecl>> = (0..n).map(|_| Vec::new()).collect();
+        let mut per_shard: Vec<ShardBatch> = (0..n).map(|_| ShardBatch::default()).collect();
         let DeclSet { list, early, .. } = decls;
         for (idx, d) in list.iter_mut().enumerate().skip(early.seen) {
             let ready = d.provider.resolved.get().is_some();
             early.sent.push(ready);
             if let (true, Some(batch)) = (ready, per_shard.get_mut(shard_of(&d.path, n))) {
-                batch.push(ShardDecl::of(idx, d));
+                batch.push(idx, d);
             }
         }
         early.seen = list.len();
@@ -191,7 +191,7 @@ impl ComponentState {
     fn send_batch(
         &self,
         s: usize,
-        decls: Vec<ShardDecl>,
+        batch: ShardBatch,
         home: bool,
         chunk: Chunk,
     ) -> oneshot::Receiver<ShardReply> {
@@ -205,7 +205,8 @@ impl ComponentState {
                 run_id: run.id,
                 component: Arc::clone(&self.key),
                 component_path: self.path.clone(),
-                decls,
+                decls: batch.decls,
+                providers: batch.providers,
                 home,
                 chunk,
                 reply: tx,
@@ -1136,14 +1137,14 @@ async fn reconcile_waves(
         if !first && ready.is_empty() {
             break;
         }
-        let mut per_shard: Vec<Vec<ShardDecl>> = (0..n).map(|_| Vec::new()).collect();
+        let mut per_shard: Vec<ShardBatch> = (0..n).map(|_| ShardBatch::default()).collect();
         for &i in &ready {
             done[i] = true;
             let Some(d) = decls.get_mut(i) else {
                 continue;
             };
             if let Some(batch) = per_shard.get_mut(shard_of(&d.path, n)) {
-                batch.push(ShardDecl::of(i, d));
+                batch.push(i, d);
             }
         }
         // The first wave also takes the declarations sent early.

@@ -38,21 +38,71 @@ pub(crate) struct ShardDecl {
     pub idx: usize,
     pub path: Arc<[u8]>,
     pub key: StableKey,
-    pub provider: Arc<ProviderCore>,
+    /// Its provider: an index into its batch's `providers`.
+    pub provider: usize,
     pub value: DeclaredValue,
 }
 
-impl ShardDecl {
-    /// Declaration `idx` of a component, for its shard; it takes the
-    /// declared value, which a declaration is sent with once.
-    pub(crate) fn of(idx: usize, d: &mut super::component::Declaration) -> Self {
-        ShardDecl {
+/// A component's declarations bound for one shard, with the providers
+/// they name, each once: the shard does not touch a provider's reference
+/// count per state (a count shared with the declaring thread, which would
+/// bounce between cores).
+#[derive(Default)]
+pub(crate) struct ShardBatch {
+    pub decls: Vec<ShardDecl>,
+    pub providers: Vec<Arc<ProviderCore>>,
+    /// The providers' positions by address, once there are too many to
+    /// look through.
+    by_address: HashMap<usize, usize>,
+}
+
+/// The providers a batch looks through before indexing them by address.
+const PROVIDERS_SCANNED: usize = 16;
+
+impl ShardBatch {
+    /// Adds declaration `idx` of a component; it takes the declared value,
+    /// which a declaration is sent with once.
+    pub(crate) fn push(&mut self, idx: usize, d: &mut super::component::Declaration) {
+        let address = Arc::as_ptr(&d.provider) as usize;
+        // Declarations of one provider usually come together: the last
+        // one added is checked first.
+        let found = if self.providers.len() <= PROVIDERS_SCANNED {
+            self.providers
+                .iter()
+                .rposition(|p| Arc::ptr_eq(p, &d.provider))
+        } else {
+            self.by_address.get(&address).copied()
+        };
+        let provider = match found {
+            Some(i) => i,
+            None => {
+                let i = self.providers.len();
+                self.providers.push(Arc::clone(&d.provider));
+                if i == PROVIDERS_SCANNED {
+                    // Past the scan: index them all.
+                    self.by_address = self
+                        .providers
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| (Arc::as_ptr(p) as usize, i))
+                        .collect();
+                } else if i > PROVIDERS_SCANNED {
+                    self.by_address.insert(address, i);
+                }
+                i
+            }
+        };
+        self.decls.push(ShardDecl {
             idx,
             path: Arc::clone(&d.path),
             key: d.key.clone(),
-            provider: Arc::clone(&d.provider),
+            provider,
             value: d.value.hand_on(),
-        }
+        });
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.decls.is_empty()
     }
 }
 
@@ -93,6 +143,8 @@ pub(crate) struct ReconcileBatch {
     pub component: Arc<[u8]>,
     pub component_path: ComponentPath,
     pub decls: Vec<ShardDecl>,
+    /// The providers the declarations name (by index).
+    pub providers: Vec<Arc<ProviderCore>>,
     /// Whether this is the component's home shard in this run: it also
     /// reports the component's child list, failure and stored state count.
     pub home: bool,
@@ -388,6 +440,18 @@ impl ReconcilerActor {
         // often come in that order): checked before searching.
         let mut next = 0;
         for mut d in decls {
+            let Some(provider) = msg.providers.get(d.provider) else {
+                reply.outcomes.push(Outcome {
+                    idx: d.idx,
+                    location: None,
+                    prev: None,
+                    result: Err(Error::Usage(format!(
+                        "declaration {} of component {} names no provider of its batch",
+                        d.idx, msg.component_path
+                    ))),
+                });
+                continue;
+            };
             let first = if claim_later {
                 declared_now.get(&d.path).cloned()
             } else {
@@ -402,7 +466,7 @@ impl ReconcilerActor {
             if let Some(first) = first {
                 reply
                     .outcomes
-                    .push(Outcome::duplicate(d.idx, &d.provider, d.key, &first));
+                    .push(Outcome::duplicate(d.idx, provider, d.key, &first));
                 continue;
             }
             if claim_later {
@@ -422,7 +486,7 @@ impl ReconcilerActor {
                         continue;
                     };
                     reply.matched += 1;
-                    let result = reconcile_declared(&mut d, Some(state.view(base)));
+                    let result = reconcile_declared(&mut d, provider, Some(state.view(base)));
                     // The component needs the previous entry only to commit a change.
                     let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry(base));
                     Outcome {
@@ -437,8 +501,11 @@ impl ReconcilerActor {
                         Ok(found) => {
                             let (location, prev) =
                                 found.map_or((None, None), |(c, e)| (Some(c), Some(e)));
-                            let result =
-                                reconcile_declared(&mut d, prev.as_ref().map(PrevView::from));
+                            let result = reconcile_declared(
+                                &mut d,
+                                provider,
+                                prev.as_ref().map(PrevView::from),
+                            );
                             Outcome {
                                 idx: d.idx,
                                 location,
@@ -561,15 +628,16 @@ pub(crate) fn effective_prev<'a>(
 
 fn reconcile_declared(
     d: &mut ShardDecl,
+    provider: &ProviderCore,
     prev: Option<PrevView<'_>>,
 ) -> Result<Option<ErasedOutput>> {
-    let Some(resolved) = d.provider.resolved.get() else {
+    let Some(resolved) = provider.resolved.get() else {
         return Err(Error::Usage(format!(
             "provider {} is not resolved: its container produced no action",
-            d.provider.path.name
+            provider.path.name
         )));
     };
-    let (records, missing) = effective_prev(&d.provider, prev, None);
+    let (records, missing) = effective_prev(provider, prev, None);
     let desired = d.value.hand_on();
     guarded(|| {
         resolved
@@ -577,7 +645,7 @@ fn reconcile_declared(
             .reconcile(d.key.clone(), Some(desired), &records, missing)
     })
     .map_err(|cause| Error::Reconcile {
-        provider: d.provider.path.name.to_string(),
+        provider: provider.path.name.to_string(),
         key: d.key.clone(),
         cause: Box::new(cause),
     })
