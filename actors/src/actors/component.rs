@@ -16,7 +16,7 @@ use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::reconciler::{
-    shard_of, Chunk, EarlyGate, FindOrphans, Orphan, ReconcileBatch, ShardBatch, ShardReply,
+    shard_of, Chunk, EarlyGate, FindOrphans, Found, Orphan, ReconcileBatch, ShardBatch, ShardReply,
 };
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
@@ -1200,7 +1200,11 @@ async fn reconcile_waves(
                     Ok(output) => {
                         if let Some(slot) = out.results.get_mut(o.idx) {
                             *slot = Some(Reconciled {
-                                location: o.location,
+                                location: match o.location {
+                                    Found::Nowhere => None,
+                                    Found::Own => Some(Arc::clone(&state.key)),
+                                    Found::In(component) => Some(component),
+                                },
                                 prev: o.prev,
                                 output,
                                 child_gen: None,

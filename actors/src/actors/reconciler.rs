@@ -106,11 +106,23 @@ impl ShardBatch {
     }
 }
 
+/// Where a shard found a declared state's previous entry.
+pub(crate) enum Found {
+    /// Nowhere: the state is new.
+    Nowhere,
+    /// In the declaring component's own entry. (Not a clone of the
+    /// component's key: shards would bump its shared reference count for
+    /// every state, from two cores at once.)
+    Own,
+    /// In the entry of another component (the state moves from it).
+    In(Arc<[u8]>),
+}
+
 /// What a shard found for one declared state.
 pub(crate) struct Outcome {
     pub idx: usize,
     /// The component whose entry held the state, if any.
-    pub location: Option<Arc<[u8]>>,
+    pub location: Found,
     /// The state's entry as it was.
     pub prev: Option<StateEntry>,
     pub result: Result<Option<ErasedOutput>>,
@@ -126,7 +138,7 @@ impl Outcome {
     ) -> Self {
         Outcome {
             idx,
-            location: None,
+            location: Found::Nowhere,
             prev: None,
             result: Err(Error::DuplicateDeclaration {
                 provider: provider.path.name.to_string(),
@@ -279,7 +291,7 @@ pub(crate) struct ReconcilerActor {
     metrics: Option<crate::metrics::ShardMetrics>,
     ledger: Ledger,
     /// Per run: each declared path and the component that declared it.
-    declared: HashMap<u64, HashMap<Arc<[u8]>, ComponentPath>>,
+    declared: HashMap<u64, RunDeclared>,
     /// How many paths the last run that ended declared here: a new run's
     /// map starts that large instead of growing (and rehashing) to it.
     last_declared: usize,
@@ -427,6 +439,7 @@ impl ReconcilerActor {
             reply.stored = own_states.len();
         }
         let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
+        let me = declared_now.component(msg);
         // States sent in chunks while the component's code runs are claimed
         // only once it reaches its commit (its last message): a component
         // whose code then fails claims nothing, as if it had sent nothing.
@@ -443,7 +456,7 @@ impl ReconcilerActor {
             let Some(provider) = msg.providers.get(d.provider) else {
                 reply.outcomes.push(Outcome {
                     idx: d.idx,
-                    location: None,
+                    location: Found::Nowhere,
                     prev: None,
                     result: Err(Error::Usage(format!(
                         "declaration {} of component {} names no provider of its batch",
@@ -453,17 +466,18 @@ impl ReconcilerActor {
                 continue;
             };
             let first = if claim_later {
-                declared_now.get(&d.path).cloned()
+                declared_now.paths.get(&d.path).copied()
             } else {
-                match declared_now.entry(Arc::clone(&d.path)) {
-                    Entry::Occupied(first) => Some(first.get().clone()),
+                match declared_now.paths.entry(Arc::clone(&d.path)) {
+                    Entry::Occupied(first) => Some(*first.get()),
                     Entry::Vacant(slot) => {
-                        slot.insert(msg.component_path.clone());
+                        slot.insert(me);
                         None
                     }
                 }
             };
             if let Some(first) = first {
+                let first = declared_now.path_of(first);
                 reply
                     .outcomes
                     .push(Outcome::duplicate(d.idx, provider, d.key, &first));
@@ -491,7 +505,7 @@ impl ReconcilerActor {
                     let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry(base));
                     Outcome {
                         idx: d.idx,
-                        location: Some(Arc::clone(&msg.component)),
+                        location: Found::Own,
                         prev,
                         result,
                     }
@@ -499,8 +513,8 @@ impl ReconcilerActor {
                 Err(_) => {
                     match lookup_elsewhere(&self.ledger, &msg.component, &d.path, &mut others) {
                         Ok(found) => {
-                            let (location, prev) =
-                                found.map_or((None, None), |(c, e)| (Some(c), Some(e)));
+                            let (location, prev) = found
+                                .map_or((Found::Nowhere, None), |(c, e)| (Found::In(c), Some(e)));
                             let result = reconcile_declared(
                                 &mut d,
                                 provider,
@@ -515,7 +529,7 @@ impl ReconcilerActor {
                         }
                         Err(e) => Outcome {
                             idx: d.idx,
-                            location: None,
+                            location: Found::Nowhere,
                             prev: None,
                             result: Err(e),
                         },
@@ -545,29 +559,65 @@ impl ReconcilerActor {
             .and_then(|by_component| by_component.remove(&msg.component))
             .unwrap_or_default();
         let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
+        let me = declared_now.component(msg);
         let mut duplicates = Vec::new();
         for claim in claims {
-            match declared_now.entry(claim.path) {
-                Entry::Occupied(first) => duplicates.push((claim.idx, first.get().clone())),
+            match declared_now.paths.entry(claim.path) {
+                Entry::Occupied(first) => duplicates.push((claim.idx, *first.get())),
                 Entry::Vacant(slot) => {
-                    slot.insert(msg.component_path.clone());
+                    slot.insert(me);
                 }
             }
         }
         duplicates
+            .into_iter()
+            .map(|(idx, first)| (idx, declared_now.path_of(first)))
+            .collect()
+    }
+}
+
+/// The paths declared on a shard in one run.
+struct RunDeclared {
+    /// Each path, with the position in `components` of the component
+    /// that declared it (not a clone of its path, whose reference count
+    /// every shard would bump for every state).
+    paths: HashMap<Arc<[u8]>, usize>,
+    /// The components that declared paths here, each once.
+    components: Vec<ComponentPath>,
+    /// Their positions, by component key.
+    by_key: HashMap<Arc<[u8]>, usize>,
+}
+
+impl RunDeclared {
+    /// The position of the component `msg` comes from, added if new.
+    fn component(&mut self, msg: &ReconcileBatch) -> usize {
+        if let Some(&i) = self.by_key.get(&msg.component) {
+            return i;
+        }
+        let i = self.components.len();
+        self.components.push(msg.component_path.clone());
+        self.by_key.insert(Arc::clone(&msg.component), i);
+        i
+    }
+
+    /// The path of the component at position `i`.
+    fn path_of(&self, i: usize) -> ComponentPath {
+        self.components.get(i).cloned().unwrap_or_default()
     }
 }
 
 /// The paths declared in `run_id` so far; a new run's map is sized for
 /// `expected` paths.
 fn declared_in(
-    declared: &mut HashMap<u64, HashMap<Arc<[u8]>, ComponentPath>>,
+    declared: &mut HashMap<u64, RunDeclared>,
     expected: usize,
     run_id: u64,
-) -> &mut HashMap<Arc<[u8]>, ComponentPath> {
-    declared
-        .entry(run_id)
-        .or_insert_with(|| HashMap::with_capacity_and_hasher(expected, Default::default()))
+) -> &mut RunDeclared {
+    declared.entry(run_id).or_insert_with(|| RunDeclared {
+        paths: HashMap::with_capacity_and_hasher(expected, Default::default()),
+        components: Vec::new(),
+        by_key: HashMap::default(),
+    })
 }
 
 /// The number of states in a component's entry.
@@ -715,7 +765,7 @@ impl Handler<FilterOrphans> for ReconcilerActor {
         let kept = msg
             .orphans
             .into_iter()
-            .filter(|o| declared.is_none_or(|d| !d.contains_key(o.entry.path.as_slice())))
+            .filter(|o| declared.is_none_or(|d| !d.paths.contains_key(o.entry.path.as_slice())))
             .collect();
         let _ = msg.reply.send(kept);
     }
@@ -762,7 +812,7 @@ impl Handler<EndRun> for ReconcilerActor {
 
     fn handle(&mut self, msg: EndRun, _ctx: &mut Context<Self>) {
         if let Some(declared) = self.declared.remove(&msg.run_id) {
-            self.last_declared = declared.len();
+            self.last_declared = declared.paths.len();
         }
         self.pending.remove(&msg.run_id);
         // An App's runs follow one another: whatever is kept is this run's.
