@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::child::ChildTargetDef;
 use super::encode;
-use super::handler::{ActionKind, TargetChildInvalidation, TargetHandler};
+use super::handler::{ActionKind, TargetChildInvalidation, TargetHandler, TargetReconcileOutput};
 use super::key::StableKey;
 use super::provider::DeclaredValue;
 use super::sink::{SinkCore, TypedAction};
@@ -79,21 +79,25 @@ where
         else {
             return Ok(None);
         };
-        let kind = out.action.kind();
-        let action = encode::to_arc(out.action.inner())?;
-        let record = out
-            .tracking_record
-            .as_ref()
-            .map(encode::to_vec)
-            .transpose()?;
-        let typed: TypedAction = Box::new(out.action.into_inner());
+        let TargetReconcileOutput {
+            action,
+            sink,
+            tracking_record,
+            child_invalidation,
+        } = out;
+        let kind = action.kind();
+        let bytes = encode::to_arc(action.inner())?;
+        let record = tracking_record.as_ref().map(encode::to_vec).transpose()?;
+        let typed: TypedAction = Box::new(action.into_inner());
         Ok(Some(ErasedOutput {
             kind,
-            action,
+            action: bytes,
             typed: Some(typed),
-            sink: Arc::clone(&out.sink.core),
+            // Moved, not cloned: the sink's reference count is shared by
+            // every shard, and each touch of it from another core costs.
+            sink: sink.core,
             record,
-            child_invalidation: out.child_invalidation,
+            child_invalidation,
         }))
     }
 
