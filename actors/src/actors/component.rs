@@ -1214,12 +1214,12 @@ async fn reconcile_waves(
                 }
             }
             // States sent in chunks that another component claimed first.
-            for (idx, first) in reply.duplicates {
+            for (idx, first_by) in reply.duplicates {
                 if let Some(d) = decls.get(idx) {
                     errors.push(Error::DuplicateDeclaration {
                         provider: d.provider.path.name.to_string(),
                         key: d.key.clone(),
-                        first_by: Some(first),
+                        first_by: Some(first_by),
                     });
                 }
             }
@@ -1264,7 +1264,6 @@ async fn find_orphans(
     let (tx, rx) = oneshot::channel();
     if let Some(shard) = state.run.engine.shards.get(home) {
         shard.do_send(FindOrphans {
-            run_id: state.run.id,
             component: Arc::clone(&state.key),
             declared_paths,
             reply: tx,

@@ -229,7 +229,6 @@ impl ShardReply {
 /// Finds the states of a component's entry whose paths it no longer
 /// declares, from every path it declares in this run.
 pub(crate) struct FindOrphans {
-    pub run_id: u64,
     pub component: Arc<[u8]>,
     pub declared_paths: HashSet<Arc<[u8]>>,
     pub reply: oneshot::Sender<Result<Vec<StateEntry>>>,
@@ -729,30 +728,23 @@ impl Handler<FindOrphans> for ReconcilerActor {
     type Result = ();
 
     fn handle(&mut self, msg: FindOrphans, _ctx: &mut Context<Self>) {
-        let kept = self
-            .entries
-            .get(&msg.component)
-            .filter(|(run_id, _)| *run_id == msg.run_id)
-            .map(|(_, entry)| Arc::clone(entry));
-        let entry = match kept {
-            Some(entry) => Ok(entry),
-            None => self
-                .ledger
-                .component_raw(&msg.component)
-                .and_then(|raw| raw.map(|r| StoredEntry::parse(&self.ledger, r)).transpose())
-                .map(Arc::new),
-        };
-        let orphans = entry.map(|entry| {
-            let Some(own) = entry.as_ref() else {
-                return Vec::new();
-            };
-            let base = own.bytes();
-            own.states
-                .iter()
-                .filter(|s| !msg.declared_paths.contains(s.path(base)))
-                .map(|s| s.to_entry(base))
-                .collect()
-        });
+        // Read afresh: the component's last message let go of any entry
+        // kept for its chunks.
+        let orphans = self
+            .ledger
+            .component_raw(&msg.component)
+            .and_then(|raw| raw.map(|r| StoredEntry::parse(&self.ledger, r)).transpose())
+            .map(|own| {
+                let Some(own) = own else {
+                    return Vec::new();
+                };
+                let base = own.bytes();
+                own.states
+                    .iter()
+                    .filter(|s| !msg.declared_paths.contains(s.path(base)))
+                    .map(|s| s.to_entry(base))
+                    .collect()
+            });
         let _ = msg.reply.send(orphans);
     }
 }
