@@ -180,15 +180,17 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
         LedgerHandle::committed(commit).await?;
     }
     // Children were found after their parents: forget them first.
-    for path in removed.into_iter().rev() {
-        let parent = path.parent().and_then(|p| {
-            let key = path.segments().last()?.clone();
-            Some((keycode::component_key(p.segments()), key))
-        });
-        ops.push(LedgerOp::RemoveComponent {
-            component: keycode::component_key(path.segments()),
-            parent,
-        });
+    {
+        let mut declared_last = lock(&run.engine.declared_last);
+        for path in removed.into_iter().rev() {
+            let parent = path.parent().and_then(|p| {
+                let key = path.segments().last()?.clone();
+                Some((keycode::component_key(p.segments()), key))
+            });
+            let component = keycode::component_key(path.segments());
+            declared_last.remove(component.as_slice());
+            ops.push(LedgerOp::RemoveComponent { component, parent });
+        }
     }
     for id in std::mem::take(&mut *lock(&run.intent_ids)) {
         ops.push(LedgerOp::DeleteIntents { id });

@@ -92,21 +92,52 @@ pub(crate) struct ComponentState {
     /// Set when the component's code has returned: a `Ctx` kept beyond
     /// that declares and mounts nothing (see [`ComponentState::close`]).
     finished: std::sync::atomic::AtomicBool,
+    /// How many states it declared in its last run, if it was large (see
+    /// `Engine::declared_last`).
+    declared_last: usize,
 }
+
+/// The declarations from which a component's count is kept for its next
+/// run (see `Engine::declared_last`).
+const SIZE_HINT_FROM: usize = 1024;
 
 impl ComponentState {
     pub(crate) fn new(run: Arc<Run>, path: ComponentPath) -> Arc<Self> {
-        let key = Arc::from(crate::model::keycode::component_key(path.segments()));
+        let key: Arc<[u8]> = Arc::from(crate::model::keycode::component_key(path.segments()));
+        let declared_last = lock(&run.engine.declared_last)
+            .get(&key)
+            .copied()
+            .unwrap_or(0);
+        let decls = DeclSet {
+            list: Vec::with_capacity(declared_last),
+            paths: HashSet::with_capacity_and_hasher(declared_last, Default::default()),
+            ..DeclSet::default()
+        };
         Arc::new(Self {
             run,
             path,
             key,
-            decls: Mutex::new(DeclSet::default()),
+            decls: Mutex::new(decls),
             children: Mutex::new(ChildSet::default()),
             permit: Mutex::new(None),
             memo: std::sync::OnceLock::new(),
             finished: std::sync::atomic::AtomicBool::new(false),
+            declared_last,
         })
+    }
+
+    /// Keeps how many states the component declared for its next run's
+    /// sizing, if it is large (or was).
+    fn note_declared(&self, count: usize) {
+        if count < SIZE_HINT_FROM && self.declared_last == 0 {
+            return;
+        }
+        let mut last = lock(&self.run.engine.declared_last);
+        if count >= SIZE_HINT_FROM {
+            last.insert(Arc::clone(&self.key), count);
+        } else {
+            last.remove(&self.key);
+        }
     }
 
     /// Marks the component's code as returned (whatever it returned).
@@ -161,8 +192,10 @@ impl ComponentState {
         {
             return;
         }
-        let mut per_shard: Vec<ShardBatch> = (0..n).map(|_| ShardBatch::default()).collect();
         let DeclSet { list, early, .. } = decls;
+        let fresh = list.len().saturating_sub(early.seen);
+        let mut per_shard = ShardBatch::for_shards(n, fresh);
+        early.sent.reserve(fresh);
         for (idx, d) in list.iter_mut().enumerate().skip(early.seen) {
             let ready = d.provider.resolved.get().is_some();
             early.sent.push(ready);
@@ -572,6 +605,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         )
     };
     run.metrics.declarations.increment(decls.len() as u64);
+    state.note_declared(decls.len());
     if let Some(first) = errors.first() {
         let e = Error::Usage(first.clone());
         active.leave();
@@ -1137,7 +1171,7 @@ async fn reconcile_waves(
         if !first && ready.is_empty() {
             break;
         }
-        let mut per_shard: Vec<ShardBatch> = (0..n).map(|_| ShardBatch::default()).collect();
+        let mut per_shard = ShardBatch::for_shards(n, ready.len());
         for &i in &ready {
             done[i] = true;
             let Some(d) = decls.get_mut(i) else {

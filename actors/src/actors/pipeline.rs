@@ -52,6 +52,11 @@ pub(crate) struct Engine {
     pub run_lock: tokio::sync::Mutex<()>,
     /// Set when the app is asked to stop: runs stop mounting components.
     pub shutdown: crate::live::ShutdownHandle,
+    /// How many states each large component declared in its last run, by
+    /// component key: its next run sizes its declaration list and path set
+    /// for that many at once, instead of growing them (and rehashing every
+    /// path) step by step.
+    pub declared_last: Mutex<HashMap<Arc<[u8]>, usize>>,
     ledger_actor: Mutex<Option<LedgerActor>>,
     actix: Mutex<Option<ActixParts>>,
 }
@@ -111,6 +116,7 @@ impl Engine {
             keys,
             next_run: AtomicU64::new(1),
             run_lock: tokio::sync::Mutex::new(()),
+            declared_last: Mutex::new(HashMap::new()),
             shutdown: crate::live::ShutdownHandle::new(),
             ledger_actor: Mutex::new(Some(ledger_actor)),
             actix: Mutex::new(Some(ActixParts {

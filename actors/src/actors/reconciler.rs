@@ -60,6 +60,20 @@ pub(crate) struct ShardBatch {
 const PROVIDERS_SCANNED: usize = 16;
 
 impl ShardBatch {
+    /// Batches for `shards` shards, sized for `decls` declarations spread
+    /// over them.
+    pub(crate) fn for_shards(shards: usize, decls: usize) -> Vec<ShardBatch> {
+        let each = decls / shards.max(1);
+        // Paths hash evenly: a little over the mean is enough.
+        let capacity = each + each / 8 + 8;
+        (0..shards)
+            .map(|_| ShardBatch {
+                decls: Vec::with_capacity(capacity),
+                ..ShardBatch::default()
+            })
+            .collect()
+    }
+
     /// Adds declaration `idx` of a component; it takes the declared value,
     /// which a declaration is sent with once.
     pub(crate) fn push(&mut self, idx: usize, d: &mut super::component::Declaration) {
