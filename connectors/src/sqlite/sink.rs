@@ -13,9 +13,9 @@ use std::collections::{BTreeMap, HashMap};
 use rustc_hash::FxHashSet;
 use std::sync::{Arc, Mutex, RwLock};
 
-use sqlx::query::Query;
+use sqlx::error::BoxDynError;
 use sqlx::sqlite::{Sqlite, SqliteArguments};
-use sqlx::{Row as _, SqlitePool};
+use sqlx::{Arguments as _, Row as _, SqlitePool};
 use weir_actors::{ChildTargetDef, Error, Result, StableKey, TargetAction, TargetActionSink};
 
 use super::ddl;
@@ -417,18 +417,19 @@ fn group_by_table(
     Ok((tables, new_ranks))
 }
 
-type SqliteQuery<'q> = Query<'q, Sqlite, SqliteArguments<'q>>;
-
-/// Binds one value, borrowing text and bytes.
-fn bind<'q>(query: SqliteQuery<'q>, value: &'q SqlValue) -> SqliteQuery<'q> {
+/// Adds one value to a statement's arguments, borrowing text and bytes.
+fn bind<'q>(
+    args: &mut SqliteArguments<'q>,
+    value: &'q SqlValue,
+) -> std::result::Result<(), BoxDynError> {
     match value {
-        SqlValue::Null => query.bind(None::<i64>),
-        SqlValue::Bool(b) => query.bind(i64::from(*b)),
-        SqlValue::Int(i) => query.bind(*i),
-        SqlValue::Float(f) => query.bind(*f),
-        SqlValue::Text(s) => query.bind(s.as_str()),
-        SqlValue::Bytes(b) => query.bind(b.as_slice()),
-        other => query.bind(text_of(other)),
+        SqlValue::Null => args.add(None::<i64>),
+        SqlValue::Bool(b) => args.add(i64::from(*b)),
+        SqlValue::Int(i) => args.add(*i),
+        SqlValue::Float(f) => args.add(*f),
+        SqlValue::Text(s) => args.add(s.as_str()),
+        SqlValue::Bytes(b) => args.add(b.as_slice()),
+        other => args.add(text_of(other)),
     }
 }
 
@@ -467,13 +468,18 @@ async fn run_chunk(
     sql: &str,
     rows: &[Vec<SqlValue>],
 ) -> std::result::Result<(), sqlx::Error> {
-    let mut query = sqlx::query(sql);
+    // Sized once: a statement binds up to 32 766 values.
+    let mut args = SqliteArguments::default();
+    args.reserve(rows.iter().map(Vec::len).sum(), 0);
     for row in rows {
         for value in row {
-            query = bind(query, value);
+            bind(&mut args, value).map_err(sqlx::Error::Encode)?;
         }
     }
-    query.execute(&mut **tx).await.map(|_| ())
+    sqlx::query_with(sql, args)
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())
 }
 
 /// After a constraint violation in a multi-row statement, finds the first
