@@ -1247,7 +1247,7 @@ async fn reconcile_waves(
                     }
                 }
             }
-            // States sent in chunks that another component claimed first.
+            // States another component declared first.
             for (idx, first_by) in reply.duplicates {
                 if let Some(d) = decls.get(idx) {
                     errors.push(Error::DuplicateDeclaration {

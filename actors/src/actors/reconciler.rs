@@ -142,27 +142,6 @@ pub(crate) struct Outcome {
     pub result: Result<Option<ErasedOutput>>,
 }
 
-impl Outcome {
-    /// A state `first` declared already in this run.
-    fn duplicate(
-        idx: usize,
-        provider: &ProviderCore,
-        key: StableKey,
-        first: &ComponentPath,
-    ) -> Self {
-        Outcome {
-            idx,
-            location: Found::Nowhere,
-            prev: None,
-            result: Err(Error::DuplicateDeclaration {
-                provider: provider.path.name.to_string(),
-                key,
-                first_by: Some(first.clone()),
-            }),
-        }
-    }
-}
-
 /// Reconcile a component's declarations that route to this shard.
 pub(crate) struct ReconcileBatch {
     pub run_id: u64,
@@ -201,8 +180,8 @@ impl Message for ReconcileBatch {
 #[derive(Default)]
 pub(crate) struct ShardReply {
     pub outcomes: Vec<Outcome>,
-    /// Declarations sent in chunks that another component claimed first
-    /// (by index), with that component: each a duplicate declaration.
+    /// Declarations whose state another component declared first in this
+    /// run (by index), with that component: each a duplicate declaration.
     pub duplicates: Vec<(usize, ComponentPath)>,
     /// How many of the declarations found their state in the component's
     /// own entry. Paths are unique in an entry and among a component's
@@ -370,7 +349,8 @@ impl ReconcilerActor {
         if matches!(msg.chunk, Chunk::Last) {
             // Unless it cannot commit, the component claims its chunks' states.
             if reply.error.is_none() {
-                reply.duplicates = self.claim_pending(msg);
+                let claimed = self.claim_pending(msg);
+                reply.duplicates.extend(claimed);
             }
             self.forget_entry(&msg.component);
         }
@@ -490,10 +470,7 @@ impl ReconcilerActor {
                 }
             };
             if let Some(first) = first {
-                let first = declared_now.path_of(first);
-                reply
-                    .outcomes
-                    .push(Outcome::duplicate(d.idx, provider, d.key, &first));
+                reply.duplicates.push((d.idx, declared_now.path_of(first)));
                 continue;
             }
             if claim_later {
