@@ -320,9 +320,9 @@ async fn two_components_sending_one_state_in_chunks_at_once_leave_it_to_the_firs
 
 #[tokio::test]
 async fn a_component_declaring_into_many_providers_reaches_each_ones_own_handler() -> Result<()> {
-    // More providers than a shard's batch looks through before indexing
-    // them, declared in turn, each with the same keys: every state must
-    // reach its own provider's sink.
+    // Many providers, declared in turn (so that each declaration names a
+    // provider other than the one before), each with the same keys: every
+    // state must reach its own provider's sink.
     const PROVIDERS: usize = 40;
     for chunk in [7, 4096] {
         let dir = tempfile::tempdir()?;

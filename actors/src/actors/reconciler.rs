@@ -51,13 +51,9 @@ pub(crate) struct ShardDecl {
 pub(crate) struct ShardBatch {
     pub decls: Vec<ShardDecl>,
     pub providers: Vec<Arc<ProviderCore>>,
-    /// The providers' positions by address, once there are too many to
-    /// look through.
+    /// The providers' positions, by address.
     by_address: HashMap<usize, usize>,
 }
-
-/// The providers a batch looks through before indexing them by address.
-const PROVIDERS_SCANNED: usize = 16;
 
 impl ShardBatch {
     /// Batches for `shards` shards, sized for `decls` declarations spread
@@ -77,33 +73,19 @@ impl ShardBatch {
     /// Adds declaration `idx` of a component; it takes the declared value,
     /// which a declaration is sent with once.
     pub(crate) fn push(&mut self, idx: usize, d: &mut super::component::Declaration) {
-        let address = Arc::as_ptr(&d.provider) as usize;
-        // Declarations of one provider usually come together: the last
-        // one added is checked first.
-        let found = if self.providers.len() <= PROVIDERS_SCANNED {
-            self.providers
-                .iter()
-                .rposition(|p| Arc::ptr_eq(p, &d.provider))
-        } else {
-            self.by_address.get(&address).copied()
-        };
-        let provider = match found {
-            Some(i) => i,
-            None => {
-                let i = self.providers.len();
-                self.providers.push(Arc::clone(&d.provider));
-                if i == PROVIDERS_SCANNED {
-                    // Past the scan: index them all.
-                    self.by_address = self
-                        .providers
-                        .iter()
-                        .enumerate()
-                        .map(|(i, p)| (Arc::as_ptr(p) as usize, i))
-                        .collect();
-                } else if i > PROVIDERS_SCANNED {
-                    self.by_address.insert(address, i);
-                }
-                i
+        // A component's declarations usually name one provider: the one
+        // added last is checked before the index.
+        let provider = match self.providers.last() {
+            Some(last) if Arc::ptr_eq(last, &d.provider) => self.providers.len() - 1,
+            _ => {
+                let providers = &mut self.providers;
+                *self
+                    .by_address
+                    .entry(Arc::as_ptr(&d.provider) as usize)
+                    .or_insert_with(|| {
+                        providers.push(Arc::clone(&d.provider));
+                        providers.len() - 1
+                    })
             }
         };
         self.decls.push(ShardDecl {
