@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::ledger::LedgerHandle;
-use super::reconciler::{shard_of, FilterOrphans, Orphan, ReconcileOrphans};
+use super::reconciler::{shard_of, shard_stopped, FilterOrphans, Orphan, ReconcileOrphans};
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::record::{Intent, LedgerOp};
@@ -253,10 +253,7 @@ async fn filter_declared(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan>>
     }
     let mut kept = Vec::new();
     for rx in replies {
-        kept.extend(
-            rx.await
-                .map_err(|_| Error::Shutdown("a reconciler shard stopped".into()))?,
-        );
+        kept.extend(rx.await.map_err(shard_stopped)?);
     }
     Ok(kept)
 }
@@ -310,9 +307,7 @@ async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan
     }
     let mut out = Vec::new();
     for (names, rx) in replies {
-        let results = rx
-            .await
-            .map_err(|_| Error::Shutdown("a reconciler shard stopped".into()))?;
+        let results = rx.await.map_err(shard_stopped)?;
         for ((orphan, result), (provider, key)) in results.into_iter().zip(names) {
             out.push((orphan, provider, key, result));
         }

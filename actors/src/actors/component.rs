@@ -16,7 +16,8 @@ use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::reconciler::{
-    shard_of, Chunk, EarlyGate, FindOrphans, Found, Orphan, ReconcileBatch, ShardBatch, ShardReply,
+    shard_of, shard_stopped, Chunk, EarlyGate, FindOrphans, Found, Orphan, ReconcileBatch,
+    ShardBatch, ShardReply,
 };
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
@@ -1207,9 +1208,7 @@ async fn reconcile_waves(
         }
         let mut errors: Vec<Error> = Vec::new();
         for (is_home, rx) in replies {
-            let reply = rx
-                .await
-                .map_err(|_| Error::Shutdown("a reconciler shard stopped".into()))?;
+            let reply = rx.await.map_err(shard_stopped)?;
             if let Some(e) = reply.error {
                 return Err(e);
             }
@@ -1303,8 +1302,7 @@ async fn find_orphans(
             reply: tx,
         });
     }
-    rx.await
-        .map_err(|_| Error::Shutdown("a reconciler shard stopped".into()))?
+    rx.await.map_err(shard_stopped)?
 }
 
 /// Builds a container's child handler from its action and resolves the

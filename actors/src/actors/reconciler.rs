@@ -27,6 +27,11 @@ use crate::model::keycode;
 use crate::model::provider::{ChildGeneration, DeclaredValue, ProviderCore};
 use crate::model::{ComponentPath, StableKey};
 
+/// The error of a shard that dropped a reply it owed (it stopped).
+pub(crate) fn shard_stopped(_: oneshot::error::RecvError) -> Error {
+    Error::Shutdown("a reconciler shard stopped".into())
+}
+
 /// Which shard owns an encoded state path.
 pub(crate) fn shard_of(path: &[u8], shards: usize) -> usize {
     (keycode::stable_hash(path) % shards.max(1) as u64) as usize
