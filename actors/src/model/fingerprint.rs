@@ -145,12 +145,15 @@ fn hash_serialized(encoded: &[u8]) -> Fingerprint {
         Ok(Some(fingerprint)) => fingerprint,
         // A thread being torn down, or a fingerprint taken while this
         // thread's is (which nothing does): a hasher of its own.
-        _ => {
-            let mut hasher = serde_hasher();
-            hasher.update(encoded);
-            Fingerprint::finish(&hasher)
-        }
+        _ => hash_serialized_afresh(encoded),
     }
+}
+
+/// [`hash_serialized`] with a hasher of its own.
+fn hash_serialized_afresh(encoded: &[u8]) -> Fingerprint {
+    let mut hasher = serde_hasher();
+    hasher.update(encoded);
+    Fingerprint::finish(&hasher)
 }
 
 /// The hasher of raw bytes.
@@ -415,11 +418,6 @@ mod tests {
     fn a_threads_kept_hasher_starts_each_fingerprint_afresh() {
         // Each fingerprint on a thread reuses its hasher: nothing of the
         // one before may carry over.
-        let reference = |bytes: &[u8]| {
-            let mut hasher = serde_hasher();
-            hasher.update(bytes);
-            Fingerprint::finish(&hasher)
-        };
         let inputs: Vec<Vec<u8>> = vec![
             b"\x93\x01\x02\x03".to_vec(),
             vec![7u8; 5000],
@@ -438,7 +436,7 @@ mod tests {
         let expected: Vec<Fingerprint> = inputs
             .iter()
             .chain(inputs.iter())
-            .map(|b| reference(b))
+            .map(|b| hash_serialized_afresh(b))
             .collect();
         assert_eq!(on_one_thread, Ok(expected));
     }
