@@ -428,9 +428,9 @@ impl ReconcilerActor {
         reply.outcomes.reserve_exact(decls.len());
         let mut pending = Vec::with_capacity(if claim_later { decls.len() } else { 0 });
         let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
-        // Where the next declaration's state is, if it follows the last one
-        // found in the entry (states are sorted by path, and declarations
-        // often come in that order): checked before searching.
+        // Where the search for the next declaration's state starts: just
+        // after the last one found (states are sorted by path, and
+        // declarations often come in that order).
         let mut next = 0;
         for mut d in decls {
             let Some(provider) = msg.providers.get(d.provider) else {
@@ -466,10 +466,7 @@ impl ReconcilerActor {
                     idx: d.idx,
                 });
             }
-            let found = match own_states.get(next) {
-                Some(s) if s.path(base) == d.path.as_ref() => Ok(next),
-                _ => own_states.binary_search_by(|s| s.path(base).cmp(d.path.as_ref())),
-            };
+            let found = find_from(own_states, next, |s| s.path(base).cmp(d.path.as_ref()));
             let outcome = match found {
                 Ok(i) => {
                     next = i + 1;
@@ -788,5 +785,72 @@ impl Handler<EndRun> for ReconcilerActor {
         // An App's runs follow one another: whatever is kept is this run's.
         self.entries.clear();
         self.cached_states = 0;
+    }
+}
+
+/// Searches `sorted` like [`slice::binary_search_by`] (`cmp` orders an
+/// item against the one sought), starting at `from`. A shard's
+/// declarations mostly come in path order, a few states apart, so the
+/// search first looks at `from` and gallops forward from there (steps of
+/// 1, 2, 4, ...), which takes a comparison or two where a binary search of
+/// the whole entry takes about 17 for 100k states. Anything before `from`
+/// is found by a binary search of that part.
+fn find_from<T>(
+    sorted: &[T],
+    from: usize,
+    cmp: impl Fn(&T) -> std::cmp::Ordering,
+) -> std::result::Result<usize, usize> {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let search = |lo: usize, hi: usize| match sorted.get(lo..hi) {
+        Some(part) => match part.binary_search_by(&cmp) {
+            Ok(i) => Ok(lo + i),
+            Err(i) => Err(lo + i),
+        },
+        None => sorted.binary_search_by(&cmp),
+    };
+    let Some(first) = sorted.get(from) else {
+        return search(0, sorted.len());
+    };
+    match cmp(first) {
+        Equal => return Ok(from),
+        Greater => return search(0, from),
+        Less => {}
+    }
+    // `sorted[lo]` is before the item sought.
+    let mut lo = from;
+    let mut step = 1;
+    loop {
+        let hi = lo.saturating_add(step);
+        let Some(item) = sorted.get(hi) else {
+            return search(lo + 1, sorted.len());
+        };
+        match cmp(item) {
+            Equal => return Ok(hi),
+            Greater => return search(lo + 1, hi),
+            Less => {
+                lo = hi;
+                step = step.saturating_mul(2);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::find_from;
+
+    #[test]
+    fn a_search_from_any_start_finds_what_a_binary_search_finds() {
+        for len in 0..40usize {
+            // Even numbers only, so that odd ones are absent.
+            let sorted: Vec<usize> = (0..len).map(|i| i * 2).collect();
+            for from in 0..len + 3 {
+                for sought in 0..len * 2 + 3 {
+                    let expected = sorted.binary_search(&sought);
+                    let found = find_from(&sorted, from, |x| x.cmp(&sought));
+                    assert_eq!(found, expected, "len {len}, from {from}, sought {sought}");
+                }
+            }
+        }
     }
 }
