@@ -598,7 +598,7 @@ struct EntryEdit {
     /// Upserts with their sequence number; the last one of a path wins.
     upserts: Vec<(u64, StateEntry)>,
     /// Removed paths with the sequence number of the removal.
-    removes: HashMap<Vec<u8>, u64>,
+    removes: rustc_hash::FxHashMap<Vec<u8>, u64>,
     seq: u64,
 }
 
@@ -608,7 +608,7 @@ impl EntryEdit {
             base,
             stored: None,
             upserts: Vec::new(),
-            removes: HashMap::new(),
+            removes: rustc_hash::FxHashMap::default(),
             seq: 0,
         }
     }
@@ -669,34 +669,50 @@ impl EntryEdit {
         };
         let latest = self.latest_upserts();
         let removes = std::mem::take(&mut self.removes);
-        enum Piece<'a> {
-            Stored(&'a [u8]),
+        /// States kept as stored that lie next to each other in the
+        /// stored bytes are copied as one run.
+        enum Piece {
+            Stored(std::ops::Range<usize>),
             New(StateEntry),
         }
         let raw = stored.bytes();
-        let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(stored.states.len() + latest.len());
+        let mut pieces: Vec<Piece> = Vec::with_capacity(2 * latest.len() + removes.len() + 1);
+        let mut count = 0;
         let mut new = latest.into_iter().peekable();
         for s in &stored.states {
             let path = s.path(raw);
             while let Some(n) = new.next_if(|n| n.path.as_slice() < path) {
                 pieces.push(Piece::New(n));
+                count += 1;
             }
-            if new.peek().is_some_and(|n| n.path.as_slice() == path) || removes.contains_key(path) {
+            if new.peek().is_some_and(|n| n.path.as_slice() == path)
+                || (!removes.is_empty() && removes.contains_key(path))
+            {
                 continue;
             }
-            pieces.push(Piece::Stored(stored.state_bytes(s)));
+            count += 1;
+            match pieces.last_mut() {
+                Some(Piece::Stored(bytes)) if bytes.end == s.whole.start => {
+                    bytes.end = s.whole.end;
+                }
+                _ => pieces.push(Piece::Stored(s.whole.clone())),
+            }
         }
-        pieces.extend(new.map(Piece::New));
-        if pieces.is_empty() && self.base.failure.is_none() {
+        for n in new {
+            pieces.push(Piece::New(n));
+            count += 1;
+        }
+        if count == 0 && self.base.failure.is_none() {
             return Ok(None);
         }
         // `[states, failure]`, as rmp_serde writes a ComponentEntry.
         let mut out = Vec::with_capacity(raw.len() + 64);
         out.push(0x92);
-        scan::write_array_len(&mut out, pieces.len());
+        scan::write_array_len(&mut out, count);
         for piece in pieces {
             match piece {
-                Piece::Stored(bytes) => out.extend_from_slice(bytes),
+                // The spans were checked against these bytes when scanned.
+                Piece::Stored(bytes) => out.extend_from_slice(raw.get(bytes).unwrap_or_default()),
                 Piece::New(state) => rmp_serde::encode::write(&mut out, &state)?,
             }
         }

@@ -63,12 +63,6 @@ impl StoredEntry {
             failure: self.failure.clone(),
         }
     }
-
-    /// The bytes of state `s` (one of [`StoredEntry::states`]) as encoded.
-    pub(crate) fn state_bytes(&self, s: &StoredState) -> &[u8] {
-        // The spans were checked against these bytes when scanned.
-        self.raw.get(s.whole.clone()).unwrap_or_default()
-    }
 }
 
 impl StateSpans {
