@@ -357,3 +357,46 @@ async fn a_component_declaring_into_many_providers_reaches_each_ones_own_handler
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn states_no_longer_declared_reach_the_sink_in_key_order_so_each_call_covers_one_range(
+) -> Result<()> {
+    // Three shards each reconcile a third of the deletions; a sink call
+    // that took one shard's share would touch the whole key range.
+    let dir = tempfile::tempdir()?;
+    let app = app_with(dir.path(), |b| {
+        b.batch_policy(BatchPolicy {
+            max_actions: 8,
+            ..BatchPolicy::default()
+        })
+    })
+    .await?;
+    let rig = Rig::new();
+    let run = |declared: Vec<(String, String)>| {
+        let handler = rig.handler();
+        app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
+    };
+    run(rows(60, |i| format!("v{i}"))).await?;
+    rig.log.clear();
+
+    // Every third row stays.
+    let kept: Vec<(String, String)> = rows(60, |i| format!("v{i}"))
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, row)| (i % 3 == 0).then_some(row))
+        .collect();
+    let stats = run(kept).await?;
+    assert_eq!(stats.deleted, 40);
+    let deleted: Vec<String> = rig
+        .log
+        .calls()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.strip_prefix("delete ").map(str::to_string))
+        .collect();
+    let mut sorted = deleted.clone();
+    sorted.sort();
+    assert_eq!(deleted.len(), 40);
+    assert_eq!(deleted, sorted, "deletions in the order the calls got them");
+    Ok(())
+}

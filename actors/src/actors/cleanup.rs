@@ -276,11 +276,17 @@ fn topmost(mut orphans: Vec<Orphan>) -> Vec<Orphan> {
 
 /// Reconciles orphans with `desired = None` on their shards. Orphans whose
 /// provider was not registered in this run are left in place.
+///
+/// The outcomes keep the orphans' order (sorted by path, so by key within
+/// a provider) rather than coming shard by shard: a sink call then takes a
+/// range of keys, not a share of every range. Deleting one row in ten of a
+/// SQLite table in three calls rewrote most of its pages three times.
 async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<OrphanOutcome>> {
     let shards = &run.engine.shards;
     let n = shards.len();
-    let mut per_shard: Vec<Vec<_>> = (0..n).map(|_| Vec::new()).collect();
-    for o in orphans {
+    let count = orphans.len();
+    let mut per_shard: Vec<(Vec<_>, Vec<usize>)> = (0..n).map(|_| Default::default()).collect();
+    for (position, o) in orphans.into_iter().enumerate() {
         let Some((provider_enc, key)) = keycode::split_state_path(&o.entry.path) else {
             continue;
         };
@@ -288,12 +294,13 @@ async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan
             continue;
         };
         let trusted = run.trusted_generation(&provider);
-        if let Some(v) = per_shard.get_mut(shard_of(&o.entry.path, n)) {
+        if let Some((v, positions)) = per_shard.get_mut(shard_of(&o.entry.path, n)) {
             v.push((o, provider, key, trusted));
+            positions.push(position);
         }
     }
     let mut replies = Vec::new();
-    for (s, orphans) in per_shard.into_iter().enumerate() {
+    for (s, (orphans, positions)) in per_shard.into_iter().enumerate() {
         if orphans.is_empty() {
             continue;
         }
@@ -303,14 +310,18 @@ async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan
             .collect();
         let (tx, rx) = oneshot::channel();
         shards[s].do_send(ReconcileOrphans { orphans, reply: tx });
-        replies.push((names, rx));
+        replies.push((names, positions, rx));
     }
-    let mut out = Vec::new();
-    for (names, rx) in replies {
+    let mut out: Vec<Option<OrphanOutcome>> = (0..count).map(|_| None).collect();
+    for (names, positions, rx) in replies {
         let results = rx.await.map_err(shard_stopped)?;
-        for ((orphan, result), (provider, key)) in results.into_iter().zip(names) {
-            out.push((orphan, provider, key, result));
+        for (((orphan, result), (provider, key)), position) in
+            results.into_iter().zip(names).zip(positions)
+        {
+            if let Some(slot) = out.get_mut(position) {
+                *slot = Some((orphan, provider, key, result));
+            }
         }
     }
-    Ok(out)
+    Ok(out.into_iter().flatten().collect())
 }
