@@ -16,11 +16,9 @@
 //! `RESULT sqlite_sync <phase> weir_rows_per_sec=<n> raw_rows_per_sec=<n> ratio=<r>`.
 //!
 //! `WEIR_BENCH_MAX_ACTIONS` sets the actions per sink call (default
-//! `DEFAULT_MAX_ACTIONS`, 4096). 16 384 measured the same for `first` and
-//! `change1pct` and about 13% faster for `delete10pct`: deletes spread
-//! over the whole table rewrite most of its pages in every transaction,
-//! so fewer, larger ones write less. The default stays, since `weir sync`
-//! of 10k files (`file_sync`) measured about 5% slower with 16 384.
+//! `DEFAULT_MAX_ACTIONS`, 4096). 16 384 measured the same in every phase
+//! (six alternating runs, once deletions reached the sinks in key order;
+//! before that it made `delete10pct` about 13% faster).
 //! weir's rows are declared by one component; `WEIR_BENCH_COMPONENTS=n`
 //! splits them over n child components instead, each with a contiguous
 //! range of ids (see `shared/split.rs`).
