@@ -659,8 +659,9 @@ impl EntryEdit {
     /// The edited entry, encoded (`None`: it is empty). An entry kept as
     /// stored is encoded by merging: its states left alone are copied as
     /// stored, the others encoded; the bytes are the same as encoding the
-    /// materialized entry.
-    fn encoded(&mut self) -> Result<Option<Vec<u8>>> {
+    /// materialized entry. `ledger` names the store in the error for a
+    /// span outside the stored bytes (never made by the scanner).
+    fn encoded(&mut self, ledger: &Ledger) -> Result<Option<Vec<u8>>> {
         let Some(stored) = self.stored.take() else {
             self.materialize();
             return (!self.base.is_empty())
@@ -711,8 +712,15 @@ impl EntryEdit {
         scan::write_array_len(&mut out, count);
         for piece in pieces {
             match piece {
-                // The spans were checked against these bytes when scanned.
-                Piece::Stored(bytes) => out.extend_from_slice(raw.get(bytes).unwrap_or_default()),
+                Piece::Stored(bytes) => {
+                    let stored = raw.get(bytes.clone()).ok_or_else(|| {
+                        ledger.corrupt(format!(
+                            "a component entry's states at bytes {bytes:?} lie outside its {} bytes",
+                            raw.len()
+                        ))
+                    })?;
+                    out.extend_from_slice(stored);
+                }
                 Piece::New(state) => rmp_serde::encode::write(&mut out, &state)?,
             }
         }
@@ -1101,7 +1109,7 @@ impl BatchBuilder<'_> {
             if self.ledger.pack_of(component).is_some() {
                 unpacked.push(component.clone());
             }
-            match edit.encoded()? {
+            match edit.encoded(self.ledger)? {
                 Some(encoded) => self.put(k, encoded),
                 None => self.put(k, pack::tombstone(next_id)),
             }
@@ -1241,7 +1249,7 @@ mod tests {
         let mut owned = EntryEdit::new(base.clone());
         edits(&mut stored);
         edits(&mut owned);
-        Ok((stored.encoded()?, owned.encoded()?))
+        Ok((stored.encoded(ledger)?, owned.encoded(ledger)?))
     }
 
     #[test]
@@ -1290,6 +1298,31 @@ mod tests {
             assert_eq!(stored.is_none(), failure.is_none());
         }
         Ok(())
+    }
+
+    #[test]
+    fn a_stored_state_outside_its_entrys_bytes_is_refused_as_corrupt_not_dropped() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        let base = ComponentEntry {
+            states: vec![state("a", "1"), state("b", "1")],
+            failure: None,
+        };
+        let mut edit = EntryEdit::read(&ledger, sled::IVec::from(encode(&base)?))?;
+        let Some(last) = edit.stored.as_mut().and_then(|s| s.states.last_mut()) else {
+            return Err(Error::msg("the entry did not scan"));
+        };
+        last.whole = last.whole.start..last.whole.end + 100;
+        edit.upsert(state("c", "1"));
+        match edit.encoded(&ledger) {
+            Err(Error::LedgerCorrupt { detail, .. }) => {
+                assert!(detail.contains("outside"), "{detail}");
+                Ok(())
+            }
+            other => Err(Error::msg(format!(
+                "expected a corrupt ledger, got {other:?}"
+            ))),
+        }
     }
 
     fn fresh(component: &str, path: &str) -> LedgerOp {
