@@ -365,7 +365,7 @@ async fn states_no_longer_declared_reach_the_sink_in_key_order_so_each_call_cove
     // that took one shard's share would touch the whole key range.
     let dir = tempfile::tempdir()?;
     let app = app_with(dir.path(), |b| {
-        b.batch_policy(BatchPolicy {
+        b.shards(3).batch_policy(BatchPolicy {
             max_actions: 8,
             ..BatchPolicy::default()
         })
