@@ -428,10 +428,9 @@ impl ReconcilerActor {
         reply.outcomes.reserve_exact(decls.len());
         let mut pending = Vec::with_capacity(if claim_later { decls.len() } else { 0 });
         let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
-        // Where the search for the next declaration's state starts: just
-        // after the last one found (states are sorted by path, and
-        // declarations often come in that order).
-        let mut next = 0;
+        // Where the next declaration's state is looked for first: states
+        // are sorted by path, and declarations often come in that order.
+        let mut cursor = Cursor::default();
         for mut d in decls {
             let Some(provider) = msg.providers.get(d.provider) else {
                 reply.outcomes.push(Outcome {
@@ -466,10 +465,9 @@ impl ReconcilerActor {
                     idx: d.idx,
                 });
             }
-            let found = find_from(own_states, next, |s| s.path(base).cmp(d.path.as_ref()));
+            let found = cursor.find(own_states, |s| s.path(base).cmp(d.path.as_ref()));
             let outcome = match found {
                 Ok(i) => {
-                    next = i + 1;
                     let Some(state) = own_states.get(i) else {
                         continue;
                     };
@@ -788,13 +786,60 @@ impl Handler<EndRun> for ReconcilerActor {
     }
 }
 
+/// Finds a shard's declarations in a component's sorted states, one after
+/// another, from where the last one was found.
+///
+/// Declarations that come in path order are found a few states apart (the
+/// states in between belong to other shards), so while they do the search
+/// gallops from just after the last state found ([`find_from`]): a
+/// comparison or two, where a binary search of 100k states takes about 17,
+/// each a likely cache miss. Declarations in no order (keys such as UUIDs)
+/// would make the gallop cost up to twice a binary search, so once one is
+/// found far from the last, the cursor checks only the state after the
+/// last one and otherwise searches the whole slice, until a declaration
+/// is found right there again. An unchanged run of 100k SQLite rows
+/// declared in shuffled order took 370-480 ms (medians) with a gallop
+/// every time, 210-255 ms this way, and 220-285 ms with a binary search
+/// every time.
+#[derive(Default)]
+struct Cursor {
+    /// Just after the last state found.
+    next: usize,
+    /// Whether the last state found was near the one before it.
+    in_order: bool,
+}
+
+/// How far after the last state found the next may be for the
+/// declarations to count as in order.
+const IN_ORDER_WITHIN: usize = 16;
+
+impl Cursor {
+    fn find<T>(
+        &mut self,
+        sorted: &[T],
+        cmp: impl Fn(&T) -> std::cmp::Ordering,
+    ) -> std::result::Result<usize, usize> {
+        let found = if self.in_order || self.next == 0 {
+            find_from(sorted, self.next, cmp)
+        } else {
+            match sorted.get(self.next) {
+                Some(item) if cmp(item).is_eq() => Ok(self.next),
+                _ => sorted.binary_search_by(cmp),
+            }
+        };
+        if let Ok(i) = found {
+            self.in_order = i >= self.next && i - self.next < IN_ORDER_WITHIN;
+            self.next = i + 1;
+        }
+        found
+    }
+}
+
 /// Searches `sorted` like [`slice::binary_search_by`] (`cmp` orders an
-/// item against the one sought), starting at `from`. A shard's
-/// declarations mostly come in path order, a few states apart, so the
-/// search first looks at `from` and gallops forward from there (steps of
-/// 1, 2, 4, ...), which takes a comparison or two where a binary search of
-/// the whole entry takes about 17 for 100k states. Anything before `from`
-/// is found by a binary search of that part.
+/// item against the one sought), starting at `from`: it looks at `from`,
+/// then gallops forward (steps of 1, 2, 4, ...) and binary-searches the
+/// part it brackets. Anything before `from` is found by a binary search
+/// of that part.
 fn find_from<T>(
     sorted: &[T],
     from: usize,
@@ -837,7 +882,56 @@ fn find_from<T>(
 
 #[cfg(test)]
 mod tests {
-    use super::find_from;
+    use super::{find_from, Cursor};
+    use std::cell::Cell;
+
+    /// Finds each of `sought` with one cursor, returning the comparisons
+    /// each took (and checking what it found).
+    fn comparisons(sorted: &[usize], sought: &[usize]) -> Vec<usize> {
+        let mut cursor = Cursor::default();
+        sought
+            .iter()
+            .map(|x| {
+                let n = Cell::new(0);
+                let found = cursor.find(sorted, |y| {
+                    n.set(n.get() + 1);
+                    y.cmp(x)
+                });
+                assert_eq!(found, sorted.binary_search(x), "{x}");
+                n.get()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn declarations_in_order_take_a_few_comparisons_and_shuffled_ones_no_more_than_a_search() {
+        let sorted: Vec<usize> = (0..100_000).collect();
+        // Every other state, in order, as one of two shards sees them.
+        let in_order: Vec<usize> = (0..100_000).step_by(2).collect();
+        let worst = comparisons(&sorted, &in_order).into_iter().skip(1).max();
+        assert!(worst.is_some_and(|n| n <= 3), "worst {worst:?}");
+        // The same states in no order: on average no more than a look at
+        // the state after the last one found and a binary search (19).
+        let mut shuffled = in_order.clone();
+        shuffled.sort_by_key(|x| (*x as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mean = |counts: Vec<usize>| counts.iter().sum::<usize>() as f64 / counts.len() as f64;
+        let cursor = mean(comparisons(&sorted, &shuffled));
+        let search = mean(
+            shuffled
+                .iter()
+                .map(|x| {
+                    let n = Cell::new(1);
+                    let _ = sorted.binary_search_by(|y| {
+                        n.set(n.get() + 1);
+                        y.cmp(x)
+                    });
+                    n.get()
+                })
+                .collect(),
+        );
+        // (Galloping from the last one every time took 25 on average.)
+        assert!(cursor <= search + 0.1, "cursor {cursor}, search {search}");
+    }
 
     #[test]
     fn a_search_from_any_start_finds_what_a_binary_search_finds() {
