@@ -201,6 +201,10 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
     Ok(())
 }
 
+/// Where an orphan's outcome goes back (its position among the orphans),
+/// with the provider and key it is reported with.
+type Return = (usize, ProviderPath, StableKey);
+
 type OrphanOutcome = (
     Orphan,
     ProviderPath,
@@ -285,7 +289,9 @@ async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan
     let shards = &run.engine.shards;
     let n = shards.len();
     let count = orphans.len();
-    let mut per_shard: Vec<(Vec<_>, Vec<usize>)> = (0..n).map(|_| Default::default()).collect();
+    // Per shard: what is sent, and, in the same order, where each outcome
+    // goes back.
+    let mut per_shard: Vec<(Vec<_>, Vec<Return>)> = (0..n).map(|_| Default::default()).collect();
     for (position, o) in orphans.into_iter().enumerate() {
         let Some((provider_enc, key)) = keycode::split_state_path(&o.entry.path) else {
             continue;
@@ -294,30 +300,24 @@ async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan
             continue;
         };
         let trusted = run.trusted_generation(&provider);
-        if let Some((v, positions)) = per_shard.get_mut(shard_of(&o.entry.path, n)) {
-            v.push((o, provider, key, trusted));
-            positions.push(position);
+        if let Some((sent, back)) = per_shard.get_mut(shard_of(&o.entry.path, n)) {
+            back.push((position, provider.path.clone(), key.clone()));
+            sent.push((o, provider, key, trusted));
         }
     }
     let mut replies = Vec::new();
-    for (s, (orphans, positions)) in per_shard.into_iter().enumerate() {
+    for (s, (orphans, back)) in per_shard.into_iter().enumerate() {
         if orphans.is_empty() {
             continue;
         }
-        let names: Vec<(ProviderPath, StableKey)> = orphans
-            .iter()
-            .map(|(_, p, k, _)| (p.path.clone(), k.clone()))
-            .collect();
         let (tx, rx) = oneshot::channel();
         shards[s].do_send(ReconcileOrphans { orphans, reply: tx });
-        replies.push((names, positions, rx));
+        replies.push((back, rx));
     }
     let mut out: Vec<Option<OrphanOutcome>> = (0..count).map(|_| None).collect();
-    for (names, positions, rx) in replies {
+    for (back, rx) in replies {
         let results = rx.await.map_err(shard_stopped)?;
-        for (((orphan, result), (provider, key)), position) in
-            results.into_iter().zip(names).zip(positions)
-        {
+        for ((orphan, result), (position, provider, key)) in results.into_iter().zip(back) {
             if let Some(slot) = out.get_mut(position) {
                 *slot = Some((orphan, provider, key, result));
             }
