@@ -24,11 +24,15 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "shared/median.rs"]
+mod median;
+
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use median::median;
 use serde::{Deserialize, Serialize};
 use weir::prelude::*;
 
@@ -277,11 +281,6 @@ struct Samples {
     rss: Vec<f64>,
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
-}
-
 /// One child run of a shape: `(phase, secs, peak RSS MB)` per phase; other
 /// output lines are printed.
 fn run_child(
@@ -398,24 +397,19 @@ fn main() -> Result<()> {
             }
         }
         for (phase, s) in &mut phases {
-            let secs = median(&mut s.secs.clone());
-            let rss = median(&mut s.rss.clone());
+            let secs = median(s.secs.iter().copied());
+            let rss = median(s.rss.iter().copied());
             println!(
                 "RESULT engine {name} {phase} secs={secs:.3} states_per_sec={:.0} peak_rss_mb={rss:.0}",
                 total as f64 / secs
             );
             if let Some((_, m)) = with_metrics.iter_mut().find(|(p, _)| p == phase) {
                 // Paired by round: the two runs of a round ran back to back.
-                let mut ratios: Vec<f64> = m
-                    .secs
-                    .iter()
-                    .zip(&s.secs)
-                    .map(|(on, off)| on / off)
-                    .collect();
-                let on = median(&mut m.secs.clone());
+                let ratios = m.secs.iter().zip(&s.secs).map(|(on, off)| on / off);
+                let on = median(m.secs.iter().copied());
                 println!(
                     "RESULT engine_metrics {name} {phase} off_secs={secs:.3} on_secs={on:.3} median_paired_ratio={:.3}",
-                    median(&mut ratios)
+                    median(ratios)
                 );
             }
         }

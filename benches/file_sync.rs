@@ -15,9 +15,14 @@
 //! scratch; medians are printed. Each phase ends with
 //! `RESULT file_sync <phase> secs=<s> ratio_to_first=<r>`.
 
+#[path = "shared/median.rs"]
+mod median;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+use median::median;
 
 type BenchResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -110,11 +115,6 @@ fn sync(work: &Path) -> BenchResult<Duration> {
     }
     eprintln!("  {}", String::from_utf8_lossy(&out.stdout).trim());
     Ok(elapsed)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn main() -> BenchResult<()> {

@@ -12,9 +12,11 @@
 //! - `delete10pct`: 10% of the rows are no longer declared. Raw: it upserts
 //!   the remaining rows and deletes the others by key.
 //!
-//! Both sides are measured as rows synced (declared) per second; each phase
-//! prints `RESULT postgres_sync <phase> weir_rows_per_sec=<n>
-//! raw_rows_per_sec=<n> ratio=<weir/raw>`. The server is
+//! Both sides are measured as rows synced (declared) per second. The
+//! sequence runs `WEIR_BENCH_REPEAT` times (default 3) from scratch, each
+//! run on new tables and a new ledger; each phase then ends with one line
+//! of medians, `RESULT postgres_sync <phase> weir_rows_per_sec=<n>
+//! raw_rows_per_sec=<n> ratio=<weir/raw>` (see `shared/paired.rs`). The server is
 //! `WEIR_TEST_POSTGRES_URL`, else `postgres://postgres@127.0.0.1:5432/test`,
 //! else `postgres://root@127.0.0.1:5432/test`; without one the benchmark
 //! prints `SKIPPED` and exits successfully.
@@ -23,6 +25,8 @@
 //! splits them over n child components instead, each with a contiguous
 //! range of ids (see `shared/split.rs`).
 
+#[path = "shared/paired.rs"]
+mod paired;
 #[path = "shared/split.rs"]
 mod split;
 
@@ -159,7 +163,22 @@ async fn bench() -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
-    let suffix = std::process::id();
+    let mut runs = Vec::new();
+    for run in 1..=paired::repeats() {
+        let rates = sequence(&pool, n, run).await?;
+        for r in &rates {
+            paired::print_run("postgres_sync", run, r);
+        }
+        runs.push(rates);
+    }
+    paired::print_medians("postgres_sync", &runs);
+    Ok(())
+}
+
+/// One run of every phase, from scratch, on tables of its own.
+async fn sequence(pool: &PgPool, n: i64, run: usize) -> Result<Vec<paired::Rates>> {
+    let pool = pool.clone();
+    let suffix = format!("{}_{run}", std::process::id());
     let (weir_table, raw_table) = (
         format!("bench_weir_{suffix}"),
         format!("bench_raw_{suffix}"),
@@ -200,6 +219,7 @@ async fn bench() -> Result<()> {
         ("change1pct", changed, Vec::new()),
         ("delete10pct", kept, deleted),
     ];
+    let mut rates = Vec::new();
     for (phase, items, deleted) in phases {
         let rows = n as f64;
         let items = Arc::new(items);
@@ -216,15 +236,11 @@ async fn bench() -> Result<()> {
         if w != r {
             return Err(Error::msg(format!("{phase}: weir has {w} rows, raw {r}")));
         }
-        let (weir_rate, raw_rate) = (rows / weir_secs, rows / raw_secs);
-        println!(
-            "{phase}: weir {weir_secs:.3}s, raw {raw_secs:.3}s ({} rows in the table)",
-            w
-        );
-        println!(
-            "RESULT postgres_sync {phase} weir_rows_per_sec={weir_rate:.0} raw_rows_per_sec={raw_rate:.0} ratio={:.2}",
-            weir_rate / raw_rate
-        );
+        rates.push(paired::Rates {
+            phase,
+            weir: rows / weir_secs,
+            raw: rows / raw_secs,
+        });
     }
     drop(app);
     sqlx::raw_sql(&format!(
@@ -232,7 +248,7 @@ async fn bench() -> Result<()> {
     ))
     .execute(&pool)
     .await?;
-    Ok(())
+    Ok(rates)
 }
 
 fn main() -> Result<()> {

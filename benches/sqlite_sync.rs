@@ -12,8 +12,12 @@
 //! (one transaction of multi-row upserts of every declared row, plus
 //! multi-row deletes of the removed ones). Both rates count the rows
 //! declared in the phase, so weir's rate includes its ledger and its
-//! change detection, and raw's its rewriting of unchanged rows. Per phase:
-//! `RESULT sqlite_sync <phase> weir_rows_per_sec=<n> raw_rows_per_sec=<n> ratio=<r>`.
+//! change detection, and raw's its rewriting of unchanged rows.
+//!
+//! The sequence runs `WEIR_BENCH_REPEAT` times (default 3) from scratch,
+//! each run in new files and a new ledger; each phase then ends with one
+//! line of medians, `RESULT sqlite_sync <phase> weir_rows_per_sec=<n>
+//! raw_rows_per_sec=<n> ratio=<r>` (see `shared/paired.rs`).
 //!
 //! `WEIR_BENCH_MAX_ACTIONS` sets the actions per sink call (default
 //! `DEFAULT_MAX_ACTIONS`, 4096). 16 384 measured the same in every phase
@@ -23,6 +27,8 @@
 //! splits them over n child components instead, each with a contiguous
 //! range of ids (see `shared/split.rs`).
 
+#[path = "shared/paired.rs"]
+mod paired;
 #[path = "shared/split.rs"]
 mod split;
 
@@ -134,6 +140,20 @@ async fn bench() -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
+    let mut runs = Vec::new();
+    for run in 1..=paired::repeats() {
+        let rates = sequence(count).await?;
+        for r in &rates {
+            paired::print_run("sqlite_sync", run, r);
+        }
+        runs.push(rates);
+    }
+    paired::print_medians("sqlite_sync", &runs);
+    Ok(())
+}
+
+/// One run of every phase, from scratch.
+async fn sequence(count: i64) -> Result<Vec<paired::Rates>> {
     let dir = tempfile::tempdir()?;
     let weir_pool = sqlite::connect(dir.path().join("weir.db")).await?;
     let raw_pool = sqlite::connect(dir.path().join("raw.db")).await?;
@@ -159,6 +179,7 @@ async fn bench() -> Result<()> {
         .build()
         .await?;
     let mut previous: Vec<i64> = Vec::new();
+    let mut rates = Vec::new();
     for phase in ["first", "change1pct", "delete10pct"] {
         let docs = rows(phase, count);
         let declared: std::collections::HashSet<i64> = docs.iter().map(|d| d.id).collect();
@@ -172,14 +193,11 @@ async fn bench() -> Result<()> {
         let docs = Arc::new(docs);
         let weir_secs = weir_phase(&app, &db, Arc::clone(&docs)).await?;
         let raw_secs = raw_phase(&raw_pool, &docs, &removed).await?;
-        let weir_rate = n / weir_secs;
-        let raw_rate = n / raw_secs;
-        println!(
-            "RESULT sqlite_sync {phase} weir_rows_per_sec={:.0} raw_rows_per_sec={:.0} ratio={:.2}",
-            weir_rate,
-            raw_rate,
-            weir_rate / raw_rate
-        );
+        rates.push(paired::Rates {
+            phase,
+            weir: n / weir_secs,
+            raw: n / raw_secs,
+        });
     }
     let (weir_rows, raw_rows): (i64, i64) = (
         sqlx::query_scalar("SELECT count(*) FROM docs")
@@ -194,7 +212,7 @@ async fn bench() -> Result<()> {
             "weir wrote {weir_rows} rows, raw {raw_rows}: the runs disagree"
         )));
     }
-    Ok(())
+    Ok(rates)
 }
 
 fn main() -> std::process::ExitCode {
