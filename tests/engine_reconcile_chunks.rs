@@ -56,12 +56,45 @@ async fn a_component_declaring_many_chunks_creates_updates_and_deletes_as_one_co
         });
         let stats = run(third.clone()).await?;
         assert_eq!(
-            (stats.created, stats.updated, stats.deleted),
-            (0, 4, 10),
+            (stats.created, stats.updated, stats.deleted, stats.unchanged),
+            (0, 4, 10, 36),
             "chunk {chunk}"
         );
         let expected: BTreeMap<String, String> = third.into_iter().collect();
         assert_eq!(rig.store.snapshot(), expected, "chunk {chunk}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn states_a_rerun_left_unchanged_stay_tracked_and_are_deleted_once_no_longer_declared(
+) -> Result<()> {
+    // Shards count a component's unchanged states instead of answering
+    // each: the commit must still keep them in its entry.
+    for chunk in [1, 7, 4096] {
+        let dir = tempfile::tempdir()?;
+        let app = chunked_app(dir.path(), chunk).await?;
+        let rig = Rig::new();
+        let run = |declared: Vec<(String, String)>| {
+            let handler = rig.handler();
+            app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
+        };
+        let all = rows(30, |i| format!("v{i}"));
+        run(all.clone()).await?;
+        // One row changes, the others are only counted.
+        let mut changed = all.clone();
+        if let Some(row) = changed.get_mut(5) {
+            row.1 = "new".to_string();
+        }
+        let stats = run(changed).await?;
+        assert_eq!(
+            (stats.created, stats.updated, stats.deleted, stats.unchanged),
+            (0, 1, 0, 29),
+            "chunk {chunk}"
+        );
+        let stats = run(Vec::new()).await?;
+        assert_eq!((stats.deleted, stats.unchanged), (30, 0), "chunk {chunk}");
+        assert!(rig.store.snapshot().is_empty(), "chunk {chunk}");
     }
     Ok(())
 }

@@ -623,6 +623,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     };
     let Reconciliation {
         mut results,
+        unchanged: unchanged_own,
         waves,
         orphans,
         prev_children,
@@ -745,9 +746,10 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         Some(r) => r?,
         None => success_records(state, &decls, &results, fresh)?,
     };
-    run.counters
-        .unchanged
-        .fetch_add(unchanged, std::sync::atomic::Ordering::Relaxed);
+    run.counters.unchanged.fetch_add(
+        unchanged + unchanged_own,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     for (kind, n) in actions {
         run.counters.count_action(kind, n);
     }
@@ -1120,7 +1122,12 @@ fn container_of(d: &Declaration) -> Option<Vec<u8>> {
 }
 
 struct Reconciliation {
+    /// Each declaration's outcome; `None` for one that needed nothing in
+    /// the component's own entry (counted in `unchanged` instead).
     results: Vec<Option<Reconciled>>,
+    /// Declarations found unchanged in the component's own entry, which
+    /// the shards count rather than answer one by one.
+    unchanged: u64,
     waves: Vec<Vec<usize>>,
     orphans: Vec<StateEntry>,
     prev_children: Vec<StableKey>,
@@ -1156,6 +1163,7 @@ async fn reconcile_waves(
     let mut early_replies = early.replies;
     let mut out = Reconciliation {
         results: (0..decls.len()).map(|_| None).collect(),
+        unchanged: 0,
         waves: Vec::new(),
         orphans: Vec::new(),
         prev_children: Vec::new(),
@@ -1213,6 +1221,7 @@ async fn reconcile_waves(
                 return Err(e);
             }
             matched += reply.matched;
+            out.unchanged += reply.unchanged as u64;
             if first {
                 if is_home {
                     stored = reply.stored;

@@ -5,9 +5,11 @@
 //! state). The shard reads the component's entry from the ledger, finds each
 //! state's previous records (following the owner index when the state moved
 //! from another component), calls the handler, and replies with the outcomes
-//! and how many of the component's stored states they matched. When those
-//! are fewer than the states stored, the component asks its home shard for
-//! the ones it no longer declares ([`FindOrphans`]).
+//! and how many of the component's stored states they matched. A state
+//! found in the component's own entry that needs nothing (and has no
+//! children) is only counted, not answered. When the matched states are
+//! fewer than the states stored, the component asks its home shard for the
+//! ones it no longer declares ([`FindOrphans`]).
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::collections::hash_map::Entry;
@@ -46,6 +48,10 @@ pub(crate) struct ShardDecl {
     /// Its provider: an index into its batch's `providers`.
     pub provider: usize,
     pub value: DeclaredValue,
+    /// Whether the state is a container (it has children): its outcome
+    /// is sent even when it needs nothing, since a component that fails
+    /// notes its containers, by their outcomes, for its children's cleanup.
+    pub container: bool,
 }
 
 /// A component's declarations bound for one shard, with the providers
@@ -99,6 +105,7 @@ impl ShardBatch {
             key: d.key.clone(),
             provider,
             value: d.value.hand_on(),
+            container: d.child.is_some(),
         });
     }
 
@@ -175,6 +182,10 @@ pub(crate) struct ShardReply {
     /// declarations, so when a component's replies add up to the states
     /// its entry holds, it declared every one of them again.
     pub matched: usize,
+    /// How many of those needed nothing (the handler returned no action)
+    /// and are not containers. They get no outcome: the component would
+    /// only count them, and most states of a re-run are such.
+    pub unchanged: usize,
     /// The home shard's count of the states in the component's entry.
     pub stored: usize,
     /// The home shard's view of the component: its children and failure.
@@ -473,6 +484,10 @@ impl ReconcilerActor {
                     };
                     reply.matched += 1;
                     let result = reconcile_declared(&mut d, provider, Some(state.view(base)));
+                    if matches!(result, Ok(None)) && !d.container {
+                        reply.unchanged += 1;
+                        continue;
+                    }
                     // The component needs the previous entry only to commit a change.
                     let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry(base));
                     Outcome {
