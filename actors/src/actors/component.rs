@@ -571,6 +571,68 @@ struct Reconciled {
     child_gen: Option<ChildGeneration>,
 }
 
+/// What reconciliation found, by declaration index. Most declarations of
+/// a re-run have no outcome (the shards only count the states that need
+/// nothing), so outcomes are kept as the shards' replies bring them, with
+/// a slot per declaration that points to its own, rather than in a slot of
+/// an outcome's size per declaration: that was 200 bytes each, 20 MB to
+/// allocate and clear for a 100k-state component, 6-7 ms after its code
+/// returned. Each reply's outcomes stay in a part of their own, sized once:
+/// one list grown reply by reply would copy a first run's outcomes again.
+struct Outcomes {
+    /// Per declaration, where its outcome is: part and position.
+    slot: Vec<(usize, usize)>,
+    /// The replies' outcomes, each with its declaration's index.
+    parts: Vec<Vec<(usize, Reconciled)>>,
+}
+
+/// The slot of a declaration without an outcome.
+const NO_OUTCOME: (usize, usize) = (usize::MAX, usize::MAX);
+
+impl Outcomes {
+    fn new(declarations: usize) -> Self {
+        Self {
+            slot: vec![NO_OUTCOME; declarations],
+            parts: Vec::new(),
+        }
+    }
+
+    /// Records a reply's outcomes, by declaration index (an index out of
+    /// range is dropped: every index comes from the component's own list).
+    fn add(&mut self, outcomes: Vec<(usize, Reconciled)>) {
+        let part = self.parts.len();
+        for (at, (idx, _)) in outcomes.iter().enumerate() {
+            if let Some(slot) = self.slot.get_mut(*idx) {
+                *slot = (part, at);
+            }
+        }
+        self.parts.push(outcomes);
+    }
+
+    fn get(&self, idx: usize) -> Option<&Reconciled> {
+        let &(part, at) = self.slot.get(idx)?;
+        self.parts.get(part)?.get(at).map(|(_, r)| r)
+    }
+
+    fn get_mut(&mut self, idx: usize) -> Option<&mut Reconciled> {
+        let &(part, at) = self.slot.get(idx)?;
+        self.parts.get_mut(part)?.get_mut(at).map(|(_, r)| r)
+    }
+
+    /// How many declarations have an outcome.
+    fn len(&self) -> usize {
+        self.parts.iter().map(Vec::len).sum()
+    }
+
+    /// The outcomes with their declaration's index, in declaration order.
+    fn iter(&self) -> impl Iterator<Item = (usize, &Reconciled)> + '_ {
+        self.slot
+            .iter()
+            .enumerate()
+            .filter_map(|(idx, &(part, at))| Some((idx, &self.parts.get(part)?.get(at)?.1)))
+    }
+}
+
 /// Leaves the run's activity once.
 struct ActiveGuard<'a> {
     run: &'a Run,
@@ -633,10 +695,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
 
     if run.preview {
         let mut preview = lock(&run.preview_actions);
-        for (i, r) in results.iter().enumerate() {
-            if let (Some(out), Some(d)) = (r.as_ref().and_then(|r| r.output.as_ref()), decls.get(i))
-            {
-                if r.as_ref().is_some_and(|r| is_refresh(state, d, r)) {
+        for (i, r) in results.iter() {
+            if let (Some(out), Some(d)) = (r.output.as_ref(), decls.get(i)) {
+                if is_refresh(state, d, r) {
                     continue;
                 }
                 preview.push(PreviewAction {
@@ -663,8 +724,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     for (w, wave) in waves.iter().enumerate() {
         let mut groups = SinkGroups::default();
         for &i in wave {
-            let (Some(r), Some(d)) = (results.get_mut(i).and_then(|r| r.as_mut()), decls.get(i))
-            else {
+            let (Some(r), Some(d)) = (results.get_mut(i), decls.get(i)) else {
                 continue;
             };
             let typed = r.output.as_mut().and_then(|o| o.typed.take());
@@ -711,7 +771,7 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         let mut ops: Vec<LedgerOp> = attempted
             .iter()
             .filter_map(|&i| {
-                let r = results.get(i)?.as_ref()?;
+                let r = results.get(i)?;
                 let d = decls.get(i)?;
                 Some(LedgerOp::Fold(
                     intent_for(state, d, r).unwrap_or_else(|| full_intent(state, d, r)),
@@ -723,8 +783,8 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             failure: Some(err.to_string()),
         });
         ops.extend(mounted_children_op(state));
-        for (d, r) in decls.iter().zip(results.iter()) {
-            if let (Some(_), Some(r)) = (&d.child, r) {
+        for (i, r) in results.iter() {
+            if let Some(d) = decls.get(i).filter(|d| d.child.is_some()) {
                 let committed = r
                     .prev
                     .as_ref()
@@ -794,7 +854,7 @@ const FREE_LATER_FROM: usize = 10_000;
 /// ms per 100k states on a first load, measured with `postgres_sync`),
 /// which would otherwise delay reporting the component done; a blocking
 /// thread of the user's runtime does it instead.
-fn free_later(run: &Run, (decls, results): (Vec<Declaration>, Vec<Option<Reconciled>>)) {
+fn free_later(run: &Run, (decls, results): (Vec<Declaration>, Outcomes)) {
     if decls.len() >= FREE_LATER_FROM {
         drop(
             run.engine
@@ -818,7 +878,7 @@ struct SuccessRecords {
 fn success_records(
     state: &ComponentState,
     decls: &[Declaration],
-    results: &[Option<Reconciled>],
+    results: &Outcomes,
     fresh: bool,
 ) -> Result<SuccessRecords> {
     let own = state.key.to_vec();
@@ -827,8 +887,8 @@ fn success_records(
     let mut new_entry = NewEntry::default();
     let mut unchanged = 0u64;
     let mut actions: Vec<(ActionKind, u64)> = Vec::new();
-    for (i, r) in results.iter().enumerate() {
-        let (Some(r), Some(d)) = (r.as_ref(), decls.get(i)) else {
+    for (i, r) in results.iter() {
+        let Some(d) = decls.get(i) else {
             continue;
         };
         let moved_from = r.location.as_ref().filter(|l| l.as_ref() != own.as_slice());
@@ -1122,9 +1182,9 @@ fn container_of(d: &Declaration) -> Option<Vec<u8>> {
 }
 
 struct Reconciliation {
-    /// Each declaration's outcome; `None` for one that needed nothing in
+    /// The declarations' outcomes; none for one that needed nothing in
     /// the component's own entry (counted in `unchanged` instead).
-    results: Vec<Option<Reconciled>>,
+    results: Outcomes,
     /// Declarations found unchanged in the component's own entry, which
     /// the shards count rather than answer one by one.
     unchanged: u64,
@@ -1162,7 +1222,7 @@ async fn reconcile_waves(
     let chunked = |s: usize| early.shards.get(s).copied().unwrap_or(false);
     let mut early_replies = early.replies;
     let mut out = Reconciliation {
-        results: (0..decls.len()).map(|_| None).collect(),
+        results: Outcomes::new(decls.len()),
         unchanged: 0,
         waves: Vec::new(),
         orphans: Vec::new(),
@@ -1236,25 +1296,26 @@ async fn reconcile_waves(
                     out.fresh = !reply.entry_exists;
                 }
             }
+            let mut found = Vec::with_capacity(reply.outcomes.len());
             for o in reply.outcomes {
                 match o.result {
                     Err(e) => errors.push(e),
-                    Ok(output) => {
-                        if let Some(slot) = out.results.get_mut(o.idx) {
-                            *slot = Some(Reconciled {
-                                location: match o.location {
-                                    Found::Nowhere => None,
-                                    Found::Own => Some(Arc::clone(&state.key)),
-                                    Found::In(component) => Some(component),
-                                },
-                                prev: o.prev,
-                                output,
-                                child_gen: None,
-                            });
-                        }
-                    }
+                    Ok(output) => found.push((
+                        o.idx,
+                        Reconciled {
+                            location: match o.location {
+                                Found::Nowhere => None,
+                                Found::Own => Some(Arc::clone(&state.key)),
+                                Found::In(component) => Some(component),
+                            },
+                            prev: o.prev,
+                            output,
+                            child_gen: None,
+                        },
+                    )),
                 }
             }
+            out.results.add(found);
             // States another component declared first.
             for (idx, first_by) in reply.duplicates {
                 if let Some(d) = decls.get(idx) {
@@ -1271,7 +1332,7 @@ async fn reconcile_waves(
         }
         for &i in &wave {
             let d = &decls[i];
-            let (Some(child), Some(Some(r))) = (&d.child, out.results.get_mut(i)) else {
+            let (Some(child), Some(r)) = (&d.child, out.results.get_mut(i)) else {
                 continue;
             };
             r.child_gen = resolve_child(run, d, child, r)?;
