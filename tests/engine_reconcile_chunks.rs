@@ -22,6 +22,13 @@ async fn chunked_app(dir: &std::path::Path, chunk: usize) -> Result<App> {
     app_with(dir, |b| b.reconcile_chunk(chunk)).await
 }
 
+/// One run whose root component declares `declared` into `rig`'s rows.
+async fn run_rows(app: &App, rig: &Rig, declared: Vec<(String, String)>) -> Result<UpdateStats> {
+    let handler = rig.handler();
+    app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
+        .await
+}
+
 #[tokio::test]
 async fn a_component_declaring_many_chunks_creates_updates_and_deletes_as_one_commit_would(
 ) -> Result<()> {
@@ -29,10 +36,7 @@ async fn a_component_declaring_many_chunks_creates_updates_and_deletes_as_one_co
         let dir = tempfile::tempdir()?;
         let app = chunked_app(dir.path(), chunk).await?;
         let rig = Rig::new();
-        let run = |declared: Vec<(String, String)>| {
-            let handler = rig.handler();
-            app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
-        };
+        let run = |declared| run_rows(&app, &rig, declared);
 
         let first = rows(50, |i| format!("v{i}"));
         let stats = run(first.clone()).await?;
@@ -75,10 +79,7 @@ async fn states_a_rerun_left_unchanged_stay_tracked_and_are_deleted_once_no_long
         let dir = tempfile::tempdir()?;
         let app = chunked_app(dir.path(), chunk).await?;
         let rig = Rig::new();
-        let run = |declared: Vec<(String, String)>| {
-            let handler = rig.handler();
-            app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
-        };
+        let run = |declared| run_rows(&app, &rig, declared);
         let all = rows(30, |i| format!("v{i}"));
         run(all.clone()).await?;
         // One row changes, the others are only counted.
@@ -248,10 +249,7 @@ async fn a_component_declaring_as_many_states_as_before_still_deletes_the_one_it
         let dir = tempfile::tempdir()?;
         let app = chunked_app(dir.path(), chunk).await?;
         let rig = Rig::new();
-        let run = |declared: Vec<(String, String)>| {
-            let handler = rig.handler();
-            app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
-        };
+        let run = |declared| run_rows(&app, &rig, declared);
         let first = rows(20, |i| format!("v{i}"));
         run(first.clone()).await?;
 
@@ -405,10 +403,7 @@ async fn states_no_longer_declared_reach_the_sink_in_key_order_so_each_call_cove
     })
     .await?;
     let rig = Rig::new();
-    let run = |declared: Vec<(String, String)>| {
-        let handler = rig.handler();
-        app.run(move |ctx| async move { declare_each(&ctx, ROWS, handler, declared) })
-    };
+    let run = |declared| run_rows(&app, &rig, declared);
     run(rows(60, |i| format!("v{i}"))).await?;
     rig.log.clear();
 
