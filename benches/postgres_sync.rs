@@ -177,7 +177,6 @@ async fn bench() -> Result<()> {
 
 /// One run of every phase, from scratch, on tables of its own.
 async fn sequence(pool: &PgPool, n: i64, run: usize) -> Result<Vec<paired::Rates>> {
-    let pool = pool.clone();
     let suffix = format!("{}_{run}", std::process::id());
     let (weir_table, raw_table) = (
         format!("bench_weir_{suffix}"),
@@ -188,7 +187,7 @@ async fn sequence(pool: &PgPool, n: i64, run: usize) -> Result<Vec<paired::Rates
          (id bigint PRIMARY KEY, title text NOT NULL, body text NOT NULL, \
          score double precision NOT NULL, version bigint NOT NULL)"
     ))
-    .execute(&pool)
+    .execute(pool)
     .await?;
     let dir = tempfile::tempdir()?;
     let db = ContextKey::<PgPool>::new("bench_pg");
@@ -227,11 +226,11 @@ async fn sequence(pool: &PgPool, n: i64, run: usize) -> Result<Vec<paired::Rates
         weir_sync(&app, &db, &weir_table, Arc::clone(&items)).await?;
         let weir_secs = start.elapsed().as_secs_f64();
         let start = Instant::now();
-        raw_sync(&pool, &raw_table, &items, &deleted).await?;
+        raw_sync(pool, &raw_table, &items, &deleted).await?;
         let raw_secs = start.elapsed().as_secs_f64();
         let (w, r) = (
-            count(&pool, &weir_table).await?,
-            count(&pool, &raw_table).await?,
+            count(pool, &weir_table).await?,
+            count(pool, &raw_table).await?,
         );
         if w != r {
             return Err(Error::msg(format!("{phase}: weir has {w} rows, raw {r}")));
@@ -246,7 +245,7 @@ async fn sequence(pool: &PgPool, n: i64, run: usize) -> Result<Vec<paired::Rates
     sqlx::raw_sql(&format!(
         "DROP TABLE IF EXISTS \"{weir_table}\"; DROP TABLE IF EXISTS \"{raw_table}\""
     ))
-    .execute(&pool)
+    .execute(pool)
     .await?;
     Ok(rates)
 }

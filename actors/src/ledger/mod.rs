@@ -51,6 +51,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use serde_bytes::ByteBuf;
 
@@ -598,7 +599,7 @@ struct EntryEdit {
     /// Upserts with their sequence number; the last one of a path wins.
     upserts: Vec<(u64, StateEntry)>,
     /// Removed paths with the sequence number of the removal.
-    removes: rustc_hash::FxHashMap<Vec<u8>, u64>,
+    removes: FxHashMap<Vec<u8>, u64>,
     seq: u64,
 }
 
@@ -608,7 +609,7 @@ impl EntryEdit {
             base,
             stored: None,
             upserts: Vec::new(),
-            removes: rustc_hash::FxHashMap::default(),
+            removes: FxHashMap::default(),
             seq: 0,
         }
     }
