@@ -435,8 +435,13 @@ impl ReconcilerActor {
         // only once it reaches its commit (its last message): a component
         // whose code then fails claims nothing, as if it had sent nothing.
         let claim_later = matches!(msg.chunk, Chunk::More(_));
-        // Sized once: growing them cost more than filling them.
-        reply.outcomes.reserve_exact(decls.len());
+        // Sized once when every declaration will have an outcome (the
+        // component has no stored state yet): growing them cost more than
+        // filling them. Otherwise most declarations of a re-run need
+        // nothing and get none, and a few changed ones grow the list.
+        if own_states.is_empty() {
+            reply.outcomes.reserve_exact(decls.len());
+        }
         let mut pending = Vec::with_capacity(if claim_later { decls.len() } else { 0 });
         let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
         // Where the next declaration's state is looked for first: states
