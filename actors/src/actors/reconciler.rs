@@ -360,11 +360,7 @@ impl ReconcilerActor {
     fn reconcile_stored(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
         // The component's entry, decoded without copying: only what the
         // component needs back (orphans, changed states) is copied.
-        let own = match self
-            .ledger
-            .component_raw(&msg.component)
-            .and_then(|raw| raw.map(|r| StoredEntry::parse(&self.ledger, r)).transpose())
-        {
+        let own = match self.ledger.stored(&msg.component) {
             Ok(own) => own,
             Err(e) => return ShardReply::failed(e),
         };
@@ -382,11 +378,7 @@ impl ReconcilerActor {
         }
         // Kept from another run: stale.
         self.forget_entry(&msg.component);
-        let entry = match self.ledger.component_raw(&msg.component)? {
-            Some(raw) => Some(StoredEntry::parse(&self.ledger, raw)?),
-            None => None,
-        };
-        let entry = Arc::new(entry);
+        let entry = Arc::new(self.ledger.stored(&msg.component)?);
         let Chunk::More(gate) = &msg.chunk else {
             return Ok(entry);
         };
@@ -418,7 +410,7 @@ impl ReconcilerActor {
         own: Option<&StoredEntry>,
     ) -> ShardReply {
         let own_states: &[StoredState] = own.map_or(&[], |o| &o.states);
-        let base = own.map_or(&[][..], StoredEntry::bytes);
+        let base = own.map(StoredEntry::bytes).unwrap_or_default();
         let mut reply = ShardReply::default();
         if msg.home {
             match self.ledger.children(&msg.component) {
@@ -723,21 +715,17 @@ impl Handler<FindOrphans> for ReconcilerActor {
     fn handle(&mut self, msg: FindOrphans, _ctx: &mut Context<Self>) {
         // Read afresh: the component's last message let go of any entry
         // kept for its chunks.
-        let orphans = self
-            .ledger
-            .component_raw(&msg.component)
-            .and_then(|raw| raw.map(|r| StoredEntry::parse(&self.ledger, r)).transpose())
-            .map(|own| {
-                let Some(own) = own else {
-                    return Vec::new();
-                };
-                let base = own.bytes();
-                own.states
-                    .iter()
-                    .filter(|s| !msg.declared_paths.contains(s.path(base)))
-                    .map(|s| s.to_entry(base))
-                    .collect()
-            });
+        let orphans = self.ledger.stored(&msg.component).map(|own| {
+            let Some(own) = own else {
+                return Vec::new();
+            };
+            let base = own.bytes();
+            own.states
+                .iter()
+                .filter(|s| !msg.declared_paths.contains(s.path(base)))
+                .map(|s| s.to_entry(base))
+                .collect()
+        });
         let _ = msg.reply.send(orphans);
     }
 }

@@ -10,13 +10,16 @@
 //! | `m`    | `format`                        | the format version, u32 BE     |
 //! | `m`    | `seq`                           | the number of commits, u64 BE  |
 //! | `c`    | encoded component path          | [`ComponentEntry`]: its states |
+//! | `e`    | encoded component path          | changes to its `c` value (see [`delta`]) |
 //! | `h`    | encoded component path          | its child component keys       |
 //! | `d`    | container path, component path, u32 BE length of the component path | empty |
 //! | `i`    | intent batch id, u64 BE         | `Vec<Intent>` (earlier builds; recovered and deleted on open) |
 //! | `k`    | pack id, u64 BE                 | new components' entries, packed (see [`pack`]) |
 //! | `o`    | encoded component path          | the memo key of its last successful run |
 //!
-//! A component's states live in one value, read and written in one go.
+//! A component's states live in one value, read and written in one go
+//! (with, for a large one, the changes since that value was written beside
+//! it: see [`delta`]).
 //! Nothing is written per state besides that value: the owner index (which
 //! component holds a state, for ownership transfer) lives in memory
 //! ([`index::OwnerIndex`]), rebuilt from the entries when the ledger opens,
@@ -37,6 +40,7 @@
 //! ledger whose `weir.seq` exists but whose store has no format version, or
 //! counts fewer commits than `weir.seq`, is refused as corrupt.
 
+pub(crate) mod delta;
 pub(crate) mod index;
 pub(crate) mod journal;
 pub(crate) mod pack;
@@ -51,7 +55,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 use serde_bytes::ByteBuf;
 
@@ -62,11 +66,15 @@ use journal::{Journal, JournalError};
 use record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 
 /// The ledger format this build reads and writes.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The earlier format this build also reads: it is version 2 without deltas,
+/// and is marked version 2 when opened.
+const FORMAT_WITHOUT_DELTAS: u32 = 1;
 /// The default sled page cache size: 64 MiB.
 pub const DEFAULT_LEDGER_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 const P_COMPONENT: u8 = b'c';
+const P_DELTA: u8 = b'e';
 const P_CHILDREN: u8 = b'h';
 const P_CONTAINER: u8 = b'd';
 const P_PACK: u8 = b'k';
@@ -95,6 +103,10 @@ pub(crate) struct Ledger {
     dir: Arc<str>,
     index: Arc<RwLock<OwnerIndex>>,
     packs: Arc<RwLock<pack::PackIndex>>,
+    /// The components whose entries have a delta. Reading an entry holds
+    /// this for reading, and applying a commit holds it for writing, so
+    /// that an entry and its delta are read as one commit left them.
+    deltas: Arc<RwLock<FxHashSet<Vec<u8>>>>,
     /// Commits applied so far (stored under `mseq` by each batch).
     seq: Arc<std::sync::atomic::AtomicU64>,
     /// `weir.seq`: the commit count last flushed.
@@ -196,6 +208,7 @@ impl Ledger {
             dir: display,
             index: Arc::new(RwLock::new(OwnerIndex::default())),
             packs: Arc::new(RwLock::new(pack::PackIndex::default())),
+            deltas: Arc::new(RwLock::new(FxHashSet::default())),
             seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             seq_file: Arc::new(dir.join(SEQ_FILE)),
             journal: Arc::new(std::sync::Mutex::new(journal)),
@@ -205,6 +218,7 @@ impl Ledger {
         ledger.check_format(existed, flushed_seq.is_some())?;
         ledger.check_seq(flushed_seq)?;
         ledger.load_packs()?;
+        ledger.load_deltas()?;
         ledger.build_index()?;
         ledger.recover(pending)?;
         Ok(ledger)
@@ -256,6 +270,12 @@ impl Ledger {
                     .try_into()
                     .map_err(|_| self.corrupt("format version is not 4 bytes"))?;
                 let found = u32::from_be_bytes(raw);
+                if found == FORMAT_WITHOUT_DELTAS {
+                    self.tree
+                        .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
+                    self.tree.flush()?;
+                    return Ok(());
+                }
                 if found != FORMAT_VERSION {
                     return Err(Error::LedgerVersion {
                         path: self.dir.to_string(),
@@ -337,6 +357,31 @@ impl Ledger {
         Ok(())
     }
 
+    /// Finds the components whose entries have a delta.
+    fn load_deltas(&self) -> Result<()> {
+        let mut deltas = FxHashSet::default();
+        for item in self.tree.scan_prefix([P_DELTA]) {
+            let (k, _) = item?;
+            deltas.insert(k.get(1..).unwrap_or_default().to_vec());
+        }
+        *self.deltas_mut() = deltas;
+        Ok(())
+    }
+
+    fn deltas(&self) -> std::sync::RwLockReadGuard<'_, FxHashSet<Vec<u8>>> {
+        match self.deltas.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn deltas_mut(&self) -> std::sync::RwLockWriteGuard<'_, FxHashSet<Vec<u8>>> {
+        match self.deltas.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
     fn packs_mut(&self) -> std::sync::RwLockWriteGuard<'_, pack::PackIndex> {
         match self.packs.write() {
             Ok(g) => g,
@@ -354,21 +399,30 @@ impl Ledger {
     /// Every component entry: own keys and live pack members.
     fn all_entries(&self) -> Result<Vec<(Vec<u8>, ComponentEntry)>> {
         let mut out = Vec::new();
+        // Held throughout, so that no commit lands between an entry and
+        // its delta.
+        let deltas = self.deltas();
         for item in self.tree.scan_prefix([P_COMPONENT]) {
             let (k, v) = item?;
             if pack::tombstone_generation(&v).is_some() {
                 continue;
             }
-            let entry: ComponentEntry = self.decode(&v, "a component entry")?;
-            out.push((k.get(1..).unwrap_or_default().to_vec(), entry));
+            let component = k.get(1..).unwrap_or_default();
+            let entry: ComponentEntry = if deltas.contains(component) {
+                let delta = self.tree.get(key(P_DELTA, component))?;
+                StoredEntry::parse(self, v, delta)?.to_owned_entry()
+            } else {
+                self.decode(&v, "a component entry")?
+            };
+            out.push((component.to_vec(), entry));
         }
         let members: Vec<Vec<u8>> = match self.packs.read() {
             Ok(g) => g.members.keys().cloned().collect(),
             Err(p) => p.into_inner().members.keys().cloned().collect(),
         };
         for component in members {
-            if let Some(entry) = self.component(&component)? {
-                out.push((component, entry));
+            if let Some(entry) = self.read_stored(&component, &deltas)? {
+                out.push((component, entry.to_owned_entry()));
             }
         }
         Ok(out)
@@ -452,15 +506,36 @@ impl Ledger {
 
     /// The entry of a component, if it has one.
     pub(crate) fn component(&self, component: &[u8]) -> Result<Option<ComponentEntry>> {
-        match self.component_raw(component)? {
-            Some(v) => Ok(Some(StoredEntry::parse(self, v)?.to_owned_entry())),
-            None => Ok(None),
-        }
+        Ok(self.stored(component)?.map(|e| e.to_owned_entry()))
     }
 
-    /// The stored bytes of a component's entry, to read without copying
-    /// with [`StoredEntry::parse`]: from its pack, or its own key.
-    pub(crate) fn component_raw(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
+    /// The entry of a component as stored, if it has one: read without
+    /// copying its states (see [`StoredEntry`]).
+    pub(crate) fn stored(&self, component: &[u8]) -> Result<Option<StoredEntry>> {
+        let deltas = self.deltas();
+        self.read_stored(component, &deltas)
+    }
+
+    /// [`Ledger::stored`], with the components that have deltas held.
+    fn read_stored(
+        &self,
+        component: &[u8],
+        deltas: &FxHashSet<Vec<u8>>,
+    ) -> Result<Option<StoredEntry>> {
+        let Some(raw) = self.component_raw(component)? else {
+            return Ok(None);
+        };
+        let delta = if deltas.contains(component) {
+            self.tree.get(key(P_DELTA, component))?
+        } else {
+            None
+        };
+        StoredEntry::parse(self, raw, delta).map(Some)
+    }
+
+    /// The stored bytes of a component's own entry (without its delta):
+    /// from its pack, or its own key.
+    fn component_raw(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
         if let Some(id) = self.pack_of(component) {
             if let Some(p) = self.tree.get(key(P_PACK, &id.to_be_bytes()))? {
                 if let Some((off, len)) = pack::find(&p, component) {
@@ -596,6 +671,12 @@ struct EntryEdit {
     /// Encoding the edited entry then copies each state left alone as it
     /// is stored.
     stored: Option<StoredEntry>,
+    /// Whether `stored` was read from the store (not given whole earlier in
+    /// this batch), so that a delta may be written against it.
+    in_store: bool,
+    /// Whether the entry was read with a delta, which writing it whole
+    /// (or deleting it) must delete.
+    had_delta: bool,
     /// Upserts with their sequence number; the last one of a path wins.
     upserts: Vec<(u64, StateEntry)>,
     /// Removed paths with the sequence number of the removal.
@@ -603,33 +684,47 @@ struct EntryEdit {
     seq: u64,
 }
 
+/// An edited entry, encoded for the store.
+enum Encoded {
+    /// The whole entry, for its own key.
+    Whole(Vec<u8>),
+    /// A delta against its own value, which stays as stored.
+    Delta(Vec<u8>),
+    /// No state and no failure: the component's entry is deleted.
+    Empty,
+}
+
 impl EntryEdit {
     fn new(base: ComponentEntry) -> Self {
         Self {
             base,
             stored: None,
+            in_store: false,
+            had_delta: false,
             upserts: Vec::new(),
             removes: FxHashMap::default(),
             seq: 0,
         }
     }
 
-    /// The edit of the entry stored as `raw`, kept as stored.
-    fn read(ledger: &Ledger, raw: sled::IVec) -> Result<Self> {
-        let mut stored = StoredEntry::parse(ledger, raw)?;
+    /// The edit of an entry kept as stored; `in_store` when it was read
+    /// from the store.
+    fn read(mut stored: StoredEntry, in_store: bool) -> Self {
         let mut edit = Self::new(ComponentEntry {
             states: Vec::new(),
             failure: stored.failure.take(),
         });
+        edit.in_store = in_store;
+        edit.had_delta = stored.has_delta();
         edit.stored = Some(stored);
-        Ok(edit)
+        edit
     }
 
     /// Copies the stored states out into `base`, for edits that need them.
     fn copy_out(&mut self) {
         if let Some(stored) = self.stored.take() {
-            let raw = stored.bytes();
-            self.base.states = stored.states.iter().map(|s| s.to_entry(raw)).collect();
+            let bytes = stored.bytes();
+            self.base.states = stored.states.iter().map(|s| s.to_entry(bytes)).collect();
         }
     }
 
@@ -657,34 +752,38 @@ impl EntryEdit {
         latest
     }
 
-    /// The edited entry, encoded (`None`: it is empty). An entry kept as
-    /// stored is encoded by merging: its states left alone are copied as
-    /// stored, the others encoded; the bytes are the same as encoding the
-    /// materialized entry. `ledger` names the store in the error for a
-    /// span outside the stored bytes (never made by the scanner).
-    fn encoded(&mut self, ledger: &Ledger) -> Result<Option<Vec<u8>>> {
+    /// The edited entry, encoded: as a delta when `delta_ok` (its own value
+    /// is not in a pack) and [`delta::encode`] takes it, else whole. An
+    /// entry kept as stored is encoded whole by merging: its states left
+    /// alone are copied as stored, the others encoded; the bytes are the
+    /// same as encoding the materialized entry. `ledger` names the store in
+    /// the error for a span outside the stored bytes (never made by the
+    /// scanner).
+    fn encoded(&mut self, ledger: &Ledger, delta_ok: bool) -> Result<Encoded> {
         let Some(stored) = self.stored.take() else {
             self.materialize();
-            return (!self.base.is_empty())
-                .then(|| encode(&self.base))
-                .transpose();
+            if self.base.is_empty() {
+                return Ok(Encoded::Empty);
+            }
+            return Ok(Encoded::Whole(encode(&self.base)?));
         };
         let latest = self.latest_upserts();
         let removes = std::mem::take(&mut self.removes);
-        /// States kept as stored that lie next to each other in the
-        /// stored bytes are copied as one run.
-        enum Piece {
-            Stored(std::ops::Range<usize>),
-            New(StateEntry),
+        if delta_ok && self.in_store {
+            if let Some(d) = delta::encode(&stored, &latest, &removes, &self.base.failure, ledger)?
+            {
+                return Ok(Encoded::Delta(d));
+            }
         }
-        let raw = stored.bytes();
-        let mut pieces: Vec<Piece> = Vec::with_capacity(2 * latest.len() + removes.len() + 1);
+        let bytes = stored.bytes();
+        let mut pieces: Vec<delta::Piece<'_>> =
+            Vec::with_capacity(2 * latest.len() + removes.len() + 1);
         let mut count = 0;
-        let mut new = latest.into_iter().peekable();
+        let mut new = latest.iter().peekable();
         for s in &stored.states {
-            let path = s.path(raw);
+            let path = s.path(bytes);
             while let Some(n) = new.next_if(|n| n.path.as_slice() < path) {
-                pieces.push(Piece::New(n));
+                pieces.push(delta::Piece::New(n));
                 count += 1;
             }
             if new.peek().is_some_and(|n| n.path.as_slice() == path)
@@ -693,40 +792,24 @@ impl EntryEdit {
                 continue;
             }
             count += 1;
-            match pieces.last_mut() {
-                Some(Piece::Stored(bytes)) if bytes.end == s.whole.start => {
-                    bytes.end = s.whole.end;
-                }
-                _ => pieces.push(Piece::Stored(s.whole.clone())),
-            }
+            delta::push_stored(&mut pieces, &s.whole);
         }
         for n in new {
-            pieces.push(Piece::New(n));
+            pieces.push(delta::Piece::New(n));
             count += 1;
         }
         if count == 0 && self.base.failure.is_none() {
-            return Ok(None);
+            return Ok(Encoded::Empty);
         }
         // `[states, failure]`, as rmp_serde writes a ComponentEntry.
-        let mut out = Vec::with_capacity(raw.len() + 64);
+        let mut out = Vec::with_capacity(stored.own_len() + 64);
         out.push(0x92);
         scan::write_array_len(&mut out, count);
-        for piece in pieces {
-            match piece {
-                Piece::Stored(bytes) => {
-                    let stored = raw.get(bytes.clone()).ok_or_else(|| {
-                        ledger.corrupt(format!(
-                            "a component entry's states at bytes {bytes:?} lie outside its {} bytes",
-                            raw.len()
-                        ))
-                    })?;
-                    out.extend_from_slice(stored);
-                }
-                Piece::New(state) => rmp_serde::encode::write(&mut out, &state)?,
-            }
+        for piece in &pieces {
+            delta::write_piece(&mut out, piece, bytes, ledger)?;
         }
         rmp_serde::encode::write(&mut out, &self.base.failure)?;
-        Ok(Some(out))
+        Ok(Encoded::Whole(out))
     }
 
     fn upsert(&mut self, entry: StateEntry) {
@@ -794,13 +877,15 @@ struct BatchBuilder<'a> {
 impl BatchBuilder<'_> {
     fn edit(&mut self, component: &[u8]) -> Result<&mut EntryEdit> {
         if !self.entries.contains_key(component) {
-            let raw = match self.raw_puts.remove(component) {
-                Some(raw) => Some(sled::IVec::from(raw)),
-                None => self.ledger.component_raw(component)?,
-            };
-            let edit = match raw {
-                Some(raw) => EntryEdit::read(self.ledger, raw)?,
-                None => EntryEdit::new(ComponentEntry::default()),
+            let edit = match self.raw_puts.remove(component) {
+                Some(raw) => {
+                    let given = StoredEntry::parse(self.ledger, sled::IVec::from(raw), None)?;
+                    EntryEdit::read(given, false)
+                }
+                None => match self.ledger.stored(component)? {
+                    Some(stored) => EntryEdit::read(stored, true),
+                    None => EntryEdit::new(ComponentEntry::default()),
+                },
             };
             self.entries.insert(component.to_vec(), edit);
         }
@@ -1081,6 +1166,21 @@ impl BatchBuilder<'_> {
         let mut raw: Vec<(Vec<u8>, Vec<u8>)> =
             std::mem::take(&mut self.raw_puts).into_iter().collect();
         let mut new_pack: Option<(u64, Vec<Vec<u8>>)> = None;
+        // Components whose delta this batch writes (true) or deletes.
+        let mut delta_changes: Vec<(Vec<u8>, bool)> = Vec::new();
+        {
+            // An entry given whole replaces any delta (none is expected:
+            // only a component without an entry gives its entry whole).
+            let deltas = self.ledger.deltas();
+            for (component, _) in &raw {
+                if deltas.contains(component) {
+                    delta_changes.push((component.clone(), false));
+                }
+            }
+        }
+        for (component, _) in &delta_changes {
+            self.del(key(P_DELTA, component));
+        }
         if raw.len() >= PACK_MIN {
             raw.sort_by(|a, b| a.0.cmp(&b.0));
             let id = {
@@ -1097,8 +1197,8 @@ impl BatchBuilder<'_> {
             }
         }
         // Edited entries get keys of their own (a packed one moves out of
-        // its pack); a deleted one leaves a tombstone, so that no pack that
-        // still holds an old copy brings it back.
+        // its pack), or a delta beside it; a deleted one leaves a tombstone,
+        // so that no pack that still holds an old copy brings it back.
         let mut entries = std::mem::take(&mut self.entries);
         let next_id = match self.ledger.packs.read() {
             Ok(g) => g.next_id,
@@ -1107,12 +1207,27 @@ impl BatchBuilder<'_> {
         let mut unpacked: Vec<Vec<u8>> = Vec::new();
         for (component, edit) in entries.iter_mut() {
             let k = key(P_COMPONENT, component);
-            if self.ledger.pack_of(component).is_some() {
+            let packed = self.ledger.pack_of(component).is_some();
+            if packed {
                 unpacked.push(component.clone());
             }
-            match edit.encoded(self.ledger)? {
-                Some(encoded) => self.put(k, encoded),
-                None => self.put(k, pack::tombstone(next_id)),
+            let whole = match edit.encoded(self.ledger, !packed)? {
+                Encoded::Whole(encoded) => Some(encoded),
+                Encoded::Empty => Some(pack::tombstone(next_id)),
+                Encoded::Delta(delta) => {
+                    self.put(key(P_DELTA, component), delta);
+                    if !edit.had_delta {
+                        delta_changes.push((component.clone(), true));
+                    }
+                    None
+                }
+            };
+            if let Some(value) = whole {
+                self.put(k, value);
+                if edit.had_delta {
+                    self.del(key(P_DELTA, component));
+                    delta_changes.push((component.clone(), false));
+                }
             }
         }
         // Packs left without a live member are deleted.
@@ -1155,7 +1270,20 @@ impl BatchBuilder<'_> {
         // the batch is applied, so `weir.seq` never leads the store.
         let seq = self.ledger.seq.load(std::sync::atomic::Ordering::SeqCst) + 1;
         self.batch.insert(SEQ_KEY, &seq.to_be_bytes());
-        self.ledger.tree.apply_batch(self.batch)?;
+        let ledger = self.ledger;
+        {
+            // Readers of entries wait, so that none reads an entry from
+            // before this batch with a delta from after it, or the reverse.
+            let mut deltas = ledger.deltas_mut();
+            ledger.tree.apply_batch(self.batch)?;
+            for (component, has) in delta_changes {
+                if has {
+                    deltas.insert(component);
+                } else {
+                    deltas.remove(&component);
+                }
+            }
+        }
         self.ledger
             .seq
             .store(seq, std::sync::atomic::Ordering::SeqCst);
@@ -1236,21 +1364,36 @@ mod tests {
         assert_eq!(edit.base.states[1].records, vec![buf(b"3")]);
     }
 
-    /// An edited entry's encoding (`None`: empty).
-    type Encoded = Option<Vec<u8>>;
+    /// An edited entry's whole encoding (`None`: empty).
+    type Whole = Option<Vec<u8>>;
+
+    /// The edit of `base` as if read from the store.
+    fn as_stored(ledger: &Ledger, base: &ComponentEntry) -> Result<EntryEdit> {
+        let stored = StoredEntry::parse(ledger, sled::IVec::from(encode(base)?), None)?;
+        Ok(EntryEdit::read(stored, true))
+    }
+
+    /// The whole encoding of an edited entry.
+    fn whole(ledger: &Ledger, edit: &mut EntryEdit) -> Result<Whole> {
+        match edit.encoded(ledger, false)? {
+            Encoded::Whole(v) => Ok(Some(v)),
+            Encoded::Empty => Ok(None),
+            Encoded::Delta(_) => Err(Error::msg("a delta where none may be written")),
+        }
+    }
 
     /// The same edits on an entry kept as stored and on one decoded.
     fn edit_both(
         ledger: &Ledger,
         base: &ComponentEntry,
         edits: impl Fn(&mut EntryEdit),
-    ) -> Result<(Encoded, Encoded)> {
-        let mut stored = EntryEdit::read(ledger, sled::IVec::from(encode(base)?))?;
+    ) -> Result<(Whole, Whole)> {
+        let mut stored = as_stored(ledger, base)?;
         assert!(stored.stored.is_some(), "an entry weir wrote scans");
         let mut owned = EntryEdit::new(base.clone());
         edits(&mut stored);
         edits(&mut owned);
-        Ok((stored.encoded(ledger)?, owned.encoded(ledger)?))
+        Ok((whole(ledger, &mut stored)?, whole(ledger, &mut owned)?))
     }
 
     #[test]
@@ -1309,13 +1452,13 @@ mod tests {
             states: vec![state("a", "1"), state("b", "1")],
             failure: None,
         };
-        let mut edit = EntryEdit::read(&ledger, sled::IVec::from(encode(&base)?))?;
+        let mut edit = as_stored(&ledger, &base)?;
         let Some(last) = edit.stored.as_mut().and_then(|s| s.states.last_mut()) else {
             return Err(Error::msg("the entry did not scan"));
         };
         last.whole = last.whole.start..last.whole.end + 100;
         edit.upsert(state("c", "1"));
-        match edit.encoded(&ledger) {
+        match whole(&ledger, &mut edit) {
             Err(Error::LedgerCorrupt { detail, .. }) => {
                 assert!(detail.contains("outside"), "{detail}");
                 Ok(())
@@ -1603,6 +1746,25 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(dir.path().join(SEQ_FILE))?.trim(),
             "3"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_ledger_of_the_format_before_deltas_opens_with_its_entries_and_is_marked_current(
+    ) -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let ledger = reopened(dir.path(), |ledger| {
+            ledger.apply(vec![fresh("c", "p")])?;
+            ledger
+                .tree
+                .insert(FORMAT_KEY, &FORMAT_WITHOUT_DELTAS.to_be_bytes())?;
+            ledger.flush()
+        })?;
+        assert!(state_of(&ledger, "c", "p").is_some());
+        assert_eq!(
+            ledger.tree.get(FORMAT_KEY)?.as_deref(),
+            Some(&FORMAT_VERSION.to_be_bytes()[..])
         );
         Ok(())
     }

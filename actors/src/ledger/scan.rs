@@ -56,6 +56,52 @@ pub(crate) fn scan_entry(raw: &[u8]) -> Option<Scanned> {
     (r.pos == raw.len()).then_some((states, failure))
 }
 
+/// A scanned delta (see [`delta`](super::delta)): the states it adds or
+/// replaces, the component's failure, and the paths it removes.
+pub(crate) type ScannedDelta = (Vec<StateSpans>, Option<String>, Vec<Range<usize>>);
+
+/// Scans a delta, `[states, failure, [removed path, ...]]`, or `None` if it
+/// is not in that layout.
+pub(crate) fn scan_delta(raw: &[u8]) -> Option<ScannedDelta> {
+    let mut r = Reader { raw, pos: 0 };
+    if r.array_len()? != 3 {
+        return None;
+    }
+    let n = r.array_len()?;
+    let mut states = Vec::with_capacity(n.min(raw.len() / 7));
+    for _ in 0..n {
+        states.push(r.state()?);
+    }
+    let failure = if r.nil() {
+        None
+    } else {
+        Some(r.str()?.to_string())
+    };
+    let n = r.array_len()?;
+    // Each removed path takes at least 2 bytes.
+    let mut removed = Vec::with_capacity(n.min(raw.len() / 2));
+    for _ in 0..n {
+        removed.push(r.bin()?);
+    }
+    (r.pos == raw.len()).then_some((states, failure, removed))
+}
+
+impl StateSpans {
+    /// The same spans, `by` bytes further on.
+    pub(crate) fn shifted(mut self, by: usize) -> StateSpans {
+        let shift = |r: &mut Range<usize>| *r = r.start + by..r.end + by;
+        shift(&mut self.whole);
+        shift(&mut self.path);
+        if let Some(first) = &mut self.first {
+            shift(first);
+        }
+        for r in &mut self.more {
+            shift(r);
+        }
+        self
+    }
+}
+
 /// Writes a MessagePack array header for `len` items, in the shortest
 /// form, as `rmp_serde` does.
 pub(crate) fn write_array_len(out: &mut Vec<u8>, len: usize) {

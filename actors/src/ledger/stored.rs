@@ -7,15 +7,26 @@
 //! (shared, not copied) and the spans of each part instead (see
 //! [`scan`](super::scan)).
 
+use std::ops::Range;
+
 use super::record::{ComponentEntry, PrevView, StateEntry};
-use super::scan::{scan_entry, StateSpans};
+use super::scan::{scan_delta, scan_entry, StateSpans};
 use super::{encode, Ledger};
 use crate::error::Result;
 
-/// A component entry as stored, and its states' parts located in it.
+/// A component entry as stored, and its states' parts located in it: its
+/// own value, with the states of its delta, if it has one (see [`delta`](super::delta)),
+/// merged in.
 pub(crate) struct StoredEntry {
     raw: sled::IVec,
-    /// The component's states, sorted by path as stored.
+    /// The delta's bytes (empty without one). Spans at or past
+    /// `raw.len()` lie in them, `raw.len()` bytes further on.
+    delta: sled::IVec,
+    /// The delta's states, sorted by path (also merged into `states`).
+    added: Vec<StateSpans>,
+    /// The paths the delta removes from `raw`'s states.
+    removed: Vec<Range<usize>>,
+    /// The component's states, sorted by path.
     pub states: Vec<StoredState>,
     /// Why the component failed in its last run, if it did.
     pub failure: Option<String>,
@@ -25,74 +36,200 @@ pub(crate) struct StoredEntry {
 /// the entry's bytes, and its other fields.
 pub(crate) type StoredState = StateSpans;
 
+/// The bytes a [`StoredEntry`]'s spans index: the entry's own value, then
+/// its delta's.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct EntryBytes<'a> {
+    base: &'a [u8],
+    delta: &'a [u8],
+}
+
+impl<'a> EntryBytes<'a> {
+    /// The bytes a span covers; `None` for one outside them, or across the
+    /// two parts.
+    pub(crate) fn get(self, span: Range<usize>) -> Option<&'a [u8]> {
+        match span.start.checked_sub(self.base.len()) {
+            Some(start) => self
+                .delta
+                .get(start..span.end.checked_sub(self.base.len())?),
+            None => self.base.get(span),
+        }
+    }
+}
+
+impl<'a> From<&'a [u8]> for EntryBytes<'a> {
+    fn from(base: &'a [u8]) -> Self {
+        EntryBytes { base, delta: &[] }
+    }
+}
+
 impl StoredEntry {
-    /// Reads the entry `raw`, read with [`Ledger::component_raw`]. An entry
-    /// in a layout the scanner does not take (weir writes none) is decoded
-    /// with serde and kept re-encoded in weir's layout.
+    /// Reads the entry `raw` and its delta. An entry in a layout the
+    /// scanner does not take (weir writes none) is decoded with serde and
+    /// kept re-encoded in weir's layout.
     ///
     /// # Errors
-    /// When it does not decode: the ledger is corrupt.
-    pub(crate) fn parse(ledger: &Ledger, raw: sled::IVec) -> Result<StoredEntry> {
-        if let Some((states, failure)) = scan_entry(&raw) {
-            return Ok(StoredEntry {
-                raw,
-                states,
-                failure,
-            });
-        }
-        let entry: ComponentEntry = ledger.decode(&raw, "a component entry")?;
-        let raw = sled::IVec::from(encode(&entry)?);
-        let (states, failure) = scan_entry(&raw)
-            .ok_or_else(|| ledger.corrupt("a re-encoded component entry does not scan"))?;
-        Ok(StoredEntry {
+    /// When either does not decode: the ledger is corrupt.
+    pub(crate) fn parse(
+        ledger: &Ledger,
+        raw: sled::IVec,
+        delta: Option<sled::IVec>,
+    ) -> Result<StoredEntry> {
+        let (raw, states, failure) = match scan_entry(&raw) {
+            Some((states, failure)) => (raw, states, failure),
+            None => {
+                let entry: ComponentEntry = ledger.decode(&raw, "a component entry")?;
+                let raw = sled::IVec::from(encode(&entry)?);
+                let (states, failure) = scan_entry(&raw)
+                    .ok_or_else(|| ledger.corrupt("a re-encoded component entry does not scan"))?;
+                (raw, states, failure)
+            }
+        };
+        let mut entry = StoredEntry {
             raw,
+            delta: sled::IVec::default(),
+            added: Vec::new(),
+            removed: Vec::new(),
             states,
             failure,
-        })
+        };
+        if let Some(delta) = delta {
+            entry.merge(ledger, delta)?;
+        }
+        Ok(entry)
     }
 
-    /// The entry's bytes, which its states' spans index.
-    pub(crate) fn bytes(&self) -> &[u8] {
-        &self.raw
+    /// Merges a delta into the states read from the entry's own value.
+    fn merge(&mut self, ledger: &Ledger, delta: sled::IVec) -> Result<()> {
+        let bad = || ledger.corrupt("a component entry's delta does not decode");
+        let (added, failure, removed) = scan_delta(&delta).ok_or_else(bad)?;
+        let off = self.raw.len();
+        let added: Vec<StateSpans> = added.into_iter().map(|s| s.shifted(off)).collect();
+        self.removed = removed
+            .into_iter()
+            .map(|r| r.start + off..r.end + off)
+            .collect();
+        self.delta = delta;
+        self.failure = failure;
+        let bytes = EntryBytes {
+            base: &self.raw,
+            delta: &self.delta,
+        };
+        let path = |s: &StateSpans| bytes.get(s.path.clone());
+        if added
+            .windows(2)
+            .any(|w| path(&w[0]).is_none() || path(&w[0]) >= path(&w[1]))
+        {
+            return Err(bad());
+        }
+        let find = |states: &[StateSpans], p: &[u8]| {
+            states.binary_search_by(|s| path(s).unwrap_or_default().cmp(p))
+        };
+        let mut inserted = Vec::new();
+        for state in &added {
+            match find(&self.states, path(state).ok_or_else(bad)?) {
+                Ok(i) => self.states[i] = state.clone(),
+                Err(_) => inserted.push(state.clone()),
+            }
+        }
+        self.added = added;
+        let mut gone = Vec::new();
+        for r in &self.removed {
+            if let Ok(i) = find(&self.states, bytes.get(r.clone()).ok_or_else(bad)?) {
+                gone.push(i);
+            }
+        }
+        if gone.is_empty() && inserted.is_empty() {
+            return Ok(());
+        }
+        gone.sort_unstable();
+        gone.dedup();
+        let old = std::mem::take(&mut self.states);
+        let mut merged = Vec::with_capacity(old.len() + inserted.len());
+        let mut gone = gone.into_iter().peekable();
+        let mut inserted = inserted.into_iter().peekable();
+        for (i, state) in old.into_iter().enumerate() {
+            if gone.next_if_eq(&i).is_some() {
+                continue;
+            }
+            let at = path(&state);
+            while let Some(n) = inserted.next_if(|n| path(n) < at) {
+                merged.push(n);
+            }
+            merged.push(state);
+        }
+        merged.extend(inserted);
+        self.states = merged;
+        Ok(())
+    }
+
+    /// The bytes its states' spans index.
+    pub(crate) fn bytes(&self) -> EntryBytes<'_> {
+        EntryBytes {
+            base: &self.raw,
+            delta: &self.delta,
+        }
+    }
+
+    /// The length of the entry's own value: spans from here on lie in its
+    /// delta.
+    pub(crate) fn own_len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Whether the entry was read with a delta.
+    pub(crate) fn has_delta(&self) -> bool {
+        !self.delta.is_empty()
+    }
+
+    /// Its delta's states, sorted by path (they are among [`Self::states`]).
+    pub(crate) fn added(&self) -> &[StateSpans] {
+        &self.added
+    }
+
+    /// The spans of the paths its delta removes from its own value.
+    pub(crate) fn removed(&self) -> &[Range<usize>] {
+        &self.removed
     }
 
     /// The entry, copied out.
     pub(crate) fn to_owned_entry(&self) -> ComponentEntry {
+        let bytes = self.bytes();
         ComponentEntry {
-            states: self.states.iter().map(|s| s.to_entry(&self.raw)).collect(),
+            states: self.states.iter().map(|s| s.to_entry(bytes)).collect(),
             failure: self.failure.clone(),
         }
     }
 }
 
 impl StateSpans {
-    /// The state's path, in `base`, its entry's [`StoredEntry::bytes`].
-    pub(crate) fn path<'a>(&self, base: &'a [u8]) -> &'a [u8] {
+    /// The state's path, in `bytes`, its entry's [`StoredEntry::bytes`].
+    pub(crate) fn path<'a>(&self, bytes: EntryBytes<'a>) -> &'a [u8] {
         // The spans were checked against these bytes when parsed.
-        base.get(self.path.clone()).unwrap_or_default()
+        bytes.get(self.path.clone()).unwrap_or_default()
     }
 
-    fn records<'a>(&'a self, base: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    fn records<'a>(&'a self, bytes: EntryBytes<'a>) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.first
             .iter()
             .chain(&self.more)
-            .map(move |r| base.get(r.clone()).unwrap_or_default())
+            .map(move |r| bytes.get(r.clone()).unwrap_or_default())
     }
 
     /// What reconcile needs of the state.
-    pub(crate) fn view<'a>(&'a self, base: &'a [u8]) -> PrevView<'a> {
+    pub(crate) fn view<'a>(&'a self, bytes: EntryBytes<'a>) -> PrevView<'a> {
         PrevView {
-            records: self.records(base).collect(),
+            records: self.records(bytes).collect(),
             may_be_missing: self.may_be_missing,
             gen: self.gen,
         }
     }
 
     /// The state, copied out.
-    pub(crate) fn to_entry(&self, base: &[u8]) -> StateEntry {
+    pub(crate) fn to_entry(&self, bytes: EntryBytes<'_>) -> StateEntry {
         StateEntry {
-            path: super::buf(self.path(base)),
-            records: self.records(base).map(super::buf).collect(),
+            path: super::buf(self.path(bytes)),
+            records: self.records(bytes).map(super::buf).collect(),
             may_be_missing: self.may_be_missing,
             gen: self.gen,
             child_gen: self.child_gen,
@@ -142,7 +279,7 @@ mod tests {
     }
 
     fn check_stored(ledger: &Ledger, original: &ComponentEntry, raw: Vec<u8>) -> Result<()> {
-        let stored = StoredEntry::parse(ledger, sled::IVec::from(raw))?;
+        let stored = StoredEntry::parse(ledger, sled::IVec::from(raw), None)?;
         let owned = stored.to_owned_entry();
         assert_eq!(owned.failure, original.failure);
         assert_eq!(owned.states.len(), original.states.len());
@@ -174,7 +311,7 @@ mod tests {
     fn a_stored_entry_that_does_not_decode_is_reported_as_corrupt() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
-        let err = StoredEntry::parse(&ledger, sled::IVec::from(&b"\xc1 not an entry"[..]))
+        let err = StoredEntry::parse(&ledger, sled::IVec::from(&b"\xc1 not an entry"[..]), None)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();

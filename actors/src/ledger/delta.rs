@@ -1,0 +1,406 @@
+//! Deltas: the changes to a large component entry, stored beside it.
+//!
+//! A component's states live in one value, read and written whole. For a
+//! large component changed a little in each run, writing that value again
+//! is most of a commit: 100k states are about 8 MB, rewritten for 1 000
+//! changed rows. So a commit to an entry whose own value is at least
+//! [`MIN_OWN`] bytes writes a *delta* under a key of its own instead, and
+//! leaves the value as it is: the states added or replaced since the value
+//! was written, the component's failure, and the paths removed from the
+//! value. Each commit writes the whole delta again, with all changes since
+//! the value was written; once it would be more than a [`MAX_SHARE`]th of
+//! the value, the commit writes the merged entry as the value again and
+//! deletes the delta. Readers merge the delta in
+//! ([`StoredEntry::parse`](super::stored::StoredEntry::parse)); value and
+//! delta change only together, in one sled batch.
+//!
+//! A delta is MessagePack, as `rmp_serde` would write
+//! `(Vec<StateEntry>, Option<String>, Vec<ByteBuf>)`: `[states, failure,
+//! [removed path, ...]]`, its states sorted by path.
+
+use std::ops::Range;
+
+use rustc_hash::FxHashMap;
+
+use super::record::StateEntry;
+use super::scan::write_array_len;
+use super::stored::{EntryBytes, StoredEntry};
+use super::Ledger;
+use crate::error::Result;
+
+/// The smallest own value that takes deltas: smaller entries are written
+/// whole, which costs little.
+pub(crate) const MIN_OWN: usize = 64 * 1024;
+/// A delta is kept while it is at most this fraction (1/n) of the value.
+pub(crate) const MAX_SHARE: usize = 8;
+
+/// A part of an encoded list of states: states copied as stored, or a new
+/// one.
+pub(crate) enum Piece<'a> {
+    /// Stored states lying next to each other, copied as one run.
+    Stored(Range<usize>),
+    /// A state encoded anew.
+    New(&'a StateEntry),
+}
+
+/// Appends the stored states `span` covers, or a new state, to `out`.
+/// `ledger` names the store in the error for a span outside the stored
+/// bytes (never made by the scanner).
+pub(crate) fn write_piece(
+    out: &mut Vec<u8>,
+    piece: &Piece<'_>,
+    bytes: EntryBytes<'_>,
+    ledger: &Ledger,
+) -> Result<()> {
+    match piece {
+        Piece::Stored(span) => {
+            let stored = bytes.get(span.clone()).ok_or_else(|| {
+                ledger.corrupt(format!(
+                    "a component entry's states at bytes {span:?} lie outside its stored bytes"
+                ))
+            })?;
+            out.extend_from_slice(stored);
+        }
+        Piece::New(state) => rmp_serde::encode::write(out, *state)?,
+    }
+    Ok(())
+}
+
+/// Pushes a stored state's bytes, joining them to the run before when they
+/// follow it.
+pub(crate) fn push_stored(pieces: &mut Vec<Piece<'_>>, whole: &Range<usize>) {
+    match pieces.last_mut() {
+        Some(Piece::Stored(run)) if run.end == whole.start => run.end = whole.end,
+        _ => pieces.push(Piece::Stored(whole.clone())),
+    }
+}
+
+/// The delta that records `stored` edited by `upserts` (the standing ones,
+/// sorted by path) and `removes`, with `failure`; `None` when the entry
+/// should be written whole instead: its own value is small, the delta
+/// would be too large a share of it, or no state might be left.
+///
+/// Its cost follows the size of the edit and of the delta, not of the
+/// entry: it never looks through the entry's states.
+pub(crate) fn encode(
+    stored: &StoredEntry,
+    upserts: &[StateEntry],
+    removes: &FxHashMap<Vec<u8>, u64>,
+    failure: &Option<String>,
+    ledger: &Ledger,
+) -> Result<Option<Vec<u8>>> {
+    let own = stored.own_len();
+    // Only an edit removing as many states as the entry holds can leave
+    // it empty, which deletes it: write such an edit whole.
+    if own < MIN_OWN || removes.len() >= stored.states.len() {
+        return Ok(None);
+    }
+    let limit = own / MAX_SHARE;
+    let bytes = stored.bytes();
+    let upserted = |p: &[u8]| {
+        upserts
+            .binary_search_by(|u| u.path.as_slice().cmp(p))
+            .is_ok()
+    };
+    // Paths removed from the own value: the delta's earlier ones, unless
+    // written again, and the states this edit removes (a path the entry
+    // does not hold is passed over when read).
+    let mut removed: Vec<&[u8]> = stored
+        .removed()
+        .iter()
+        .filter_map(|r| bytes.get(r.clone()))
+        .chain(removes.keys().map(Vec::as_slice))
+        .filter(|p| !upserted(p))
+        .collect();
+    // The delta's states: its earlier ones, unless replaced or removed,
+    // and the upserts.
+    let mut pieces: Vec<Piece> = Vec::new();
+    let mut states = 0;
+    let mut size: usize = removed.iter().map(|p| p.len() + 5).sum();
+    let mut new = upserts.iter().peekable();
+    for s in stored.added() {
+        let path = s.path(bytes);
+        while let Some(n) = new.next_if(|n| n.path.as_slice() < path) {
+            size += state_size(n);
+            states += 1;
+            pieces.push(Piece::New(n));
+        }
+        if new.peek().is_some_and(|n| n.path.as_slice() == path)
+            || (!removes.is_empty() && removes.contains_key(path))
+        {
+            continue;
+        }
+        size += s.whole.len();
+        states += 1;
+        push_stored(&mut pieces, &s.whole);
+    }
+    for n in new {
+        size += state_size(n);
+        states += 1;
+        pieces.push(Piece::New(n));
+    }
+    if size > limit {
+        return Ok(None);
+    }
+    removed.sort_unstable();
+    removed.dedup();
+    let mut out = Vec::with_capacity(size + 16);
+    out.push(0x93);
+    write_array_len(&mut out, states);
+    for piece in &pieces {
+        write_piece(&mut out, piece, bytes, ledger)?;
+    }
+    rmp_serde::encode::write(&mut out, failure)?;
+    write_array_len(&mut out, removed.len());
+    for path in removed {
+        rmp_serde::encode::write(&mut out, serde_bytes::Bytes::new(path))?;
+    }
+    Ok((out.len() <= limit).then_some(out))
+}
+
+/// About how many bytes a state takes encoded.
+fn state_size(s: &StateEntry) -> usize {
+    s.path.len() + s.records.iter().map(|r| r.len() + 5).sum::<usize>() + 24
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use super::super::record::{ComponentEntry, Intent, LedgerOp};
+    use super::super::{buf, key, P_COMPONENT, P_DELTA};
+    use super::*;
+    use crate::error::Error;
+
+    const COMPONENT: &[u8] = b"big";
+
+    /// What the component's entry should be.
+    #[derive(Default)]
+    struct Model {
+        states: BTreeMap<Vec<u8>, StateEntry>,
+        failure: Option<String>,
+    }
+
+    impl Model {
+        fn entry(&self) -> ComponentEntry {
+            ComponentEntry {
+                states: self.states.values().cloned().collect(),
+                failure: self.failure.clone(),
+            }
+        }
+    }
+
+    fn state(path: &[u8], record: &str) -> StateEntry {
+        StateEntry {
+            path: buf(path),
+            records: vec![buf(record.as_bytes())],
+            ..StateEntry::default()
+        }
+    }
+
+    fn path(i: usize) -> Vec<u8> {
+        format!("target/table/row-{i:06}").into_bytes()
+    }
+
+    fn put(s: StateEntry) -> LedgerOp {
+        LedgerOp::Put {
+            component: COMPONENT.to_vec(),
+            entry: s,
+            index_owner: false,
+            container: None,
+        }
+    }
+
+    fn remove(path: &[u8]) -> LedgerOp {
+        LedgerOp::Remove {
+            component: COMPONENT.to_vec(),
+            path: path.to_vec(),
+        }
+    }
+
+    /// A ledger holding `n` states of the component, written whole.
+    fn large(dir: &Path, n: usize, model: &mut Model) -> Result<Ledger> {
+        let ledger = Ledger::open(dir, 1 << 20)?;
+        for i in 0..n {
+            let s = state(&path(i), &format!("first record of row {i}"));
+            model.states.insert(s.path.to_vec(), s);
+        }
+        ledger.apply(vec![LedgerOp::PutEntry {
+            component: COMPONENT.to_vec(),
+            encoded: rmp_serde::to_vec(&model.entry())?,
+            indexed: Vec::new(),
+            containers: Vec::new(),
+        }])?;
+        Ok(ledger)
+    }
+
+    fn own(ledger: &Ledger) -> Result<Option<sled::IVec>> {
+        Ok(ledger.tree.get(key(P_COMPONENT, COMPONENT))?)
+    }
+
+    fn delta(ledger: &Ledger) -> Result<Option<sled::IVec>> {
+        Ok(ledger.tree.get(key(P_DELTA, COMPONENT))?)
+    }
+
+    fn check(ledger: &Ledger, model: &Model, when: &str) -> Result<()> {
+        let read = ledger
+            .component(COMPONENT)?
+            .ok_or_else(|| Error::msg(format!("{when}: the entry is gone")))?;
+        let want = model.entry();
+        assert_eq!(read.failure, want.failure, "{when}");
+        assert_eq!(read.states.len(), want.states.len(), "{when}");
+        assert!(read.states == want.states, "{when}: the states differ");
+        Ok(())
+    }
+
+    #[test]
+    fn a_large_entry_changed_a_little_keeps_its_value_and_reads_back_through_its_delta(
+    ) -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut model = Model::default();
+        let ledger = large(dir.path(), 3000, &mut model)?;
+        let before = own(&ledger)?;
+        assert!(before.as_ref().is_some_and(|v| v.len() >= MIN_OWN));
+        let mut ops = Vec::new();
+        for i in (0..3000).step_by(100) {
+            let s = state(&path(i), "changed");
+            model.states.insert(s.path.to_vec(), s.clone());
+            ops.push(put(s));
+        }
+        for i in (50..3000).step_by(300) {
+            model.states.remove(&path(i));
+            ops.push(remove(&path(i)));
+        }
+        let s = state(&path(5000), "new");
+        model.states.insert(s.path.to_vec(), s.clone());
+        ops.push(put(s));
+        ledger.apply(ops)?;
+        assert_eq!(own(&ledger)?, before, "the value was written again");
+        let written = delta(&ledger)?.map_or(0, |d| d.len());
+        assert!(
+            written > 0 && written <= before.map_or(0, |v| v.len()) / MAX_SHARE,
+            "a delta of {written} bytes"
+        );
+        check(&ledger, &model, "after the delta")?;
+        drop(ledger);
+        check(&Ledger::open(dir.path(), 1 << 20)?, &model, "reopened")
+    }
+
+    #[test]
+    fn random_edits_of_a_large_entry_read_back_as_made_through_deltas_folds_and_reopening(
+    ) -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut model = Model::default();
+        let mut ledger = large(dir.path(), 2500, &mut model)?;
+        let mut rng = fastrand::Rng::with_seed(7);
+        let (mut deltas, mut folds) = (0, 0);
+        for round in 0..80 {
+            let had = delta(&ledger)?.is_some();
+            let mut ops = Vec::new();
+            // Mostly small edits, now and then a large one.
+            let edits = if rng.u8(..) < 20 {
+                600
+            } else {
+                rng.usize(0..40)
+            };
+            for _ in 0..edits {
+                let p = path(rng.usize(0..3200));
+                if rng.u8(0..3) == 0 {
+                    model.states.remove(&p);
+                    ops.push(remove(&p));
+                } else {
+                    let s = state(&p, &format!("round {round}"));
+                    model.states.insert(p, s.clone());
+                    ops.push(put(s));
+                }
+            }
+            if rng.u8(0..8) == 0 {
+                // A crash's intent, folded as a possible record: the entry
+                // is then edited as a whole.
+                let p = path(rng.usize(0..3200));
+                let record = buf(format!("intent {round}").as_bytes());
+                let s = model.states.entry(p.clone()).or_insert_with(|| StateEntry {
+                    path: buf(&p),
+                    ..StateEntry::default()
+                });
+                if !s.records.contains(&record) {
+                    s.records.push(record.clone());
+                }
+                s.may_be_missing = true;
+                ops.push(LedgerOp::Fold(Intent {
+                    component: buf(COMPONENT),
+                    path: buf(&p),
+                    record: Some(record),
+                    gen: 0,
+                    child_gen: None,
+                    container: None,
+                }));
+            }
+            if rng.u8(0..10) == 0 {
+                model.failure = rng.bool().then(|| format!("failed in round {round}"));
+                ops.push(LedgerOp::SetFailure {
+                    component: COMPONENT.to_vec(),
+                    failure: model.failure.clone(),
+                });
+            }
+            ledger.apply(ops)?;
+            let has = delta(&ledger)?.is_some();
+            deltas += usize::from(has);
+            folds += usize::from(had && !has);
+            check(&ledger, &model, &format!("round {round}"))?;
+            if round % 10 == 9 {
+                drop(ledger);
+                ledger = Ledger::open(dir.path(), 1 << 20)?;
+                check(&ledger, &model, &format!("reopened after round {round}"))?;
+            }
+        }
+        assert!(deltas > 30 && folds > 3, "{deltas} deltas, {folds} folds");
+        Ok(())
+    }
+
+    #[test]
+    fn a_large_entry_emptied_leaves_no_delta_to_haunt_its_next_entry() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut model = Model::default();
+        let ledger = large(dir.path(), 3000, &mut model)?;
+        ledger.apply(vec![put(state(&path(1), "changed"))])?;
+        assert!(delta(&ledger)?.is_some());
+        let all: Vec<Vec<u8>> = model.states.keys().cloned().collect();
+        ledger.apply(all.iter().map(|p| remove(p)).collect())?;
+        assert!(ledger.component(COMPONENT)?.is_none());
+        assert!(delta(&ledger)?.is_none(), "the delta outlived its entry");
+        // Written again whole, as a new component is: nothing of the old
+        // delta comes back.
+        let again = Model {
+            states: [(path(1), state(&path(1), "anew"))].into_iter().collect(),
+            failure: None,
+        };
+        ledger.apply(vec![LedgerOp::PutEntry {
+            component: COMPONENT.to_vec(),
+            encoded: rmp_serde::to_vec(&again.entry())?,
+            indexed: Vec::new(),
+            containers: Vec::new(),
+        }])?;
+        check(&ledger, &again, "written again")?;
+        drop(ledger);
+        check(&Ledger::open(dir.path(), 1 << 20)?, &again, "reopened")
+    }
+
+    #[test]
+    fn a_delta_that_does_not_decode_is_reported_as_corrupt() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let ledger = large(dir.path(), 3000, &mut Model::default())?;
+        ledger.apply(vec![put(state(&path(1), "changed"))])?;
+        ledger
+            .tree
+            .insert(key(P_DELTA, COMPONENT), &b"\x93 not a delta"[..])?;
+        match ledger.component(COMPONENT) {
+            Err(Error::LedgerCorrupt { detail, .. }) => {
+                assert!(detail.contains("delta"), "{detail}");
+                Ok(())
+            }
+            other => Err(Error::msg(format!("expected corruption, got {other:?}"))),
+        }
+    }
+}
