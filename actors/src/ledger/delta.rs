@@ -24,7 +24,7 @@ use rustc_hash::FxHashMap;
 
 use super::record::StateEntry;
 use super::scan::write_array_len;
-use super::stored::{EntryBytes, StoredEntry};
+use super::stored::{DeltaBase, EntryBytes};
 use super::Ledger;
 use crate::error::Result;
 
@@ -75,7 +75,8 @@ pub(crate) fn push_stored(pieces: &mut Vec<Piece<'_>>, whole: &Range<usize>) {
     }
 }
 
-/// The delta that records `stored` edited by `upserts` (the standing ones,
+/// The delta that records the entry `base` starts from edited by `upserts`
+/// (the standing ones,
 /// sorted by path) and `removes`, with `failure`; `None` when the entry
 /// should be written whole instead: its own value is small, the delta
 /// would be too large a share of it, or no state might be left.
@@ -83,20 +84,20 @@ pub(crate) fn push_stored(pieces: &mut Vec<Piece<'_>>, whole: &Range<usize>) {
 /// Its cost follows the size of the edit and of the delta, not of the
 /// entry: it never looks through the entry's states.
 pub(crate) fn encode(
-    stored: &StoredEntry,
+    base: &DeltaBase<'_>,
     upserts: &[StateEntry],
     removes: &FxHashMap<Vec<u8>, u64>,
     failure: &Option<String>,
     ledger: &Ledger,
 ) -> Result<Option<Vec<u8>>> {
-    let own = stored.own_len();
+    let own = base.own_len;
     // Only an edit removing as many states as the entry holds can leave
     // it empty, which deletes it: write such an edit whole.
-    if own < MIN_OWN || removes.len() >= stored.states.len() {
+    if own < MIN_OWN || removes.len() >= base.min_states {
         return Ok(None);
     }
     let limit = own / MAX_SHARE;
-    let bytes = stored.bytes();
+    let bytes = base.bytes;
     let upserted = |p: &[u8]| {
         upserts
             .binary_search_by(|u| u.path.as_slice().cmp(p))
@@ -105,8 +106,8 @@ pub(crate) fn encode(
     // Paths removed from the own value: the delta's earlier ones, unless
     // written again, and the states this edit removes (a path the entry
     // does not hold is passed over when read).
-    let mut removed: Vec<&[u8]> = stored
-        .removed()
+    let mut removed: Vec<&[u8]> = base
+        .removed
         .iter()
         .filter_map(|r| bytes.get(r.clone()))
         .chain(removes.keys().map(Vec::as_slice))
@@ -118,7 +119,7 @@ pub(crate) fn encode(
     let mut states = 0;
     let mut size: usize = removed.iter().map(|p| p.len() + 5).sum();
     let mut new = upserts.iter().peekable();
-    for s in stored.added() {
+    for s in base.added {
         let path = s.path(bytes);
         while let Some(n) = new.next_if(|n| n.path.as_slice() < path) {
             size += state_size(n);

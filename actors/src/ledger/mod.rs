@@ -48,7 +48,7 @@ pub(crate) mod record;
 pub(crate) mod scan;
 pub(crate) mod stored;
 
-use stored::StoredEntry;
+use stored::{ShallowEntry, StoredEntry};
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -516,12 +516,28 @@ impl Ledger {
         self.read_stored(component, &deltas)
     }
 
+    /// The stored bytes of a component's own entry and of its delta, if
+    /// it has an entry.
+    fn stored_bytes(&self, component: &[u8]) -> Result<Option<(sled::IVec, Option<sled::IVec>)>> {
+        let deltas = self.deltas();
+        let Some(raw) = self.component_raw(component)? else {
+            return Ok(None);
+        };
+        let delta = if deltas.contains(component) {
+            self.tree.get(key(P_DELTA, component))?
+        } else {
+            None
+        };
+        Ok(Some((raw, delta)))
+    }
+
     /// [`Ledger::stored`], with the components that have deltas held.
     fn read_stored(
         &self,
         component: &[u8],
         deltas: &FxHashSet<Vec<u8>>,
     ) -> Result<Option<StoredEntry>> {
+        // Not through `stored_bytes`, which would take `deltas` again.
         let Some(raw) = self.component_raw(component)? else {
             return Ok(None);
         };
@@ -671,6 +687,9 @@ struct EntryEdit {
     /// Encoding the edited entry then copies each state left alone as it
     /// is stored.
     stored: Option<StoredEntry>,
+    /// The entry as stored, read shallowly (instead of `stored`) while
+    /// nothing needed more than a delta against it.
+    shallow: Option<ShallowEntry>,
     /// Whether `stored` was read from the store (not given whole earlier in
     /// this batch), so that a delta may be written against it.
     in_store: bool,
@@ -699,6 +718,7 @@ impl EntryEdit {
         Self {
             base,
             stored: None,
+            shallow: None,
             in_store: false,
             had_delta: false,
             upserts: Vec::new(),
@@ -718,6 +738,27 @@ impl EntryEdit {
         edit.had_delta = stored.has_delta();
         edit.stored = Some(stored);
         edit
+    }
+
+    /// The edit of an entry read shallowly from the store.
+    fn read_shallow(mut shallow: ShallowEntry) -> Self {
+        let mut edit = Self::new(ComponentEntry {
+            states: Vec::new(),
+            failure: shallow.take_failure(),
+        });
+        edit.in_store = true;
+        edit.had_delta = shallow.has_delta();
+        edit.shallow = Some(shallow);
+        edit
+    }
+
+    /// Reads in full an entry read shallowly.
+    fn deepen(&mut self, ledger: &Ledger) -> Result<()> {
+        if let Some(shallow) = self.shallow.take() {
+            // Its failure is `base.failure`, perhaps edited since.
+            self.stored = Some(shallow.deepen(ledger)?);
+        }
+        Ok(())
     }
 
     /// Copies the stored states out into `base`, for edits that need them.
@@ -760,21 +801,33 @@ impl EntryEdit {
     /// the error for a span outside the stored bytes (never made by the
     /// scanner).
     fn encoded(&mut self, ledger: &Ledger, delta_ok: bool) -> Result<Encoded> {
-        let Some(stored) = self.stored.take() else {
-            self.materialize();
+        if self.stored.is_none() && self.shallow.is_none() {
+            self.materialize(ledger)?;
             if self.base.is_empty() {
                 return Ok(Encoded::Empty);
             }
             return Ok(Encoded::Whole(encode(&self.base)?));
-        };
+        }
         let latest = self.latest_upserts();
         let removes = std::mem::take(&mut self.removes);
         if delta_ok && self.in_store {
-            if let Some(d) = delta::encode(&stored, &latest, &removes, &self.base.failure, ledger)?
-            {
-                return Ok(Encoded::Delta(d));
+            let base = match (&self.shallow, &self.stored) {
+                (Some(shallow), _) => Some(shallow.delta_base()),
+                (None, Some(stored)) => Some(stored.delta_base()),
+                (None, None) => None,
+            };
+            if let Some(base) = base {
+                if let Some(d) =
+                    delta::encode(&base, &latest, &removes, &self.base.failure, ledger)?
+                {
+                    return Ok(Encoded::Delta(d));
+                }
             }
         }
+        self.deepen(ledger)?;
+        let Some(stored) = self.stored.take() else {
+            return Err(Error::Shutdown("ledger entry vanished".into()));
+        };
         let bytes = stored.bytes();
         let mut pieces: Vec<delta::Piece<'_>> =
             Vec::with_capacity(2 * latest.len() + removes.len() + 1);
@@ -822,10 +875,11 @@ impl EntryEdit {
         self.removes.insert(path.to_vec(), self.seq);
     }
 
-    fn materialize(&mut self) {
+    fn materialize(&mut self, ledger: &Ledger) -> Result<()> {
+        self.deepen(ledger)?;
         self.copy_out();
         if self.upserts.is_empty() && self.removes.is_empty() {
-            return;
+            return Ok(());
         }
         let latest = self.latest_upserts();
         let removes = std::mem::take(&mut self.removes);
@@ -845,6 +899,7 @@ impl EntryEdit {
         }
         merged.extend(new);
         self.base.states = merged;
+        Ok(())
     }
 }
 
@@ -882,8 +937,15 @@ impl BatchBuilder<'_> {
                     let given = StoredEntry::parse(self.ledger, sled::IVec::from(raw), None)?;
                     EntryEdit::read(given, false)
                 }
-                None => match self.ledger.stored(component)? {
-                    Some(stored) => EntryEdit::read(stored, true),
+                None => match self.ledger.stored_bytes(component)? {
+                    Some((own, delta)) => {
+                        match ShallowEntry::read(self.ledger, own.clone(), delta.clone())? {
+                            Some(shallow) => EntryEdit::read_shallow(shallow),
+                            None => {
+                                EntryEdit::read(StoredEntry::parse(self.ledger, own, delta)?, true)
+                            }
+                        }
+                    }
                     None => EntryEdit::new(ComponentEntry::default()),
                 },
             };
@@ -932,8 +994,9 @@ impl BatchBuilder<'_> {
 
     /// The component's entry with every recorded edit applied.
     fn entry(&mut self, component: &[u8]) -> Result<&mut ComponentEntry> {
+        let ledger = self.ledger;
         let edit = self.edit(component)?;
-        edit.materialize();
+        edit.materialize(ledger)?;
         Ok(&mut edit.base)
     }
 
@@ -1344,7 +1407,7 @@ mod tests {
     }
 
     #[test]
-    fn entry_edits_merge_upserts_and_removals_in_order() {
+    fn entry_edits_merge_upserts_and_removals_in_order() -> Result<()> {
         let base = ComponentEntry {
             states: vec![state("b", "1"), state("d", "1"), state("f", "1")],
             failure: None,
@@ -1357,11 +1420,13 @@ mod tests {
         edit.remove(b"g");
         edit.remove(b"b");
         edit.upsert(state("b", "3"));
-        edit.materialize();
+        let dir = tempfile::tempdir()?;
+        edit.materialize(&Ledger::open(dir.path(), 1 << 20)?)?;
         assert_eq!(paths(&edit.base), vec!["a", "b", "d"]);
         let d = &edit.base.states[2];
         assert_eq!(d.records, vec![buf(b"2")]);
         assert_eq!(edit.base.states[1].records, vec![buf(b"3")]);
+        Ok(())
     }
 
     /// An edited entry's whole encoding (`None`: empty).

@@ -56,6 +56,16 @@ pub(crate) fn scan_entry(raw: &[u8]) -> Option<Scanned> {
     (r.pos == raw.len()).then_some((states, failure))
 }
 
+/// The number of states of an entry in weir's layout, read from its
+/// header alone; `None` for another layout.
+pub(crate) fn entry_len(raw: &[u8]) -> Option<usize> {
+    let mut r = Reader { raw, pos: 0 };
+    if r.array_len()? != 2 {
+        return None;
+    }
+    r.array_len()
+}
+
 /// A scanned delta (see [`delta`](super::delta)): the states it adds or
 /// replaces, the component's failure, and the paths it removes.
 pub(crate) type ScannedDelta = (Vec<StateSpans>, Option<String>, Vec<Range<usize>>);

@@ -102,26 +102,16 @@ impl StoredEntry {
     /// Merges a delta into the states read from the entry's own value.
     fn merge(&mut self, ledger: &Ledger, delta: sled::IVec) -> Result<()> {
         let bad = || ledger.corrupt("a component entry's delta does not decode");
-        let (added, failure, removed) = scan_delta(&delta).ok_or_else(bad)?;
-        let off = self.raw.len();
-        let added: Vec<StateSpans> = added.into_iter().map(|s| s.shifted(off)).collect();
-        self.removed = removed
-            .into_iter()
-            .map(|r| r.start + off..r.end + off)
-            .collect();
+        let read = read_delta(ledger, &self.raw, &delta)?;
+        let added = read.added;
+        self.removed = read.removed;
+        self.failure = read.failure;
         self.delta = delta;
-        self.failure = failure;
         let bytes = EntryBytes {
             base: &self.raw,
             delta: &self.delta,
         };
         let path = |s: &StateSpans| bytes.get(s.path.clone());
-        if added
-            .windows(2)
-            .any(|w| path(&w[0]).is_none() || path(&w[0]) >= path(&w[1]))
-        {
-            return Err(bad());
-        }
         let find = |states: &[StateSpans], p: &[u8]| {
             states.binary_search_by(|s| path(s).unwrap_or_default().cmp(p))
         };
@@ -182,14 +172,15 @@ impl StoredEntry {
         !self.delta.is_empty()
     }
 
-    /// Its delta's states, sorted by path (they are among [`Self::states`]).
-    pub(crate) fn added(&self) -> &[StateSpans] {
-        &self.added
-    }
-
-    /// The spans of the paths its delta removes from its own value.
-    pub(crate) fn removed(&self) -> &[Range<usize>] {
-        &self.removed
+    /// What a delta against the entry's own value starts from.
+    pub(crate) fn delta_base(&self) -> DeltaBase<'_> {
+        DeltaBase {
+            own_len: self.raw.len(),
+            min_states: self.states.len(),
+            bytes: self.bytes(),
+            added: &self.added,
+            removed: &self.removed,
+        }
     }
 
     /// The entry, copied out.
@@ -199,6 +190,132 @@ impl StoredEntry {
             states: self.states.iter().map(|s| s.to_entry(bytes)).collect(),
             failure: self.failure.clone(),
         }
+    }
+}
+
+/// What a delta against an entry's own value starts from (see
+/// [`delta::encode`](super::delta::encode)).
+pub(crate) struct DeltaBase<'a> {
+    /// The length of the own value.
+    pub own_len: usize,
+    /// At least how many states the entry holds.
+    pub min_states: usize,
+    /// The own value's bytes, then the current delta's.
+    pub bytes: EntryBytes<'a>,
+    /// The current delta's states, sorted by path.
+    pub added: &'a [StateSpans],
+    /// The paths the current delta removes.
+    pub removed: &'a [Range<usize>],
+}
+
+/// A delta, scanned, its spans past the own value's bytes.
+struct ReadDelta {
+    added: Vec<StateSpans>,
+    removed: Vec<Range<usize>>,
+    failure: Option<String>,
+}
+
+/// Scans `delta`, the delta of the entry whose own value is `own`, and
+/// checks that its states are sorted by path.
+fn read_delta(ledger: &Ledger, own: &[u8], delta: &[u8]) -> Result<ReadDelta> {
+    let bad = || ledger.corrupt("a component entry's delta does not decode");
+    let (added, failure, removed) = scan_delta(delta).ok_or_else(bad)?;
+    let off = own.len();
+    let added: Vec<StateSpans> = added.into_iter().map(|s| s.shifted(off)).collect();
+    let removed = removed
+        .into_iter()
+        .map(|r| r.start + off..r.end + off)
+        .collect();
+    let bytes = EntryBytes { base: own, delta };
+    let path = |s: &StateSpans| bytes.get(s.path.clone());
+    if added
+        .windows(2)
+        .any(|w| path(&w[0]).is_none() || path(&w[0]) >= path(&w[1]))
+    {
+        return Err(bad());
+    }
+    Ok(ReadDelta {
+        added,
+        removed,
+        failure,
+    })
+}
+
+/// A component entry as stored, read without locating the states of its
+/// own value: what a commit needs to write a delta against it, for the
+/// cost of reading the delta alone. [`ShallowEntry::deepen`] reads the
+/// rest when a commit needs it.
+pub(crate) struct ShallowEntry {
+    own: sled::IVec,
+    /// How many states the own value holds.
+    own_states: usize,
+    delta: Option<sled::IVec>,
+    read: ReadDelta,
+}
+
+impl ShallowEntry {
+    /// Reads an entry's own value `own` and its delta shallowly; `None`
+    /// when the own value does not tell its number of states and its
+    /// failure without a scan (it is not in weir's layout, or it records a
+    /// failure and has no delta to override it).
+    pub(crate) fn read(
+        ledger: &Ledger,
+        own: sled::IVec,
+        delta: Option<sled::IVec>,
+    ) -> Result<Option<ShallowEntry>> {
+        let Some(own_states) = super::scan::entry_len(&own) else {
+            return Ok(None);
+        };
+        let read = match &delta {
+            Some(d) => read_delta(ledger, &own, d)?,
+            // Without a delta, the failure is the own value's last field:
+            // nil (0xc0) is a byte no string in UTF-8 ends with.
+            None if own.last() == Some(&0xc0) => ReadDelta {
+                added: Vec::new(),
+                removed: Vec::new(),
+                failure: None,
+            },
+            None => return Ok(None),
+        };
+        Ok(Some(ShallowEntry {
+            own,
+            own_states,
+            delta,
+            read,
+        }))
+    }
+
+    /// Why the component failed in its last run, if it did.
+    pub(crate) fn take_failure(&mut self) -> Option<String> {
+        self.read.failure.take()
+    }
+
+    /// Whether the entry was read with a delta.
+    pub(crate) fn has_delta(&self) -> bool {
+        self.delta.is_some()
+    }
+
+    /// What a delta against the entry's own value starts from.
+    pub(crate) fn delta_base(&self) -> DeltaBase<'_> {
+        DeltaBase {
+            own_len: self.own.len(),
+            // A state the delta removes may be the own value's.
+            min_states: self.own_states.saturating_sub(self.read.removed.len()),
+            bytes: EntryBytes {
+                base: &self.own,
+                delta: self.delta.as_deref().unwrap_or_default(),
+            },
+            added: &self.read.added,
+            removed: &self.read.removed,
+        }
+    }
+
+    /// The entry read in full.
+    ///
+    /// # Errors
+    /// When it does not decode: the ledger is corrupt.
+    pub(crate) fn deepen(self, ledger: &Ledger) -> Result<StoredEntry> {
+        StoredEntry::parse(ledger, self.own, self.delta)
     }
 }
 
