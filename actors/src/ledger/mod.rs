@@ -107,6 +107,8 @@ pub(crate) struct Ledger {
     /// this for reading, and applying a commit holds it for writing, so
     /// that an entry and its delta are read as one commit left them.
     deltas: Arc<RwLock<FxHashSet<Vec<u8>>>>,
+    /// How many components `deltas` holds, read without its lock.
+    delta_count: Arc<std::sync::atomic::AtomicUsize>,
     /// Commits applied so far (stored under `mseq` by each batch).
     seq: Arc<std::sync::atomic::AtomicU64>,
     /// `weir.seq`: the commit count last flushed.
@@ -209,6 +211,7 @@ impl Ledger {
             index: Arc::new(RwLock::new(OwnerIndex::default())),
             packs: Arc::new(RwLock::new(pack::PackIndex::default())),
             deltas: Arc::new(RwLock::new(FxHashSet::default())),
+            delta_count: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             seq_file: Arc::new(dir.join(SEQ_FILE)),
             journal: Arc::new(std::sync::Mutex::new(journal)),
@@ -364,7 +367,10 @@ impl Ledger {
             let (k, _) = item?;
             deltas.insert(k.get(1..).unwrap_or_default().to_vec());
         }
-        *self.deltas_mut() = deltas;
+        let mut held = self.deltas_mut();
+        *held = deltas;
+        self.delta_count
+            .store(held.len(), std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -421,8 +427,11 @@ impl Ledger {
             Err(p) => p.into_inner().members.keys().cloned().collect(),
         };
         for component in members {
-            if let Some(entry) = self.read_stored(&component, &deltas)? {
-                out.push((component, entry.to_owned_entry()));
+            if let Some((raw, delta)) = self.bytes_with(&component, &deltas)? {
+                out.push((
+                    component,
+                    StoredEntry::parse(self, raw, delta)?.to_owned_entry(),
+                ));
             }
         }
         Ok(out)
@@ -512,14 +521,30 @@ impl Ledger {
     /// The entry of a component as stored, if it has one: read without
     /// copying its states (see [`StoredEntry`]).
     pub(crate) fn stored(&self, component: &[u8]) -> Result<Option<StoredEntry>> {
-        let deltas = self.deltas();
-        self.read_stored(component, &deltas)
+        match self.stored_bytes(component)? {
+            Some((raw, delta)) => StoredEntry::parse(self, raw, delta).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The stored bytes of a component's own entry and of its delta, if
     /// it has an entry.
     fn stored_bytes(&self, component: &[u8]) -> Result<Option<(sled::IVec, Option<sled::IVec>)>> {
+        // While no entry has a delta, an entry's own value is all of it,
+        // and one a commit gives a delta meanwhile is read as it was.
+        if self.delta_count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return Ok(self.component_raw(component)?.map(|raw| (raw, None)));
+        }
         let deltas = self.deltas();
+        self.bytes_with(component, &deltas)
+    }
+
+    /// [`Ledger::stored_bytes`], with the components that have deltas held.
+    fn bytes_with(
+        &self,
+        component: &[u8],
+        deltas: &FxHashSet<Vec<u8>>,
+    ) -> Result<Option<(sled::IVec, Option<sled::IVec>)>> {
         let Some(raw) = self.component_raw(component)? else {
             return Ok(None);
         };
@@ -529,24 +554,6 @@ impl Ledger {
             None
         };
         Ok(Some((raw, delta)))
-    }
-
-    /// [`Ledger::stored`], with the components that have deltas held.
-    fn read_stored(
-        &self,
-        component: &[u8],
-        deltas: &FxHashSet<Vec<u8>>,
-    ) -> Result<Option<StoredEntry>> {
-        // Not through `stored_bytes`, which would take `deltas` again.
-        let Some(raw) = self.component_raw(component)? else {
-            return Ok(None);
-        };
-        let delta = if deltas.contains(component) {
-            self.tree.get(key(P_DELTA, component))?
-        } else {
-            None
-        };
-        StoredEntry::parse(self, raw, delta).map(Some)
     }
 
     /// The stored bytes of a component's own entry (without its delta):
@@ -1235,7 +1242,7 @@ impl BatchBuilder<'_> {
             // An entry given whole replaces any delta (none is expected:
             // only a component without an entry gives its entry whole).
             let deltas = self.ledger.deltas();
-            for (component, _) in &raw {
+            for (component, _) in raw.iter().filter(|_| !deltas.is_empty()) {
                 if deltas.contains(component) {
                     delta_changes.push((component.clone(), false));
                 }
@@ -1346,6 +1353,9 @@ impl BatchBuilder<'_> {
                     deltas.remove(&component);
                 }
             }
+            ledger
+                .delta_count
+                .store(deltas.len(), std::sync::atomic::Ordering::Release);
         }
         self.ledger
             .seq
