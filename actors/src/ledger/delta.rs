@@ -283,6 +283,15 @@ mod tests {
             written > 0 && written <= before.map_or(0, |v| v.len()) / MAX_SHARE,
             "a delta of {written} bytes"
         );
+        // In the layout the module documents: 30 changed states and a new
+        // one, and 10 removed paths.
+        let raw = delta(&ledger)?.unwrap_or_default();
+        let (states, failure, removed): (
+            Vec<StateEntry>,
+            Option<String>,
+            Vec<serde_bytes::ByteBuf>,
+        ) = rmp_serde::from_slice(&raw).map_err(|e| Error::msg(e.to_string()))?;
+        assert_eq!((states.len(), failure, removed.len()), (31, None, 10));
         check(&ledger, &model, "after the delta")?;
         drop(ledger);
         check(&Ledger::open(dir.path(), 1 << 20)?, &model, "reopened")

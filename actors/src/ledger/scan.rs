@@ -42,18 +42,8 @@ pub(crate) fn scan_entry(raw: &[u8]) -> Option<Scanned> {
     if r.array_len()? != 2 {
         return None;
     }
-    let n = r.array_len()?;
-    // Each state takes at least 7 bytes: never reserve more than fits.
-    let mut states = Vec::with_capacity(n.min(raw.len() / 7));
-    for _ in 0..n {
-        states.push(r.state()?);
-    }
-    let failure = if r.nil() {
-        None
-    } else {
-        Some(r.str()?.to_string())
-    };
-    (r.pos == raw.len()).then_some((states, failure))
+    let scanned = r.states_and_failure()?;
+    (r.pos == raw.len()).then_some(scanned)
 }
 
 /// The number of states of an entry in weir's layout, read from its
@@ -77,16 +67,7 @@ pub(crate) fn scan_delta(raw: &[u8]) -> Option<ScannedDelta> {
     if r.array_len()? != 3 {
         return None;
     }
-    let n = r.array_len()?;
-    let mut states = Vec::with_capacity(n.min(raw.len() / 7));
-    for _ in 0..n {
-        states.push(r.state()?);
-    }
-    let failure = if r.nil() {
-        None
-    } else {
-        Some(r.str()?.to_string())
-    };
+    let (states, failure) = r.states_and_failure()?;
     let n = r.array_len()?;
     // Each removed path takes at least 2 bytes.
     let mut removed = Vec::with_capacity(n.min(raw.len() / 2));
@@ -136,6 +117,22 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
+    /// The array of states next, then the failure (nil or a string).
+    fn states_and_failure(&mut self) -> Option<Scanned> {
+        let n = self.array_len()?;
+        // Each state takes at least 7 bytes: never reserve more than fits.
+        let mut states = Vec::with_capacity(n.min(self.raw.len() / 7));
+        for _ in 0..n {
+            states.push(self.state()?);
+        }
+        let failure = if self.nil() {
+            None
+        } else {
+            Some(self.str()?.to_string())
+        };
+        Some((states, failure))
+    }
+
     fn byte(&mut self) -> Option<u8> {
         let b = *self.raw.get(self.pos)?;
         self.pos += 1;
@@ -344,6 +341,37 @@ mod tests {
                 );
             }
         }
+        Ok(())
+    }
+
+    #[test]
+    fn a_delta_scans_as_serde_encodes_it_and_not_when_cut_short() -> Result<()> {
+        let states = vec![
+            state(b"a", &[b"r1"], 0, None),
+            state(b"b", &[b"r2", b"r3"], 3, Some((1, 0))),
+        ];
+        let removed = vec![buf(b"x"), buf(&[9u8; 300])];
+        let raw = rmp_serde::to_vec(&(&states, Some("it broke"), &removed))?;
+        let (spans, failure, gone) =
+            scan_delta(&raw).ok_or_else(|| Error::msg("the scan gave up"))?;
+        assert_eq!(rebuilt(&raw, &spans), states);
+        assert_eq!(failure.as_deref(), Some("it broke"));
+        let gone: Vec<&[u8]> = gone.iter().filter_map(|r| raw.get(r.clone())).collect();
+        let removed: Vec<&[u8]> = removed.iter().map(|r| r.as_slice()).collect();
+        assert_eq!(gone, removed);
+        for cut in 0..raw.len() {
+            assert_eq!(
+                scan_delta(raw.get(..cut).unwrap_or_default()),
+                None,
+                "{cut}"
+            );
+        }
+        // An entry is not a delta, nor a delta an entry.
+        assert_eq!(
+            scan_delta(&rmp_serde::to_vec(&ComponentEntry::default())?),
+            None
+        );
+        assert_eq!(scan_entry(&raw), None);
         Ok(())
     }
 
