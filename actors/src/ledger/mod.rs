@@ -414,11 +414,9 @@ impl Ledger {
                 continue;
             }
             let component = k.get(1..).unwrap_or_default();
-            let entry: ComponentEntry = if deltas.contains(component) {
-                let delta = self.tree.get(key(P_DELTA, component))?;
-                StoredEntry::parse(self, v, delta)?.to_owned_entry()
-            } else {
-                self.decode(&v, "a component entry")?
+            let entry: ComponentEntry = match self.delta_of(component, &deltas)? {
+                Some(delta) => StoredEntry::parse(self, v, Some(delta))?.to_owned_entry(),
+                None => self.decode(&v, "a component entry")?,
             };
             out.push((component.to_vec(), entry));
         }
@@ -548,12 +546,19 @@ impl Ledger {
         let Some(raw) = self.component_raw(component)? else {
             return Ok(None);
         };
-        let delta = if deltas.contains(component) {
-            self.tree.get(key(P_DELTA, component))?
-        } else {
-            None
-        };
-        Ok(Some((raw, delta)))
+        Ok(Some((raw, self.delta_of(component, deltas)?)))
+    }
+
+    /// The delta of a component's entry, if `deltas` says it has one.
+    fn delta_of(
+        &self,
+        component: &[u8],
+        deltas: &FxHashSet<Vec<u8>>,
+    ) -> Result<Option<sled::IVec>> {
+        if !deltas.contains(component) {
+            return Ok(None);
+        }
+        Ok(self.tree.get(key(P_DELTA, component))?)
     }
 
     /// The stored bytes of a component's own entry (without its delta):
