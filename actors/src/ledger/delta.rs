@@ -236,8 +236,16 @@ mod tests {
         Ok(ledger)
     }
 
+    /// The component's own value, which is large: in the tree of large
+    /// values, and not in the first.
     fn own(ledger: &Ledger) -> Result<Option<sled::IVec>> {
-        Ok(ledger.tree.get(key(P_COMPONENT, COMPONENT))?)
+        let k = key(P_COMPONENT, COMPONENT);
+        assert_eq!(
+            ledger.tree.get(&k)?,
+            None,
+            "a large value in the first tree"
+        );
+        Ok(ledger.entries.get(&k)?)
     }
 
     fn delta(ledger: &Ledger) -> Result<Option<sled::IVec>> {
@@ -380,6 +388,10 @@ mod tests {
         ledger.apply(all.iter().map(|p| remove(p)).collect())?;
         assert!(ledger.component(COMPONENT)?.is_none());
         assert!(delta(&ledger)?.is_none(), "the delta outlived its entry");
+        assert!(
+            ledger.entries.is_empty(),
+            "the large value outlived its entry"
+        );
         // Written again whole, as a new component is: nothing of the old
         // delta comes back.
         let again = Model {
@@ -395,6 +407,41 @@ mod tests {
         check(&ledger, &again, "written again")?;
         drop(ledger);
         check(&Ledger::open(dir.path(), 1 << 20)?, &again, "reopened")
+    }
+
+    #[test]
+    fn a_large_value_moves_to_the_first_tree_when_it_shrinks_and_back_when_it_grows() -> Result<()>
+    {
+        let dir = tempfile::tempdir()?;
+        let mut model = Model::default();
+        let mut ledger = large(dir.path(), 3000, &mut model)?;
+        let k = key(P_COMPONENT, COMPONENT);
+        assert!(own(&ledger)?.is_some());
+        let gone: Vec<Vec<u8>> = model.states.keys().skip(10).cloned().collect();
+        for p in &gone {
+            model.states.remove(p);
+        }
+        ledger.apply(gone.iter().map(|p| remove(p)).collect())?;
+        assert!(
+            ledger.entries.get(&k)?.is_none(),
+            "a small value left large"
+        );
+        assert!(ledger.tree.get(&k)?.is_some());
+        check(&ledger, &model, "shrunk")?;
+        let mut ops = Vec::new();
+        for i in 0..3000 {
+            let s = state(&path(i), "grown again");
+            model.states.insert(s.path.to_vec(), s.clone());
+            ops.push(put(s));
+        }
+        ledger.apply(ops)?;
+        assert!(own(&ledger)?.is_some());
+        check(&ledger, &model, "grown")?;
+        drop(ledger);
+        ledger = Ledger::open(dir.path(), 1 << 20)?;
+        check(&ledger, &model, "reopened")?;
+        assert_eq!(ledger.counts()?, (1, 3000));
+        Ok(())
     }
 
     #[test]

@@ -11,6 +11,14 @@
 //! | `m`    | `seq`                           | the number of commits, u64 BE  |
 //! | `c`    | encoded component path          | [`ComponentEntry`]: its states |
 //! | `e`    | encoded component path          | changes to its `c` value (see [`delta`]) |
+//!
+//! A component's `c` value of [`delta::MIN_OWN`] bytes or more is kept in a
+//! second tree, `entries`, under the same key instead (and the first tree
+//! has no `c` key for it): sled keeps a node's changes as fragments and
+//! writes the whole node again every tenth one, so a large value sharing a
+//! node with keys written by every commit was written again every few
+//! commits. A commit that writes both trees applies both in one sled
+//! transaction.
 //! | `h`    | encoded component path          | its child component keys       |
 //! | `d`    | container path, component path, u32 BE length of the component path | empty |
 //! | `i`    | intent batch id, u64 BE         | `Vec<Intent>` (earlier builds; recovered and deleted on open) |
@@ -75,6 +83,8 @@ pub const DEFAULT_LEDGER_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 const P_COMPONENT: u8 = b'c';
 const P_DELTA: u8 = b'e';
+/// The tree of large `c` values.
+const ENTRIES_TREE: &[u8] = b"entries";
 const P_CHILDREN: u8 = b'h';
 const P_CONTAINER: u8 = b'd';
 const P_PACK: u8 = b'k';
@@ -100,6 +110,8 @@ fn key(prefix: u8, rest: &[u8]) -> Vec<u8> {
 pub(crate) struct Ledger {
     // Field order matters: sled closes before the lock file is released.
     tree: sled::Db,
+    /// Large `c` values (see the module's docs).
+    entries: sled::Tree,
     dir: Arc<str>,
     index: Arc<RwLock<OwnerIndex>>,
     packs: Arc<RwLock<pack::PackIndex>>,
@@ -205,8 +217,10 @@ impl Ledger {
             JournalError::Io(io) => Error::Io(io),
             JournalError::Corrupt(detail) => corrupt(detail),
         })?;
+        let entries = db.open_tree(ENTRIES_TREE)?;
         let ledger = Ledger {
             tree: db,
+            entries,
             dir: display,
             index: Arc::new(RwLock::new(OwnerIndex::default())),
             packs: Arc::new(RwLock::new(pack::PackIndex::default())),
@@ -322,7 +336,11 @@ impl Ledger {
             let mut live = 0;
             let members: Vec<Vec<u8>> = pack::records(&v).map(|(c, _, _)| c.to_vec()).collect();
             for component in &members {
-                let own = self.tree.get(key(P_COMPONENT, component))?;
+                let k = key(P_COMPONENT, component);
+                let own = match self.tree.get(&k)? {
+                    Some(v) => Some(v),
+                    None => self.entries.get(&k)?,
+                };
                 let hidden = match &own {
                     None => false,
                     Some(value) => pack::tombstone_generation(value).is_none_or(|t| t > id),
@@ -408,7 +426,11 @@ impl Ledger {
         // Held throughout, so that no commit lands between an entry and
         // its delta.
         let deltas = self.deltas();
-        for item in self.tree.scan_prefix([P_COMPONENT]) {
+        for item in self
+            .tree
+            .scan_prefix([P_COMPONENT])
+            .chain(self.entries.scan_prefix([P_COMPONENT]))
+        {
             let (k, v) = item?;
             if pack::tombstone_generation(&v).is_some() {
                 continue;
@@ -571,11 +593,12 @@ impl Ledger {
                 }
             }
         }
-        // A tombstone means the component was deleted.
-        Ok(self
-            .tree
-            .get(key(P_COMPONENT, component))?
-            .filter(|v| pack::tombstone_generation(v).is_none()))
+        let k = key(P_COMPONENT, component);
+        match self.tree.get(&k)? {
+            // A tombstone means the component was deleted.
+            Some(v) => Ok(Some(v).filter(|v| pack::tombstone_generation(v).is_none())),
+            None => Ok(self.entries.get(&k)?),
+        }
     }
 
     /// The child components a component mounted in its last successful run.
@@ -679,6 +702,8 @@ impl Ledger {
             children: HashMap::new(),
             child_removals: HashMap::new(),
             raw_puts: HashMap::new(),
+            large: sled::Batch::default(),
+            large_used: false,
             keys: 0,
             bytes: 0,
             batch: sled::Batch::default(),
@@ -708,6 +733,9 @@ struct EntryEdit {
     /// Whether the entry was read with a delta, which writing it whole
     /// (or deleting it) must delete.
     had_delta: bool,
+    /// The length of the own value it was read from (0: none), which a
+    /// large one keeps in the tree of large values.
+    own_len: usize,
     /// Upserts with their sequence number; the last one of a path wins.
     upserts: Vec<(u64, StateEntry)>,
     /// Removed paths with the sequence number of the removal.
@@ -733,6 +761,7 @@ impl EntryEdit {
             shallow: None,
             in_store: false,
             had_delta: false,
+            own_len: 0,
             upserts: Vec::new(),
             removes: FxHashMap::default(),
             seq: 0,
@@ -748,6 +777,7 @@ impl EntryEdit {
         });
         edit.in_store = in_store;
         edit.had_delta = stored.has_delta();
+        edit.own_len = stored.own_len();
         edit.stored = Some(stored);
         edit
     }
@@ -760,6 +790,7 @@ impl EntryEdit {
         });
         edit.in_store = true;
         edit.had_delta = shallow.has_delta();
+        edit.own_len = shallow.delta_base().own_len;
         edit.shallow = Some(shallow);
         edit
     }
@@ -939,6 +970,9 @@ struct BatchBuilder<'a> {
     keys: u64,
     bytes: u64,
     batch: sled::Batch,
+    /// Writes to the tree of large values, and whether there are any.
+    large: sled::Batch,
+    large_used: bool,
 }
 
 impl BatchBuilder<'_> {
@@ -1027,6 +1061,27 @@ impl BatchBuilder<'_> {
         self.keys += 1;
         self.bytes += (k.len() + v.len()) as u64;
         self.batch.insert(k, v);
+    }
+
+    /// Writes a component's own value: to the tree of large values when it
+    /// is large (deleting its key in the first tree, which may hold a
+    /// smaller value or a tombstone), else to the first tree (deleting
+    /// its key in the other when `was_large`).
+    fn put_own(&mut self, component: &[u8], value: Vec<u8>, was_large: bool) {
+        let k = key(P_COMPONENT, component);
+        if value.len() >= delta::MIN_OWN {
+            self.keys += 1;
+            self.bytes += (k.len() + value.len()) as u64;
+            self.del(k.clone());
+            self.large.insert(k, value);
+            self.large_used = true;
+        } else {
+            if was_large {
+                self.large.remove(k.clone());
+                self.large_used = true;
+            }
+            self.put(k, value);
+        }
     }
 
     fn del(&mut self, k: impl Into<sled::IVec>) {
@@ -1238,8 +1293,7 @@ impl BatchBuilder<'_> {
             }
         }
         // New components' entries: packed together when there are enough.
-        let mut raw: Vec<(Vec<u8>, Vec<u8>)> =
-            std::mem::take(&mut self.raw_puts).into_iter().collect();
+        let raw: Vec<(Vec<u8>, Vec<u8>)> = std::mem::take(&mut self.raw_puts).into_iter().collect();
         let mut new_pack: Option<(u64, Vec<Vec<u8>>)> = None;
         // Components whose delta this batch writes (true) or deletes.
         let mut delta_changes: Vec<(Vec<u8>, bool)> = Vec::new();
@@ -1256,6 +1310,13 @@ impl BatchBuilder<'_> {
         for (component, _) in &delta_changes {
             self.del(key(P_DELTA, component));
         }
+        // Large new entries are not packed: they go to their own tree.
+        let (large, mut raw): (Vec<_>, Vec<_>) = raw
+            .into_iter()
+            .partition(|(_, v)| v.len() >= delta::MIN_OWN);
+        for (component, value) in large {
+            self.put_own(&component, value, false);
+        }
         if raw.len() >= PACK_MIN {
             raw.sort_by(|a, b| a.0.cmp(&b.0));
             let id = {
@@ -1268,7 +1329,7 @@ impl BatchBuilder<'_> {
             new_pack = Some((id, raw.into_iter().map(|(c, _)| c).collect()));
         } else {
             for (component, value) in raw {
-                self.put(key(P_COMPONENT, &component), value);
+                self.put_own(&component, value, false);
             }
         }
         // Edited entries get keys of their own (a packed one moves out of
@@ -1281,11 +1342,11 @@ impl BatchBuilder<'_> {
         };
         let mut unpacked: Vec<Vec<u8>> = Vec::new();
         for (component, edit) in entries.iter_mut() {
-            let k = key(P_COMPONENT, component);
             let packed = self.ledger.pack_of(component).is_some();
             if packed {
                 unpacked.push(component.clone());
             }
+            let was_large = edit.own_len >= delta::MIN_OWN;
             let whole = match edit.encoded(self.ledger, !packed)? {
                 Encoded::Whole(encoded) => Some(encoded),
                 Encoded::Empty => Some(pack::tombstone(next_id)),
@@ -1298,7 +1359,7 @@ impl BatchBuilder<'_> {
                 }
             };
             if let Some(value) = whole {
-                self.put(k, value);
+                self.put_own(component, value, was_large);
                 if edit.had_delta {
                     self.del(key(P_DELTA, component));
                     delta_changes.push((component.clone(), false));
@@ -1350,7 +1411,24 @@ impl BatchBuilder<'_> {
             // Readers of entries wait, so that none reads an entry from
             // before this batch with a delta from after it, or the reverse.
             let mut deltas = ledger.deltas_mut();
-            ledger.tree.apply_batch(self.batch)?;
+            if self.large_used {
+                use sled::Transactional;
+                let (first, large) = (&self.batch, &self.large);
+                (&*ledger.tree, &ledger.entries)
+                    .transaction(|(tree, entries)| {
+                        tree.apply_batch(first)?;
+                        entries.apply_batch(large)?;
+                        Ok(())
+                    })
+                    .map_err(|e: sled::transaction::TransactionError<()>| match e {
+                        sled::transaction::TransactionError::Storage(e) => Error::from(e),
+                        sled::transaction::TransactionError::Abort(()) => {
+                            Error::msg("a ledger commit was aborted")
+                        }
+                    })?;
+            } else {
+                ledger.tree.apply_batch(self.batch)?;
+            }
             for (component, has) in delta_changes {
                 if has {
                     deltas.insert(component);
