@@ -11,8 +11,9 @@
 //! the value was written; once it would be more than a [`MAX_SHARE`]th of
 //! the value, the commit writes the merged entry as the value again and
 //! deletes the delta. Readers merge the delta in
-//! ([`StoredEntry::parse`](super::stored::StoredEntry::parse)); value and
-//! delta change only together, in one sled batch.
+//! ([`StoredEntry::parse`](super::stored::StoredEntry::parse)). Whatever a
+//! commit writes of a value and its delta, it writes in one sled batch (or
+//! transaction), under the lock that readers of entries take.
 //!
 //! A delta is MessagePack, as `rmp_serde` would write
 //! `(Vec<StateEntry>, Option<String>, Vec<ByteBuf>)`: `[states, failure,
@@ -441,6 +442,47 @@ mod tests {
         ledger = Ledger::open(dir.path(), 1 << 20)?;
         check(&ledger, &model, "reopened")?;
         assert_eq!(ledger.counts()?, (1, 3000));
+        Ok(())
+    }
+
+    #[test]
+    fn an_entry_moving_between_the_trees_is_never_read_as_missing() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut model = Model::default();
+        let ledger = large(dir.path(), 1400, &mut model)?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (ledger, stop) = (ledger.clone(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || -> Result<usize> {
+                let mut missing = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    missing += usize::from(ledger.stored(COMPONENT)?.is_none());
+                }
+                Ok(missing)
+            })
+        };
+        // Removing 400 states and putting them back moves the value below
+        // 64 KiB and above it again, written whole each time.
+        let moved: Vec<Vec<u8>> = (1000..1400).map(path).collect();
+        let k = key(P_COMPONENT, COMPONENT);
+        for round in 0..150 {
+            ledger.apply(moved.iter().map(|p| remove(p)).collect())?;
+            if round == 0 {
+                assert!(ledger.entries.get(&k)?.is_none() && ledger.tree.get(&k)?.is_some());
+            }
+            ledger.apply(
+                moved
+                    .iter()
+                    .map(|p| put(state(p, &format!("round {round}"))))
+                    .collect(),
+            )?;
+        }
+        assert!(own(&ledger)?.is_some());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let missing = reader
+            .join()
+            .map_err(|_| Error::msg("the reader panicked"))??;
+        assert_eq!(missing, 0, "reads that found no entry");
         Ok(())
     }
 

@@ -2,8 +2,9 @@
 //!
 //! # Layout
 //!
-//! One sled tree, so that every commit is one atomic sled batch. Keys start
-//! with a byte naming their table:
+//! One sled tree, and a second one for large values; every commit is one
+//! atomic sled batch, or one sled transaction when it writes both trees.
+//! Keys start with a byte naming their table:
 //!
 //! | prefix | key after the prefix            | value                          |
 //! |--------|---------------------------------|--------------------------------|
@@ -11,19 +12,19 @@
 //! | `m`    | `seq`                           | the number of commits, u64 BE  |
 //! | `c`    | encoded component path          | [`ComponentEntry`]: its states |
 //! | `e`    | encoded component path          | changes to its `c` value (see [`delta`]) |
-//!
-//! A component's `c` value of [`delta::MIN_OWN`] bytes or more is kept in a
-//! second tree, `entries`, under the same key instead (and the first tree
-//! has no `c` key for it): sled keeps a node's changes as fragments and
-//! writes the whole node again every tenth one, so a large value sharing a
-//! node with keys written by every commit was written again every few
-//! commits. A commit that writes both trees applies both in one sled
-//! transaction.
 //! | `h`    | encoded component path          | its child component keys       |
 //! | `d`    | container path, component path, u32 BE length of the component path | empty |
 //! | `i`    | intent batch id, u64 BE         | `Vec<Intent>` (earlier builds; recovered and deleted on open) |
 //! | `k`    | pack id, u64 BE                 | new components' entries, packed (see [`pack`]) |
 //! | `o`    | encoded component path          | the memo key of its last successful run |
+//!
+//! A `c` value of [`delta::MIN_OWN`] bytes or more is written to the
+//! second tree, `entries`, under the same key, and its key in the first
+//! tree deleted (a ledger of format 1 may still hold one in the first tree
+//! until it is next written whole): sled keeps a node's changes as
+//! fragments and writes the whole node again at every tenth, so a large
+//! value sharing a node with keys that every commit writes was written
+//! again every few commits.
 //!
 //! A component's states live in one value, read and written in one go
 //! (with, for a large one, the changes since that value was written beside
@@ -75,8 +76,9 @@ use record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 
 /// The ledger format this build reads and writes.
 pub(crate) const FORMAT_VERSION: u32 = 2;
-/// The earlier format this build also reads: it is version 2 without deltas,
-/// and is marked version 2 when opened.
+/// The earlier format this build also reads: it is version 2 without deltas
+/// or the second tree, and is marked version 2 when opened (for good:
+/// builds that read only version 1 refuse it from then on).
 const FORMAT_WITHOUT_DELTAS: u32 = 1;
 /// The default sled page cache size: 64 MiB.
 pub const DEFAULT_LEDGER_CACHE_BYTES: u64 = 64 * 1024 * 1024;
@@ -117,10 +119,9 @@ pub(crate) struct Ledger {
     packs: Arc<RwLock<pack::PackIndex>>,
     /// The components whose entries have a delta. Reading an entry holds
     /// this for reading, and applying a commit holds it for writing, so
-    /// that an entry and its delta are read as one commit left them.
+    /// that an entry's value (in either tree) and its delta are read as one
+    /// commit left them.
     deltas: Arc<RwLock<FxHashSet<Vec<u8>>>>,
-    /// How many components `deltas` holds, read without its lock.
-    delta_count: Arc<std::sync::atomic::AtomicUsize>,
     /// Commits applied so far (stored under `mseq` by each batch).
     seq: Arc<std::sync::atomic::AtomicU64>,
     /// `weir.seq`: the commit count last flushed.
@@ -225,7 +226,6 @@ impl Ledger {
             index: Arc::new(RwLock::new(OwnerIndex::default())),
             packs: Arc::new(RwLock::new(pack::PackIndex::default())),
             deltas: Arc::new(RwLock::new(FxHashSet::default())),
-            delta_count: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             seq_file: Arc::new(dir.join(SEQ_FILE)),
             journal: Arc::new(std::sync::Mutex::new(journal)),
@@ -385,10 +385,7 @@ impl Ledger {
             let (k, _) = item?;
             deltas.insert(k.get(1..).unwrap_or_default().to_vec());
         }
-        let mut held = self.deltas_mut();
-        *held = deltas;
-        self.delta_count
-            .store(held.len(), std::sync::atomic::Ordering::Release);
+        *self.deltas_mut() = deltas;
         Ok(())
     }
 
@@ -550,11 +547,9 @@ impl Ledger {
     /// The stored bytes of a component's own entry and of its delta, if
     /// it has an entry.
     fn stored_bytes(&self, component: &[u8]) -> Result<Option<(sled::IVec, Option<sled::IVec>)>> {
-        // While no entry has a delta, an entry's own value is all of it,
-        // and one a commit gives a delta meanwhile is read as it was.
-        if self.delta_count.load(std::sync::atomic::Ordering::Acquire) == 0 {
-            return Ok(self.component_raw(component)?.map(|raw| (raw, None)));
-        }
+        // Held even for an entry without a delta: its value may be moving
+        // between the trees, which `component_raw` reads one after the
+        // other.
         let deltas = self.deltas();
         self.bytes_with(component, &deltas)
     }
@@ -727,8 +722,9 @@ struct EntryEdit {
     /// The entry as stored, read shallowly (instead of `stored`) while
     /// nothing needed more than a delta against it.
     shallow: Option<ShallowEntry>,
-    /// Whether `stored` was read from the store (not given whole earlier in
-    /// this batch), so that a delta may be written against it.
+    /// Whether `stored` or `shallow` was read from the store (not given
+    /// whole earlier in this batch), so that a delta may be written against
+    /// it.
     in_store: bool,
     /// Whether the entry was read with a delta, which writing it whole
     /// (or deleting it) must delete.
@@ -1070,6 +1066,7 @@ impl BatchBuilder<'_> {
     fn put_own(&mut self, component: &[u8], value: Vec<u8>, was_large: bool) {
         let k = key(P_COMPONENT, component);
         if value.len() >= delta::MIN_OWN {
+            // Counted as a key written here, and one removed by `del`.
             self.keys += 1;
             self.bytes += (k.len() + value.len()) as u64;
             self.del(k.clone());
@@ -1077,6 +1074,7 @@ impl BatchBuilder<'_> {
             self.large_used = true;
         } else {
             if was_large {
+                self.keys += 1;
                 self.large.remove(k.clone());
                 self.large_used = true;
             }
@@ -1301,7 +1299,7 @@ impl BatchBuilder<'_> {
             // An entry given whole replaces any delta (none is expected:
             // only a component without an entry gives its entry whole).
             let deltas = self.ledger.deltas();
-            for (component, _) in raw.iter().filter(|_| !deltas.is_empty()) {
+            for (component, _) in &raw {
                 if deltas.contains(component) {
                     delta_changes.push((component.clone(), false));
                 }
@@ -1436,9 +1434,6 @@ impl BatchBuilder<'_> {
                     deltas.remove(&component);
                 }
             }
-            ledger
-                .delta_count
-                .store(deltas.len(), std::sync::atomic::Ordering::Release);
         }
         self.ledger
             .seq
