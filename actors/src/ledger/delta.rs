@@ -24,7 +24,7 @@ use std::ops::Range;
 use rustc_hash::FxHashMap;
 
 use super::record::StateEntry;
-use super::scan::write_array_len;
+use super::scan::{write_array_len, StateSpans};
 use super::stored::{DeltaBase, EntryBytes};
 use super::Ledger;
 use crate::error::Result;
@@ -37,42 +37,94 @@ pub(crate) const MAX_SHARE: usize = 8;
 
 /// A part of an encoded list of states: states copied as stored, or a new
 /// one.
-pub(crate) enum Piece<'a> {
+enum Piece<'a> {
     /// Stored states lying next to each other, copied as one run.
     Stored(Range<usize>),
     /// A state encoded anew.
     New(&'a StateEntry),
 }
 
-/// Appends the stored states `span` covers, or a new state, to `out`.
-/// `ledger` names the store in the error for a span outside the stored
-/// bytes (never made by the scanner).
-pub(crate) fn write_piece(
-    out: &mut Vec<u8>,
-    piece: &Piece<'_>,
-    bytes: EntryBytes<'_>,
-    ledger: &Ledger,
-) -> Result<()> {
-    match piece {
-        Piece::Stored(span) => {
-            let stored = bytes.get(span.clone()).ok_or_else(|| {
-                ledger.corrupt(format!(
-                    "a component entry's states at bytes {span:?} lie outside its stored bytes"
-                ))
-            })?;
-            out.extend_from_slice(stored);
-        }
-        Piece::New(state) => rmp_serde::encode::write(out, *state)?,
-    }
-    Ok(())
+/// States, sorted by path, as pieces to encode.
+pub(crate) struct Pieces<'a> {
+    pieces: Vec<Piece<'a>>,
+    /// How many states they hold.
+    pub states: usize,
 }
 
-/// Pushes a stored state's bytes, joining them to the run before when they
-/// follow it.
-pub(crate) fn push_stored(pieces: &mut Vec<Piece<'_>>, whole: &Range<usize>) {
-    match pieces.last_mut() {
-        Some(Piece::Stored(run)) if run.end == whole.start => run.end = whole.end,
-        _ => pieces.push(Piece::Stored(whole.clone())),
+impl<'a> Pieces<'a> {
+    /// `stored` (sorted by path, spans in `bytes`) edited by `upserts` (the
+    /// standing ones, sorted by path) and `removes`: each state left alone
+    /// copied as stored, those next to each other in one run.
+    pub(crate) fn merge(
+        stored: &[StateSpans],
+        bytes: EntryBytes<'_>,
+        upserts: &'a [StateEntry],
+        removes: &FxHashMap<Vec<u8>, u64>,
+    ) -> Pieces<'a> {
+        let mut pieces: Vec<Piece<'a>> = Vec::with_capacity(2 * upserts.len() + 1);
+        let mut states = 0;
+        let mut new = upserts.iter().peekable();
+        for s in stored {
+            let path = s.path(bytes);
+            while let Some(n) = new.next_if(|n| n.path.as_slice() < path) {
+                pieces.push(Piece::New(n));
+                states += 1;
+            }
+            if new.peek().is_some_and(|n| n.path.as_slice() == path)
+                || (!removes.is_empty() && removes.contains_key(path))
+            {
+                continue;
+            }
+            states += 1;
+            match pieces.last_mut() {
+                Some(Piece::Stored(run)) if run.end == s.whole.start => run.end = s.whole.end,
+                _ => pieces.push(Piece::Stored(s.whole.clone())),
+            }
+        }
+        for n in new {
+            pieces.push(Piece::New(n));
+            states += 1;
+        }
+        Pieces { pieces, states }
+    }
+
+    /// About how many bytes they take encoded.
+    fn size(&self) -> usize {
+        self.pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Stored(run) => run.len(),
+                Piece::New(s) => {
+                    s.path.len() + s.records.iter().map(|r| r.len() + 5).sum::<usize>() + 24
+                }
+            })
+            .sum()
+    }
+
+    /// Appends them to `out` as a MessagePack array. `ledger` names the
+    /// store in the error for a span outside the stored bytes (never made
+    /// by the scanner).
+    pub(crate) fn write(
+        &self,
+        out: &mut Vec<u8>,
+        bytes: EntryBytes<'_>,
+        ledger: &Ledger,
+    ) -> Result<()> {
+        write_array_len(out, self.states);
+        for piece in &self.pieces {
+            match piece {
+                Piece::Stored(span) => {
+                    let stored = bytes.get(span.clone()).ok_or_else(|| {
+                        ledger.corrupt(format!(
+                            "a component entry's states at bytes {span:?} lie outside its stored bytes"
+                        ))
+                    })?;
+                    out.extend_from_slice(stored);
+                }
+                Piece::New(state) => rmp_serde::encode::write(out, *state)?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -116,31 +168,8 @@ pub(crate) fn encode(
         .collect();
     // The delta's states: its earlier ones, unless replaced or removed,
     // and the upserts.
-    let mut pieces: Vec<Piece> = Vec::new();
-    let mut states = 0;
-    let mut size: usize = removed.iter().map(|p| p.len() + 5).sum();
-    let mut new = upserts.iter().peekable();
-    for s in base.added {
-        let path = s.path(bytes);
-        while let Some(n) = new.next_if(|n| n.path.as_slice() < path) {
-            size += state_size(n);
-            states += 1;
-            pieces.push(Piece::New(n));
-        }
-        if new.peek().is_some_and(|n| n.path.as_slice() == path)
-            || (!removes.is_empty() && removes.contains_key(path))
-        {
-            continue;
-        }
-        size += s.whole.len();
-        states += 1;
-        push_stored(&mut pieces, &s.whole);
-    }
-    for n in new {
-        size += state_size(n);
-        states += 1;
-        pieces.push(Piece::New(n));
-    }
+    let pieces = Pieces::merge(base.added, bytes, upserts, removes);
+    let size = pieces.size() + removed.iter().map(|p| p.len() + 5).sum::<usize>();
     if size > limit {
         return Ok(None);
     }
@@ -148,21 +177,13 @@ pub(crate) fn encode(
     removed.dedup();
     let mut out = Vec::with_capacity(size + 16);
     out.push(0x93);
-    write_array_len(&mut out, states);
-    for piece in &pieces {
-        write_piece(&mut out, piece, bytes, ledger)?;
-    }
+    pieces.write(&mut out, bytes, ledger)?;
     rmp_serde::encode::write(&mut out, failure)?;
     write_array_len(&mut out, removed.len());
     for path in removed {
         rmp_serde::encode::write(&mut out, serde_bytes::Bytes::new(path))?;
     }
     Ok((out.len() <= limit).then_some(out))
-}
-
-/// About how many bytes a state takes encoded.
-fn state_size(s: &StateEntry) -> usize {
-    s.path.len() + s.records.iter().map(|r| r.len() + 5).sum::<usize>() + 24
 }
 
 #[cfg(test)]

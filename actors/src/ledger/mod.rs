@@ -868,38 +868,14 @@ impl EntryEdit {
             return Err(Error::Shutdown("ledger entry vanished".into()));
         };
         let bytes = stored.bytes();
-        let mut pieces: Vec<delta::Piece<'_>> =
-            Vec::with_capacity(2 * latest.len() + removes.len() + 1);
-        let mut count = 0;
-        let mut new = latest.iter().peekable();
-        for s in &stored.states {
-            let path = s.path(bytes);
-            while let Some(n) = new.next_if(|n| n.path.as_slice() < path) {
-                pieces.push(delta::Piece::New(n));
-                count += 1;
-            }
-            if new.peek().is_some_and(|n| n.path.as_slice() == path)
-                || (!removes.is_empty() && removes.contains_key(path))
-            {
-                continue;
-            }
-            count += 1;
-            delta::push_stored(&mut pieces, &s.whole);
-        }
-        for n in new {
-            pieces.push(delta::Piece::New(n));
-            count += 1;
-        }
-        if count == 0 && self.base.failure.is_none() {
+        let pieces = delta::Pieces::merge(&stored.states, bytes, &latest, &removes);
+        if pieces.states == 0 && self.base.failure.is_none() {
             return Ok(Encoded::Empty);
         }
         // `[states, failure]`, as rmp_serde writes a ComponentEntry.
         let mut out = Vec::with_capacity(stored.own_len() + 64);
         out.push(0x92);
-        scan::write_array_len(&mut out, count);
-        for piece in &pieces {
-            delta::write_piece(&mut out, piece, bytes, ledger)?;
-        }
+        pieces.write(&mut out, bytes, ledger)?;
         rmp_serde::encode::write(&mut out, &self.base.failure)?;
         Ok(Encoded::Whole(out))
     }
