@@ -893,8 +893,14 @@ impl EntryEdit {
     fn materialize(&mut self, ledger: &Ledger) -> Result<()> {
         self.deepen(ledger)?;
         self.copy_out();
+        self.apply_edits();
+        Ok(())
+    }
+
+    /// Applies the recorded upserts and removals to `base.states`.
+    fn apply_edits(&mut self) {
         if self.upserts.is_empty() && self.removes.is_empty() {
-            return Ok(());
+            return;
         }
         let latest = self.latest_upserts();
         let removes = std::mem::take(&mut self.removes);
@@ -914,7 +920,6 @@ impl EntryEdit {
         }
         merged.extend(new);
         self.base.states = merged;
-        Ok(())
     }
 }
 
@@ -1471,7 +1476,7 @@ mod tests {
     }
 
     #[test]
-    fn entry_edits_merge_upserts_and_removals_in_order() -> Result<()> {
+    fn entry_edits_merge_upserts_and_removals_in_order() {
         let base = ComponentEntry {
             states: vec![state("b", "1"), state("d", "1"), state("f", "1")],
             failure: None,
@@ -1484,13 +1489,11 @@ mod tests {
         edit.remove(b"g");
         edit.remove(b"b");
         edit.upsert(state("b", "3"));
-        let dir = tempfile::tempdir()?;
-        edit.materialize(&Ledger::open(dir.path(), 1 << 20)?)?;
+        edit.apply_edits();
         assert_eq!(paths(&edit.base), vec!["a", "b", "d"]);
         let d = &edit.base.states[2];
         assert_eq!(d.records, vec![buf(b"2")]);
         assert_eq!(edit.base.states[1].records, vec![buf(b"3")]);
-        Ok(())
     }
 
     /// An edited entry's whole encoding (`None`: empty).
