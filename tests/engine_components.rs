@@ -729,6 +729,104 @@ async fn declaring_one_state_twice_in_a_component_fails_only_that_component() ->
     .await
 }
 
+/// The keys declared in each order, with the index of the declaration
+/// that repeats an earlier one: in key order up to a repeat of the last,
+/// out of order with a repeat of the first, out of order from the start.
+const REPEATS: &[(&[&str], usize)] = &[
+    (&["k1", "k2", "k3", "k3"], 3),
+    (&["k1", "k2", "k3", "k1"], 3),
+    (&["k3", "k1", "k2", "k3"], 3),
+    (&["k2", "k4", "k1", "k3", "k4", "k5"], 4),
+];
+
+#[tokio::test]
+async fn a_repeated_declaration_is_refused_whatever_order_the_keys_come_in() -> Result<()> {
+    bounded(async {
+        for &(keys, repeat) in REPEATS {
+            let dir = tempfile::tempdir()?;
+            let app = app(dir.path()).await?;
+            let rig = Rig::new();
+            let handler = rig.handler();
+            let results: Arc<Mutex<Vec<bool>>> = Arc::default();
+            let seen = Arc::clone(&results);
+            let run = app
+                .run(move |ctx| async move {
+                    let p = register_root_target_states_provider(&ctx, ROWS, handler)?;
+                    for k in keys {
+                        let ok = declare_target_state(&ctx, p.target_state(*k, "1".into())).is_ok();
+                        if let Ok(mut s) = seen.lock() {
+                            s.push(ok);
+                        }
+                    }
+                    Ok(())
+                })
+                .await;
+            let results = results.lock().map(|r| r.clone()).unwrap_or_default();
+            let expected: Vec<bool> = (0..keys.len()).map(|i| i != repeat).collect();
+            assert_eq!(results, expected, "{keys:?}: only the repeat is refused");
+            let err = update_error(run)?;
+            let cause = cause_of(&err, "/").unwrap_or_default();
+            assert!(cause.contains(keys[repeat]), "{keys:?}: {cause}");
+            assert!(rig.store.snapshot().is_empty(), "{keys:?}: nothing applied");
+        }
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_states_no_longer_declared_are_deleted_whatever_order_the_rest_come_in() -> Result<()> {
+    bounded(async {
+        let dir = tempfile::tempdir()?;
+        let app = app(dir.path()).await?;
+        let rig = Rig::new();
+        let key = |i: usize| format!("k{i:03}");
+        let rows = |ids: &[usize]| -> Vec<(String, String)> {
+            ids.iter().map(|&i| (key(i), "1".to_string())).collect()
+        };
+        let run = |ids: Vec<usize>| {
+            let handler = rig.handler();
+            let rows = rows(&ids);
+            app.run(move |ctx| async move { declare_all(&ctx, &handler, &rows) })
+        };
+        let all: Vec<usize> = (0..300).collect();
+        run(all.clone()).await?;
+        // In key order, every third left out; then the survivors but every
+        // fifth, out of order (odd keys backwards, then even ones); then all
+        // back, in key order but for the first, declared last.
+        let in_order: Vec<usize> = all.iter().copied().filter(|i| i % 3 != 0).collect();
+        let mut shuffled: Vec<usize> = in_order.iter().copied().filter(|i| i % 5 != 0).collect();
+        shuffled.sort_by_key(|&i| (i % 2 == 0, std::cmp::Reverse(i)));
+        let mut last_first: Vec<usize> = all[1..].to_vec();
+        last_first.push(0);
+        let mut expected: BTreeMap<String, String> = rows(&all).into_iter().collect();
+        for (ids, deleted) in [(in_order, 100), (shuffled, 40), (last_first, 0)] {
+            rig.log.clear();
+            let stats = run(ids.clone()).await?;
+            assert_eq!(stats.deleted, deleted, "{ids:?}");
+            let kept: BTreeSet<usize> = ids.iter().copied().collect();
+            let mut deletes: Vec<String> = expected
+                .keys()
+                .filter(|k| !kept.iter().any(|&i| &key(i) == *k))
+                .map(|k| format!("delete {k}"))
+                .collect();
+            expected = rows(&ids).into_iter().collect();
+            let mut entries: Vec<String> = rig
+                .log
+                .entries()
+                .into_iter()
+                .filter(|e| e.starts_with("delete"))
+                .collect();
+            entries.sort();
+            deletes.sort();
+            assert_eq!(entries, deletes);
+            assert_eq!(rig.store.snapshot(), expected);
+        }
+        Ok(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declaring_one_state_in_two_sibling_components_fails_exactly_one_of_them() -> Result<()> {
     bounded(async {

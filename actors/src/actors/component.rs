@@ -16,8 +16,8 @@ use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::reconciler::{
-    shard_of, shard_stopped, Chunk, EarlyGate, FindOrphans, Found, Orphan, ReconcileBatch,
-    ShardBatch, ShardReply,
+    shard_of, shard_stopped, Chunk, DeclaredPaths, EarlyGate, FindOrphans, Found, Orphan,
+    ReconcileBatch, ShardBatch, ShardReply,
 };
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
@@ -46,9 +46,62 @@ pub(crate) struct Declaration {
 #[derive(Default)]
 struct DeclSet {
     list: Vec<Declaration>,
-    paths: HashSet<Arc<[u8]>>,
+    paths: Seen,
     errors: Vec<String>,
     early: Early,
+}
+
+/// The paths of a component's declarations, to refuse a second
+/// declaration of one state.
+enum Seen {
+    /// Each path so far was greater than the one before, as when rows are
+    /// read in key order: a path greater than the last cannot be one
+    /// declared before, so nothing but the last is kept (the list holds
+    /// the others, in order). Checking a path costs one comparison, where
+    /// a set of 100k paths costs two cache misses.
+    Ascending(Option<Arc<[u8]>>),
+    /// A path came out of order: all of them, hashed.
+    Hashed(HashSet<Arc<[u8]>>),
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Seen::Ascending(None)
+    }
+}
+
+impl Seen {
+    /// Notes `path`, declared after those of `list`; false if it was
+    /// declared before. `expected` sizes the set, should one be needed.
+    fn insert(&mut self, path: &Arc<[u8]>, list: &[Declaration], expected: usize) -> bool {
+        match self {
+            Seen::Ascending(last) => {
+                if last.as_deref().is_none_or(|l| l < &**path) {
+                    *last = Some(Arc::clone(path));
+                    return true;
+                }
+                let mut set = HashSet::with_capacity_and_hasher(
+                    expected.max(list.len() + 1),
+                    Default::default(),
+                );
+                set.extend(list.iter().map(|d| Arc::clone(&d.path)));
+                let fresh = set.insert(Arc::clone(path));
+                *self = Seen::Hashed(set);
+                fresh
+            }
+            Seen::Hashed(set) => set.insert(Arc::clone(path)),
+        }
+    }
+
+    /// Every path declared, those of `list`, for finding orphans.
+    fn declared(self, list: &[Declaration]) -> DeclaredPaths {
+        match self {
+            Seen::Ascending(_) => {
+                DeclaredPaths::Sorted(list.iter().map(|d| Arc::clone(&d.path)).collect())
+            }
+            Seen::Hashed(set) => DeclaredPaths::Set(set),
+        }
+    }
 }
 
 /// Declarations sent to the reconcilers while the component's code still
@@ -111,7 +164,6 @@ impl ComponentState {
             .unwrap_or(0);
         let decls = DeclSet {
             list: Vec::with_capacity(declared_last),
-            paths: HashSet::with_capacity_and_hasher(declared_last, Default::default()),
             ..DeclSet::default()
         };
         Arc::new(Self {
@@ -167,7 +219,8 @@ impl ComponentState {
         if let Some(err) = self.finished_error(what) {
             return Err(err);
         }
-        if !decls.paths.insert(Arc::clone(&decl.path)) {
+        let DeclSet { list, paths, .. } = &mut *decls;
+        if !paths.insert(&decl.path, list, self.declared_last) {
             let err = Error::DuplicateDeclaration {
                 provider: decl.provider.path.name.to_string(),
                 key: decl.key,
@@ -1198,13 +1251,13 @@ struct Reconciliation {
 
 /// Reconciles declarations in waves: first those whose provider is
 /// resolved, then the children of the containers resolved by that wave.
-/// `paths` are the declarations' paths (the set `declare` kept to refuse
-/// duplicates): when the declarations did not match every state the
-/// component's entry holds, the home shard finds the others with them.
+/// `paths` are what `declare` kept to refuse duplicates: when the
+/// declarations did not match every state the component's entry holds,
+/// the home shard finds the others with the paths declared.
 async fn reconcile_waves(
     state: &Arc<ComponentState>,
     decls: &mut [Declaration],
-    paths: HashSet<Arc<[u8]>>,
+    paths: Seen,
     early: Early,
 ) -> Result<Reconciliation> {
     let run = &state.run;
@@ -1352,23 +1405,23 @@ async fn reconcile_waves(
         });
     }
     if matched != stored {
-        out.orphans = find_orphans(state, home, paths).await?;
+        out.orphans = find_orphans(state, home, paths.declared(decls)).await?;
     }
     Ok(out)
 }
 
 /// The states of the component's entry that it no longer declares: asked
-/// of shard `home`, which checks each against `paths`.
+/// of shard `home`, which checks each against `declared`.
 async fn find_orphans(
     state: &ComponentState,
     home: usize,
-    declared_paths: HashSet<Arc<[u8]>>,
+    declared: DeclaredPaths,
 ) -> Result<Vec<StateEntry>> {
     let (tx, rx) = oneshot::channel();
     if let Some(shard) = state.run.engine.shards.get(home) {
         shard.do_send(FindOrphans {
             component: Arc::clone(&state.key),
-            declared_paths,
+            declared,
             reply: tx,
         });
     }

@@ -221,8 +221,47 @@ impl ShardReply {
 /// declares, from every path it declares in this run.
 pub(crate) struct FindOrphans {
     pub component: Arc<[u8]>,
-    pub declared_paths: HashSet<Arc<[u8]>>,
+    pub declared: DeclaredPaths,
     pub reply: oneshot::Sender<Result<Vec<StateEntry>>>,
+}
+
+/// Every path a component declared in a run.
+pub(crate) enum DeclaredPaths {
+    /// In increasing order, each once.
+    Sorted(Vec<Arc<[u8]>>),
+    /// In no order.
+    Set(HashSet<Arc<[u8]>>),
+}
+
+impl DeclaredPaths {
+    /// The states of `entry` whose paths are not among these.
+    fn orphans_in(&self, entry: &StoredEntry) -> Vec<StateEntry> {
+        let base = entry.bytes();
+        self.not_among(&entry.states, |s| s.path(base))
+            .into_iter()
+            .map(|s| s.to_entry(base))
+            .collect()
+    }
+
+    /// The items of `sorted` (in increasing order of `path`) whose paths
+    /// are not among these.
+    fn not_among<'a, T>(&self, sorted: &'a [T], path: impl Fn(&'a T) -> &'a [u8]) -> Vec<&'a T> {
+        match self {
+            DeclaredPaths::Set(set) => sorted.iter().filter(|s| !set.contains(path(s))).collect(),
+            // Both in path order: one walk over the two.
+            DeclaredPaths::Sorted(paths) => {
+                let mut declared = paths.iter().map(|p| &**p).peekable();
+                sorted
+                    .iter()
+                    .filter(|s| {
+                        let p = path(s);
+                        while declared.next_if(|&d| d < p).is_some() {}
+                        declared.next_if(|&d| d == p).is_none()
+                    })
+                    .collect()
+            }
+        }
+    }
 }
 
 impl Message for FindOrphans {
@@ -719,12 +758,7 @@ impl Handler<FindOrphans> for ReconcilerActor {
             let Some(own) = own else {
                 return Vec::new();
             };
-            let base = own.bytes();
-            own.states
-                .iter()
-                .filter(|s| !msg.declared_paths.contains(s.path(base)))
-                .map(|s| s.to_entry(base))
-                .collect()
+            msg.declared.orphans_in(&own)
         });
         let _ = msg.reply.send(orphans);
     }
@@ -902,8 +936,36 @@ fn find_from<T>(
 
 #[cfg(test)]
 mod tests {
-    use super::{find_from, Cursor};
+    use super::{find_from, Cursor, DeclaredPaths};
     use std::cell::Cell;
+    use std::sync::Arc;
+
+    #[test]
+    fn the_paths_not_declared_are_the_same_found_by_a_walk_or_by_a_set() {
+        let path = |i: u32| -> Vec<u8> { format!("p{i:05}").into_bytes() };
+        let stored: Vec<Vec<u8>> = (0..2_000).filter(|i| i % 7 != 0).map(path).collect();
+        let mut rng = fastrand::Rng::with_seed(7);
+        for round in 0..50 {
+            // Some stored paths, some never stored, before, among and
+            // after the stored ones; sometimes none.
+            let declared: Vec<Vec<u8>> = (0..2_100)
+                .filter(|_| round % 10 != 0 && rng.u8(..) < 200)
+                .map(path)
+                .collect();
+            let set: std::collections::BTreeSet<&Vec<u8>> = declared.iter().collect();
+            let expected: Vec<&Vec<u8>> = stored.iter().filter(|p| !set.contains(p)).collect();
+            let arcs = || declared.iter().map(|p| Arc::<[u8]>::from(p.as_slice()));
+            let sorted = DeclaredPaths::Sorted(arcs().collect());
+            let set = DeclaredPaths::Set(arcs().collect());
+            for paths in [sorted, set] {
+                assert_eq!(
+                    paths.not_among(&stored, |p| p.as_slice()),
+                    expected,
+                    "round {round}"
+                );
+            }
+        }
+    }
 
     /// Finds each of `sought` with one cursor, returning the comparisons
     /// each took (and checking what it found).
