@@ -428,3 +428,72 @@ async fn states_no_longer_declared_reach_the_sink_in_key_order_so_each_call_cove
     assert_eq!(deleted, sorted, "deletions in the order the calls got them");
     Ok(())
 }
+
+/// One run whose component `/a` declares `before`, then mounts `/a/b`
+/// (which declares `taken` and commits), then declares `after`.
+async fn run_a_around_b(
+    app: &App,
+    rig: &Rig,
+    before: Vec<(String, String)>,
+    taken: Vec<(String, String)>,
+    after: Vec<(String, String)>,
+) -> Result<UpdateStats> {
+    let handler = rig.handler();
+    app.run(move |ctx| async move {
+        let provider = register_root_target_states_provider::<String, _>(&ctx, ROWS, handler)?;
+        ctx.mount("a", move |c| async move {
+            declare_into(&c, &provider, before)?;
+            let for_b = provider.clone();
+            c.mount("b", move |b| async move { declare_into(&b, &for_b, taken) })
+                .await?;
+            declare_into(&c, &provider, after)
+        })
+        .await
+    })
+    .await
+}
+
+#[tokio::test]
+async fn states_taken_over_while_their_old_component_runs_are_kept_and_its_dropped_ones_deleted(
+) -> Result<()> {
+    // /a's entry is read for its first chunks, before /a/b takes some of
+    // its states over and commits: /a's orphans are found in that reading,
+    // and the states /a/b took must not be deleted with the others.
+    for chunk in [1, 3, 4096] {
+        let dir = tempfile::tempdir()?;
+        let app = chunked_app(dir.path(), chunk).await?;
+        let rig = Rig::new();
+        let all = rows(20, |i| format!("v{i}"));
+        run_a_around_b(&app, &rig, all, Vec::new(), Vec::new()).await?;
+
+        // The rows from..to, unchanged ("v<i>") or changed ("b<i>").
+        let part = |from: usize, to: usize, v: &'static str| -> Vec<(String, String)> {
+            rows(to, |i| format!("{v}{i}")).split_off(from)
+        };
+        let (before, taken, after) = (part(0, 5, "v"), part(10, 15, "b"), part(5, 8, "v"));
+        let stats =
+            run_a_around_b(&app, &rig, before.clone(), taken.clone(), after.clone()).await?;
+        let expected: BTreeMap<String, String> = before
+            .into_iter()
+            .chain(after)
+            .chain(taken.clone())
+            .collect();
+        assert_eq!(rig.store.snapshot(), expected, "chunk {chunk}");
+        // k008, k009 and k015..k019: deleted; k010..k014: updated by /a/b.
+        assert_eq!(
+            (stats.created, stats.updated, stats.deleted),
+            (0, 5, 7),
+            "chunk {chunk}"
+        );
+
+        // Tracked as they are: the same run again changes nothing.
+        let stats = run_a_around_b(&app, &rig, part(0, 5, "v"), taken, part(5, 8, "v")).await?;
+        assert_eq!(
+            (stats.created, stats.updated, stats.deleted),
+            (0, 0, 0),
+            "chunk {chunk}"
+        );
+        assert_eq!(rig.store.snapshot(), expected, "chunk {chunk}");
+    }
+    Ok(())
+}

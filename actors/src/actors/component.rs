@@ -1420,6 +1420,7 @@ async fn find_orphans(
     let (tx, rx) = oneshot::channel();
     if let Some(shard) = state.run.engine.shards.get(home) {
         shard.do_send(FindOrphans {
+            run_id: state.run.id,
             component: Arc::clone(&state.key),
             declared,
             reply: tx,

@@ -220,6 +220,7 @@ impl ShardReply {
 /// Finds the states of a component's entry whose paths it no longer
 /// declares, from every path it declares in this run.
 pub(crate) struct FindOrphans {
+    pub run_id: u64,
     pub component: Arc<[u8]>,
     pub declared: DeclaredPaths,
     pub reply: oneshot::Sender<Result<Vec<StateEntry>>>,
@@ -389,7 +390,11 @@ impl ReconcilerActor {
                 let claimed = self.claim_pending(msg);
                 reply.duplicates.extend(claimed);
             }
-            self.forget_entry(&msg.component);
+            // The home shard keeps it for finding the component's orphans
+            // (let go of then, or at the end of the run).
+            if !msg.home {
+                self.forget_entry(&msg.component);
+            }
         }
         reply
     }
@@ -434,9 +439,14 @@ impl ReconcilerActor {
 
     /// Lets go of a component's kept entry.
     fn forget_entry(&mut self, component: &[u8]) {
-        if let Some((_, entry)) = self.entries.remove(component) {
-            self.cached_states = self.cached_states.saturating_sub(state_count(&entry));
-        }
+        self.take_entry(component);
+    }
+
+    /// Takes a component's kept entry out, with the run it was read in.
+    fn take_entry(&mut self, component: &[u8]) -> Option<KeptEntry> {
+        let kept = self.entries.remove(component)?;
+        self.cached_states = self.cached_states.saturating_sub(state_count(&kept.1));
+        Some(kept)
     }
 
     /// Reconciles `decls` against the component's entry (`None`: it has
@@ -752,13 +762,19 @@ impl Handler<FindOrphans> for ReconcilerActor {
     type Result = ();
 
     fn handle(&mut self, msg: FindOrphans, _ctx: &mut Context<Self>) {
-        // Read afresh: the component's last message let go of any entry
-        // kept for its chunks.
-        let orphans = self.ledger.stored(&msg.component).map(|own| {
-            let Some(own) = own else {
-                return Vec::new();
-            };
-            msg.declared.orphans_in(&own)
+        // The entry as read for the component's chunks in this run, which
+        // its declarations were matched against, else as stored. States
+        // that left it since were taken over by components that declared
+        // them in this run: as orphans, they are dropped before anything
+        // is deleted (`FilterOrphans`). None entered it: only the
+        // component's own commit, after this, adds to it.
+        let kept = match self.take_entry(&msg.component) {
+            Some((run_id, entry)) if run_id == msg.run_id => Ok(entry),
+            _ => self.ledger.stored(&msg.component).map(Arc::new),
+        };
+        let orphans = kept.map(|entry| match entry.as_ref() {
+            Some(own) => msg.declared.orphans_in(own),
+            None => Vec::new(),
         });
         let _ = msg.reply.send(orphans);
     }
