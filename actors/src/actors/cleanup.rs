@@ -13,14 +13,16 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::ledger::LedgerHandle;
-use super::reconciler::{shard_of, shard_stopped, FilterOrphans, Orphan, ReconcileOrphans};
+use super::reconciler::{
+    shard_of, shard_stopped, FilterOrphans, Orphan, OrphanOutcome, ReconcileOrphans,
+};
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::record::{Intent, LedgerOp};
 use crate::ledger::{buf, Ledger};
 use crate::model::erased::ErasedOutput;
 use crate::model::keycode;
-use crate::model::provider::ProviderPath;
+use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::sink::EncodedAction;
 use crate::model::{ComponentPath, StableKey};
 use crate::run::{lock, PreviewAction, Run};
@@ -74,7 +76,7 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
         for (orphan, provider, key, result) in &outcomes {
             if let Ok(Some(out)) = result {
                 preview.push(PreviewAction {
-                    provider: provider.name.to_string(),
+                    provider: provider.path.name.to_string(),
                     key: key.clone(),
                     kind: out.kind,
                     component: orphan.component_path.clone(),
@@ -87,13 +89,18 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
     // Group deletes into units by the component that owned them.
     let mut units: BTreeMap<Vec<u8>, Unit> = BTreeMap::new();
     for (orphan, provider, key, result) in outcomes {
-        let unit = units
-            .entry(orphan.component.to_vec())
-            .or_insert_with(|| Unit {
-                path: orphan.component_path.clone(),
-                items: Vec::new(),
-                error: None,
-            });
+        // Most orphans find their unit there already: a lookup, then, not
+        // a new key.
+        let unit = match units.get_mut(&*orphan.component) {
+            Some(unit) => unit,
+            None => units
+                .entry(orphan.component.to_vec())
+                .or_insert_with(|| Unit {
+                    path: orphan.component_path.clone(),
+                    items: Vec::new(),
+                    error: None,
+                }),
+        };
         match result {
             Err(e) => {
                 unit.error.get_or_insert(e);
@@ -120,7 +127,7 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
                 key: key.clone(),
                 intent: (!orphan.entry.may_be_missing).then(|| delete_intent(orphan)),
             };
-            groups.add(&out.sink, &provider.name, &provider.root, planned);
+            groups.add(&out.sink, &provider.path.name, &provider.path.root, planned);
         }
         groups.dispatch(run, &waiter);
         waiting.insert(component.clone(), waiter);
@@ -201,20 +208,9 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
     Ok(())
 }
 
-/// Where an orphan's outcome goes back (its position among the orphans),
-/// with the provider and key it is reported with.
-type Return = (usize, ProviderPath, StableKey);
-
-type OrphanOutcome = (
-    Orphan,
-    ProviderPath,
-    StableKey,
-    Result<Option<ErasedOutput>>,
-);
-
 struct Unit {
     path: ComponentPath,
-    items: Vec<(Orphan, ProviderPath, StableKey, Option<ErasedOutput>)>,
+    items: Vec<(Orphan, Arc<ProviderCore>, StableKey, Option<ErasedOutput>)>,
     error: Option<Error>,
 }
 
@@ -285,23 +281,45 @@ fn topmost(mut orphans: Vec<Orphan>) -> Vec<Orphan> {
 /// a provider) rather than coming shard by shard: a sink call then takes a
 /// range of keys, not a share of every range. Deleting one row in ten of a
 /// SQLite table in three calls rewrote most of its pages three times.
+/// An orphan's provider, with the generation its records are judged by
+/// when its container failed in this run.
+type OrphanProvider = (Arc<ProviderCore>, Option<ChildGeneration>);
+
 async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<OrphanOutcome>> {
     let shards = &run.engine.shards;
     let n = shards.len();
     let count = orphans.len();
-    // Per shard: what is sent, and, in the same order, where each outcome
-    // goes back.
-    let mut per_shard: Vec<(Vec<_>, Vec<Return>)> = (0..n).map(|_| Default::default()).collect();
+    // Per shard: what is sent, and, in the same order, each one's position
+    // among the orphans.
+    let mut per_shard: Vec<(Vec<_>, Vec<usize>)> = (0..n).map(|_| Default::default()).collect();
+    // Sorted by path, orphans come provider by provider: the last one's
+    // provider path, provider and generation serve the next while its path
+    // is that provider path and a key.
+    let mut last: Option<(Vec<u8>, Option<OrphanProvider>)> = None;
     for (position, o) in orphans.into_iter().enumerate() {
-        let Some((provider_enc, key)) = keycode::split_state_path(&o.entry.path) else {
+        let path = &o.entry.path;
+        let below_last = last
+            .as_ref()
+            .and_then(|(enc, found)| keycode::key_below(path, enc).map(|key| (found.clone(), key)));
+        let (found, key) = match below_last {
+            Some(same) => same,
+            None => {
+                let Some((provider_enc, key)) = keycode::split_state_path(path) else {
+                    continue;
+                };
+                let found = run.provider(provider_enc).map(|provider| {
+                    let trusted = run.trusted_generation(&provider);
+                    (provider, trusted)
+                });
+                last = Some((provider_enc.to_vec(), found.clone()));
+                (found, key)
+            }
+        };
+        let Some((provider, trusted)) = found else {
             continue;
         };
-        let Some(provider) = run.provider(provider_enc) else {
-            continue;
-        };
-        let trusted = run.trusted_generation(&provider);
         if let Some((sent, back)) = per_shard.get_mut(shard_of(&o.entry.path, n)) {
-            back.push((position, provider.path.clone(), key.clone()));
+            back.push(position);
             sent.push((o, provider, key, trusted));
         }
     }
@@ -316,10 +334,10 @@ async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan
     }
     let mut out: Vec<Option<OrphanOutcome>> = (0..count).map(|_| None).collect();
     for (back, rx) in replies {
-        let results = rx.await.map_err(shard_stopped)?;
-        for ((orphan, result), (position, provider, key)) in results.into_iter().zip(back) {
+        let outcomes = rx.await.map_err(shard_stopped)?;
+        for (outcome, position) in outcomes.into_iter().zip(back) {
             if let Some(slot) = out.get_mut(position) {
-                *slot = Some((orphan, provider, key, result));
+                *slot = Some(outcome);
             }
         }
     }

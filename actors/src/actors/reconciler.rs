@@ -298,8 +298,18 @@ pub(crate) struct ReconcileOrphans {
         StableKey,
         Option<ChildGeneration>,
     )>,
-    pub reply: oneshot::Sender<Vec<(Orphan, Result<Option<ErasedOutput>>)>>,
+    /// Each orphan back, in the same order, with its provider, key and
+    /// outcome.
+    pub reply: oneshot::Sender<Vec<OrphanOutcome>>,
 }
+
+/// An orphan reconciled: its provider, key and outcome.
+pub(crate) type OrphanOutcome = (
+    Orphan,
+    Arc<ProviderCore>,
+    StableKey,
+    Result<Option<ErasedOutput>>,
+);
 
 impl Message for ReconcileOrphans {
     type Result = ();
@@ -816,14 +826,14 @@ impl Handler<ReconcileOrphans> for ReconcilerActor {
                             })
                             .map_err(|cause| Error::Reconcile {
                                 provider: provider.path.name.to_string(),
-                                key,
+                                key: key.clone(),
                                 cause: Box::new(cause),
                             })
                         }
                     }
                     None => Ok(None),
                 };
-                (orphan, result)
+                (orphan, provider, key, result)
             })
             .collect();
         let _ = msg.reply.send(out);

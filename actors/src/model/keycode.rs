@@ -198,6 +198,22 @@ pub(crate) fn split_state_path(bytes: &[u8]) -> Option<(&[u8], StableKey)> {
     Some((bytes.get(..start)?, key))
 }
 
+/// The key of a state path made of `provider` (a provider path given by
+/// [`split_state_path`]) and one key, if that is what `bytes` is: what
+/// `split_state_path` finds then, without decoding the provider path.
+pub(crate) fn key_below(bytes: &[u8], provider: &[u8]) -> Option<StableKey> {
+    let rest = bytes.strip_prefix(provider)?;
+    let mut reader = Reader {
+        bytes: rest,
+        pos: 0,
+    };
+    let key = match reader.byte()? {
+        TAG_PROVIDER | TAG_ATTACHMENT | TAG_COMPONENT_END => return None,
+        t => reader.key_with_tag(t)?,
+    };
+    (reader.pos == rest.len()).then_some(key)
+}
+
 /// Decodes the encoding of a component path made by [`component_key`].
 pub(crate) fn decode_component(bytes: &[u8]) -> Option<Vec<StableKey>> {
     let (last, body) = bytes.split_last()?;
@@ -272,6 +288,49 @@ mod tests {
             decode_component(&comp),
             Some(vec!["a".into_stable_key(), 1i64.into_stable_key()])
         );
+    }
+
+    #[test]
+    fn a_key_below_a_provider_path_is_the_one_a_full_split_finds() {
+        let keys: Vec<StableKey> = vec![
+            7i64.into_stable_key(),
+            (-3i64).into_stable_key(),
+            "a\0b".into_stable_key(),
+            ("x", 2i64).into_stable_key(),
+            StableKey::Bytes(Arc::from(&[0u8, 1][..])),
+        ];
+        // Provider paths: a root, one below a container's key, one ending
+        // in a key (a state path whose last segment is split off).
+        let mut providers: Vec<Vec<u8>> = Vec::new();
+        let mut root = Vec::new();
+        put_name(&mut root, TAG_PROVIDER, "tables");
+        providers.push(root.clone());
+        put_key(&mut root, &"docs".into_stable_key());
+        put_name(&mut root, TAG_PROVIDER, "rows");
+        providers.push(root.clone());
+        put_key(&mut root, &1i64.into_stable_key());
+        providers.push(root);
+        for provider in &providers {
+            for key in &keys {
+                let mut path = provider.clone();
+                put_key(&mut path, key);
+                let split = split_state_path(&path);
+                assert_eq!(split, Some((provider.as_slice(), key.clone())));
+                assert_eq!(key_below(&path, provider), Some(key.clone()));
+                // Not below another provider path, nor below its own when
+                // more follows the key.
+                for other in providers.iter().filter(|o| *o != provider) {
+                    if let Some(found) = key_below(&path, other) {
+                        assert_eq!(split_state_path(&path), Some((other.as_slice(), found)));
+                    }
+                }
+                let mut longer = path.clone();
+                put_name(&mut longer, TAG_ATTACHMENT, "idx");
+                assert_eq!(key_below(&longer, provider), None);
+                put_key(&mut longer, key);
+                assert_eq!(key_below(&longer, provider), None);
+            }
+        }
     }
 
     #[test]
