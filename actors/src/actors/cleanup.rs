@@ -274,6 +274,10 @@ fn topmost(mut orphans: Vec<Orphan>) -> Vec<Orphan> {
     out
 }
 
+/// An orphan's provider, with the generation its records are judged by
+/// when its container failed in this run.
+type OrphanProvider = (Arc<ProviderCore>, Option<ChildGeneration>);
+
 /// Reconciles orphans with `desired = None` on their shards. Orphans whose
 /// provider was not registered in this run are left in place.
 ///
@@ -281,10 +285,6 @@ fn topmost(mut orphans: Vec<Orphan>) -> Vec<Orphan> {
 /// a provider) rather than coming shard by shard: a sink call then takes a
 /// range of keys, not a share of every range. Deleting one row in ten of a
 /// SQLite table in three calls rewrote most of its pages three times.
-/// An orphan's provider, with the generation its records are judged by
-/// when its container failed in this run.
-type OrphanProvider = (Arc<ProviderCore>, Option<ChildGeneration>);
-
 async fn reconcile_orphans(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<OrphanOutcome>> {
     let shards = &run.engine.shards;
     let n = shards.len();

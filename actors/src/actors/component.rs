@@ -16,8 +16,8 @@ use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::reconciler::{
-    shard_of, shard_stopped, Chunk, DeclaredPaths, EarlyGate, FindOrphans, Found, Orphan,
-    ReconcileBatch, ShardBatch, ShardReply,
+    shard_of, shard_stopped, Chunk, DeclaredPaths, EarlyGate, FindOrphans, ForgetEntry, Found,
+    Orphan, ReconcileBatch, ShardBatch, ShardReply,
 };
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
@@ -1273,6 +1273,11 @@ async fn reconcile_waves(
     let sent_early = |i: usize| early.sent.get(i).copied().unwrap_or(false);
     let mut done: Vec<bool> = (0..decls.len()).map(sent_early).collect();
     let chunked = |s: usize| early.shards.get(s).copied().unwrap_or(false);
+    let mut kept_at_home = KeptAtHome {
+        state,
+        home,
+        kept: chunked(home),
+    };
     let mut early_replies = early.replies;
     let mut out = Reconciliation {
         results: Outcomes::new(decls.len()),
@@ -1318,7 +1323,8 @@ async fn reconcile_waves(
         for (s, batch) in per_shard.into_iter().enumerate() {
             let is_home = first && s == home;
             // A shard sent chunks early gets a last message, which lets
-            // go of the entry it kept.
+            // go of the entry it kept (the home shard keeps it for the
+            // orphans, see `KeptAtHome`).
             let last = first && chunked(s);
             if batch.is_empty() && !is_home && !last {
                 continue;
@@ -1405,9 +1411,35 @@ async fn reconcile_waves(
         });
     }
     if matched != stored {
+        // Finding them lets go of the entry kept for them.
+        kept_at_home.kept = false;
         out.orphans = find_orphans(state, home, paths.declared(decls)).await?;
     }
     Ok(out)
+}
+
+/// The home shard of a chunked component keeps the entry it read for its
+/// chunks, to find the component's orphans in: unless they are asked for,
+/// it is told to let go when the component's reconciling ends, however it
+/// ends.
+struct KeptAtHome<'a> {
+    state: &'a ComponentState,
+    home: usize,
+    kept: bool,
+}
+
+impl Drop for KeptAtHome<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            return;
+        }
+        if let Some(shard) = self.state.run.engine.shards.get(self.home) {
+            shard.do_send(ForgetEntry {
+                run_id: self.state.run.id,
+                component: Arc::clone(&self.state.key),
+            });
+        }
+    }
 }
 
 /// The states of the component's entry that it no longer declares: asked

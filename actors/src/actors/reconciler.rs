@@ -162,7 +162,9 @@ pub(crate) enum Chunk {
     /// chunk was handled, or that it should send no more.
     More(Arc<EarlyGate>),
     /// The last after chunks: the component reached its commit. The shard
-    /// claims the chunks' states and lets go of the entry it kept.
+    /// claims the chunks' states and lets go of the entry it kept, unless
+    /// it is the component's home shard: that one keeps it until
+    /// [`FindOrphans`] or [`ForgetEntry`].
     Last,
 }
 
@@ -275,6 +277,17 @@ pub(crate) struct Orphan {
     pub component: Arc<[u8]>,
     pub component_path: ComponentPath,
     pub entry: StateEntry,
+}
+
+/// Lets go of the entry a component's home shard kept for finding its
+/// orphans, when it finds none.
+pub(crate) struct ForgetEntry {
+    pub run_id: u64,
+    pub component: Arc<[u8]>,
+}
+
+impl Message for ForgetEntry {
+    type Result = ();
 }
 
 /// Drops orphans that a component declared in this run (they moved).
@@ -423,7 +436,8 @@ impl ReconcilerActor {
 
     /// The entry of a component that sends this shard several messages in
     /// a run (chunks declared while its code runs, then the rest): read
-    /// and decoded on its first message, kept until its last.
+    /// and decoded on its first message, kept until its last (on its home
+    /// shard, until it finds its orphans or lets go).
     fn chunked_entry(&mut self, msg: &ReconcileBatch) -> Result<Arc<Option<StoredEntry>>> {
         if let Some((run_id, entry)) = self.entries.get(&msg.component) {
             if *run_id == msg.run_id {
@@ -774,10 +788,15 @@ impl Handler<FindOrphans> for ReconcilerActor {
     fn handle(&mut self, msg: FindOrphans, _ctx: &mut Context<Self>) {
         // The entry as read for the component's chunks in this run, which
         // its declarations were matched against, else as stored. States
-        // that left it since were taken over by components that declared
-        // them in this run: as orphans, they are dropped before anything
-        // is deleted (`FilterOrphans`). None entered it: only the
-        // component's own commit, after this, adds to it.
+        // can have left it since: taken over by components that declared
+        // them in this run (as orphans, `FilterOrphans` drops them before
+        // anything is deleted), or dropped below a container deleted or
+        // rebuilt (their records are then below the container's
+        // generation, or their provider unresolved: nothing to delete).
+        // Either way the orphan's removal from the entry changes nothing,
+        // but the component's memo is not recorded in such a run (it runs
+        // again next time). A state that entered the entry since was
+        // declared in this run by the component itself: not an orphan.
         let kept = match self.take_entry(&msg.component) {
             Some((run_id, entry)) if run_id == msg.run_id => Ok(entry),
             _ => self.ledger.stored(&msg.component).map(Arc::new),
@@ -787,6 +806,17 @@ impl Handler<FindOrphans> for ReconcilerActor {
             None => Vec::new(),
         });
         let _ = msg.reply.send(orphans);
+    }
+}
+
+impl Handler<ForgetEntry> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ForgetEntry, _ctx: &mut Context<Self>) {
+        let this_run = |(run_id, _): &KeptEntry| *run_id == msg.run_id;
+        if self.entries.get(&msg.component).is_some_and(this_run) {
+            self.forget_entry(&msg.component);
+        }
     }
 }
 
