@@ -2,7 +2,7 @@
 //!
 //! Both `reconcile`s are pure: they compare the declared value with the
 //! tracking records and return an action for the sinks in
-//! [`sink`](super::sink).
+//! [`super::sink`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
