@@ -426,6 +426,21 @@ mod tests {
         Ok(())
     }
 
+    /// The fingerprint of the list a row's fingerprint stands for (its
+    /// non-NULL values by column name, in name order), built the plain way:
+    /// through serde.
+    fn plain_fingerprint(schema: &TableSchema, values: &[SqlValue]) -> Fingerprint {
+        let mut named: Vec<(&str, &SqlValue)> = schema
+            .columns()
+            .iter()
+            .zip(values)
+            .filter(|(_, v)| !matches!(v, SqlValue::Null))
+            .map(|(c, v)| (c.name.as_str(), v))
+            .collect();
+        named.sort_by_key(|(name, _)| *name);
+        Fingerprint::from(&named)
+    }
+
     #[test]
     fn a_row_fingerprint_of_any_width_is_that_of_its_non_null_values_by_column_name() -> Result<()>
     {
@@ -449,17 +464,9 @@ mod tests {
                         _ => SqlValue::Int(i as i64),
                     })
                     .collect();
-                let mut named: Vec<(&str, &SqlValue)> = schema
-                    .columns()
-                    .iter()
-                    .zip(&values)
-                    .filter(|(_, v)| !matches!(v, SqlValue::Null))
-                    .map(|(c, v)| (c.name.as_str(), v))
-                    .collect();
-                named.sort_by_key(|(name, _)| *name);
                 assert_eq!(
                     row_fingerprint(&schema, &by_name, &values),
-                    Fingerprint::from(&named),
+                    plain_fingerprint(&schema, &values),
                     "{width} columns, {nulls} nulls in 4"
                 );
             }
@@ -484,18 +491,9 @@ mod tests {
                 mid.clone(),
                 SqlValue::Text("b".into()),
             ];
-            // The list the fingerprint stands for, built the plain way.
-            let mut named: Vec<(&str, &SqlValue)> = schema
-                .columns()
-                .iter()
-                .zip(&values)
-                .filter(|(_, v)| !matches!(v, SqlValue::Null))
-                .map(|(c, v)| (c.name.as_str(), v))
-                .collect();
-            named.sort_by_key(|(name, _)| *name);
             assert_eq!(
                 row_fingerprint(&schema, &by_name, &values),
-                Fingerprint::from(&named)
+                plain_fingerprint(&schema, &values)
             );
         }
         Ok(())
