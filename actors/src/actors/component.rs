@@ -16,8 +16,8 @@ use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::reconciler::{
-    shard_of, shard_stopped, Chunk, DeclaredPaths, EarlyGate, FindOrphans, ForgetEntry, Found,
-    Orphan, ReconcileBatch, ShardBatch, ShardReply,
+    shard_of, shard_stopped, Chunk, EarlyGate, Found, Orphan, ReconcileBatch, ShardBatch,
+    ShardReply,
 };
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
@@ -25,6 +25,7 @@ use crate::ledger::buf;
 use crate::ledger::record::{
     ComponentEntryOut, Intent, LedgerOp, RecordsOut, StateEntry, StateEntryOut,
 };
+use crate::ledger::stored::{StoredEntry, StoredState};
 use crate::model::erased::{ErasedHandler, ErasedOutput};
 use crate::model::provider::{ChildGeneration, DeclaredValue, ProviderCore, Resolved};
 use crate::model::sink::EncodedAction;
@@ -93,15 +94,40 @@ impl Seen {
         }
     }
 
-    /// Every path declared, those of `list`, for finding orphans.
-    fn declared(self, list: &[Declaration]) -> DeclaredPaths {
-        match self {
-            Seen::Ascending(_) => {
-                DeclaredPaths::Sorted(list.iter().map(|d| Arc::clone(&d.path)).collect())
-            }
-            Seen::Hashed(set) => DeclaredPaths::Set(set),
-        }
+    /// The states of `entry` whose paths are not among those of `list`
+    /// (the declarations whose paths these are).
+    fn orphans_in(&self, list: &[Declaration], entry: &StoredEntry) -> Vec<StateEntry> {
+        let base = entry.bytes();
+        let path = |s: &StoredState| s.path(base);
+        let orphans = match self {
+            // The entry's states are sorted by path too: one walk over both.
+            Seen::Ascending(_) => not_among(&entry.states, path, list.iter().map(|d| &*d.path)),
+            Seen::Hashed(set) => entry
+                .states
+                .iter()
+                .filter(|s| !set.contains(path(s)))
+                .collect(),
+        };
+        orphans.into_iter().map(|s| s.to_entry(base)).collect()
     }
+}
+
+/// The items of `sorted` (in increasing order of `path`) whose paths are
+/// not among `declared` (in increasing order too).
+fn not_among<'a, 'p, T>(
+    sorted: &'a [T],
+    path: impl Fn(&'a T) -> &'a [u8],
+    declared: impl Iterator<Item = &'p [u8]>,
+) -> Vec<&'a T> {
+    let mut declared = declared.peekable();
+    sorted
+        .iter()
+        .filter(|s| {
+            let p = path(s);
+            while declared.next_if(|&d| d < p).is_some() {}
+            declared.next_if(|&d| d == p).is_none()
+        })
+        .collect()
 }
 
 /// Declarations sent to the reconcilers while the component's code still
@@ -1273,11 +1299,6 @@ async fn reconcile_waves(
     let sent_early = |i: usize| early.sent.get(i).copied().unwrap_or(false);
     let mut done: Vec<bool> = (0..decls.len()).map(sent_early).collect();
     let chunked = |s: usize| early.shards.get(s).copied().unwrap_or(false);
-    let mut kept_at_home = KeptAtHome {
-        state,
-        home,
-        kept: chunked(home),
-    };
     let mut early_replies = early.replies;
     let mut out = Reconciliation {
         results: Outcomes::new(decls.len()),
@@ -1289,6 +1310,8 @@ async fn reconcile_waves(
         fresh: false,
     };
     let mut first = true;
+    // The home shard's reading of the component's entry.
+    let mut home_entry = None;
     // The entry's states, and how many the declarations found there.
     let (mut stored, mut matched) = (0, 0);
     loop {
@@ -1323,8 +1346,7 @@ async fn reconcile_waves(
         for (s, batch) in per_shard.into_iter().enumerate() {
             let is_home = first && s == home;
             // A shard sent chunks early gets a last message, which lets
-            // go of the entry it kept (the home shard keeps it for the
-            // orphans, see `KeptAtHome`).
+            // go of the entry it kept.
             let last = first && chunked(s);
             if batch.is_empty() && !is_home && !last {
                 continue;
@@ -1353,6 +1375,7 @@ async fn reconcile_waves(
                 }
                 if is_home {
                     out.fresh = !reply.entry_exists;
+                    home_entry = reply.entry;
                 }
             }
             let mut found = Vec::with_capacity(reply.outcomes.len());
@@ -1411,54 +1434,28 @@ async fn reconcile_waves(
         });
     }
     if matched != stored {
-        // Finding them lets go of the entry kept for them.
-        kept_at_home.kept = false;
-        out.orphans = find_orphans(state, home, paths.declared(decls)).await?;
+        // The entry as the home shard read it in this run, which the
+        // declarations were matched against. States can have left it
+        // since: taken over by components that declared them in this run
+        // (as orphans, `FilterOrphans` drops them before anything is
+        // deleted), or dropped below a container deleted or rebuilt (their
+        // records are then below the container's generation, or their
+        // provider unresolved: nothing to delete). Either way the orphan's
+        // removal from the entry changes nothing, but the component's memo
+        // is not recorded in such a run (it runs again next time). None
+        // entered it: only the component's own commit, after this, adds
+        // to it.
+        let Some(entry) = home_entry else {
+            return Err(Error::msg(format!(
+                "component {}: its home shard gave no reading of its entry",
+                state.path
+            )));
+        };
+        if let Some(entry) = entry.as_ref() {
+            out.orphans = paths.orphans_in(decls, entry);
+        }
     }
     Ok(out)
-}
-
-/// The home shard of a chunked component keeps the entry it read for its
-/// chunks, to find the component's orphans in: unless they are asked for,
-/// it is told to let go when the component's reconciling ends, however it
-/// ends.
-struct KeptAtHome<'a> {
-    state: &'a ComponentState,
-    home: usize,
-    kept: bool,
-}
-
-impl Drop for KeptAtHome<'_> {
-    fn drop(&mut self) {
-        if !self.kept {
-            return;
-        }
-        if let Some(shard) = self.state.run.engine.shards.get(self.home) {
-            shard.do_send(ForgetEntry {
-                run_id: self.state.run.id,
-                component: Arc::clone(&self.state.key),
-            });
-        }
-    }
-}
-
-/// The states of the component's entry that it no longer declares: asked
-/// of shard `home`, which checks each against `declared`.
-async fn find_orphans(
-    state: &ComponentState,
-    home: usize,
-    declared: DeclaredPaths,
-) -> Result<Vec<StateEntry>> {
-    let (tx, rx) = oneshot::channel();
-    if let Some(shard) = state.run.engine.shards.get(home) {
-        shard.do_send(FindOrphans {
-            run_id: state.run.id,
-            component: Arc::clone(&state.key),
-            declared,
-            reply: tx,
-        });
-    }
-    rx.await.map_err(shard_stopped)?
 }
 
 /// Builds a container's child handler from its action and resolves the
@@ -1542,4 +1539,32 @@ pub(crate) fn resolve_provider(
         run.register_provider(core);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::not_among;
+
+    #[test]
+    fn the_paths_not_declared_are_found_by_one_walk_over_both_sorted_lists() {
+        let path = |i: u32| -> Vec<u8> { format!("p{i:05}").into_bytes() };
+        let stored: Vec<Vec<u8>> = (0..2_000).filter(|i| i % 7 != 0).map(path).collect();
+        let mut rng = fastrand::Rng::with_seed(7);
+        for round in 0..50 {
+            // Some stored paths, some never stored, before, among and
+            // after the stored ones; sometimes none.
+            let declared: Vec<Vec<u8>> = (0..2_100)
+                .filter(|_| round % 10 != 0 && rng.u8(..) < 200)
+                .map(path)
+                .collect();
+            let set: std::collections::BTreeSet<&Vec<u8>> = declared.iter().collect();
+            let expected: Vec<&Vec<u8>> = stored.iter().filter(|p| !set.contains(p)).collect();
+            let found = not_among(
+                &stored,
+                |p| p.as_slice(),
+                declared.iter().map(|p| p.as_slice()),
+            );
+            assert_eq!(found, expected, "round {round}");
+        }
+    }
 }

@@ -11,7 +11,7 @@
 //! fewer than the states stored, the component asks its home shard for the
 //! ones it no longer declares ([`FindOrphans`]).
 
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -162,9 +162,7 @@ pub(crate) enum Chunk {
     /// chunk was handled, or that it should send no more.
     More(Arc<EarlyGate>),
     /// The last after chunks: the component reached its commit. The shard
-    /// claims the chunks' states and lets go of the entry it kept, unless
-    /// it is the component's home shard: that one keeps it until
-    /// [`FindOrphans`] or [`ForgetEntry`].
+    /// claims the chunks' states and lets go of the entry it kept.
     Last,
 }
 
@@ -195,6 +193,10 @@ pub(crate) struct ShardReply {
     pub prev_failure: Option<String>,
     /// The home shard found an entry for the component.
     pub entry_exists: bool,
+    /// The home shard's reading of the component's entry (`None` inside
+    /// when it has none): the component finds the states it no longer
+    /// declares in it.
+    pub entry: Option<Arc<Option<StoredEntry>>>,
     /// A ledger read failed: the component cannot be reconciled.
     pub error: Option<Error>,
 }
@@ -219,75 +221,12 @@ impl ShardReply {
     }
 }
 
-/// Finds the states of a component's entry whose paths it no longer
-/// declares, from every path it declares in this run.
-pub(crate) struct FindOrphans {
-    pub run_id: u64,
-    pub component: Arc<[u8]>,
-    pub declared: DeclaredPaths,
-    pub reply: oneshot::Sender<Result<Vec<StateEntry>>>,
-}
-
-/// Every path a component declared in a run.
-pub(crate) enum DeclaredPaths {
-    /// In increasing order, each once.
-    Sorted(Vec<Arc<[u8]>>),
-    /// In no order.
-    Set(HashSet<Arc<[u8]>>),
-}
-
-impl DeclaredPaths {
-    /// The states of `entry` whose paths are not among these.
-    fn orphans_in(&self, entry: &StoredEntry) -> Vec<StateEntry> {
-        let base = entry.bytes();
-        self.not_among(&entry.states, |s| s.path(base))
-            .into_iter()
-            .map(|s| s.to_entry(base))
-            .collect()
-    }
-
-    /// The items of `sorted` (in increasing order of `path`) whose paths
-    /// are not among these.
-    fn not_among<'a, T>(&self, sorted: &'a [T], path: impl Fn(&'a T) -> &'a [u8]) -> Vec<&'a T> {
-        match self {
-            DeclaredPaths::Set(set) => sorted.iter().filter(|s| !set.contains(path(s))).collect(),
-            // Both in path order: one walk over the two.
-            DeclaredPaths::Sorted(paths) => {
-                let mut declared = paths.iter().map(|p| &**p).peekable();
-                sorted
-                    .iter()
-                    .filter(|s| {
-                        let p = path(s);
-                        while declared.next_if(|&d| d < p).is_some() {}
-                        declared.next_if(|&d| d == p).is_none()
-                    })
-                    .collect()
-            }
-        }
-    }
-}
-
-impl Message for FindOrphans {
-    type Result = ();
-}
-
 /// A state that is no longer declared, to be deleted at the end of a run.
 #[derive(Clone, Debug)]
 pub(crate) struct Orphan {
     pub component: Arc<[u8]>,
     pub component_path: ComponentPath,
     pub entry: StateEntry,
-}
-
-/// Lets go of the entry a component's home shard kept for finding its
-/// orphans, when it finds none.
-pub(crate) struct ForgetEntry {
-    pub run_id: u64,
-    pub component: Arc<[u8]>,
-}
-
-impl Message for ForgetEntry {
-    type Result = ();
 }
 
 /// Drops orphans that a component declared in this run (they moved).
@@ -399,11 +338,22 @@ impl ReconcilerActor {
         let mut reply = if decls.is_empty() && !msg.home {
             // Nothing to read or reconcile here.
             ShardReply::default()
-        } else if matches!(msg.chunk, Chunk::Only) {
-            self.reconcile_stored(msg, decls)
         } else {
-            match self.chunked_entry(msg) {
-                Ok(entry) => self.reconcile_states(msg, decls, entry.as_ref().as_ref()),
+            let entry = if matches!(msg.chunk, Chunk::Only) {
+                // Decoded without copying: only what the component needs
+                // back (orphans, changed states) is copied.
+                self.ledger.stored(&msg.component).map(Arc::new)
+            } else {
+                self.chunked_entry(msg)
+            };
+            match entry {
+                Ok(entry) => {
+                    let mut reply = self.reconcile_states(msg, decls, entry.as_ref().as_ref());
+                    if msg.home {
+                        reply.entry = Some(entry);
+                    }
+                    reply
+                }
                 Err(e) => ShardReply::failed(e),
             }
         };
@@ -413,31 +363,14 @@ impl ReconcilerActor {
                 let claimed = self.claim_pending(msg);
                 reply.duplicates.extend(claimed);
             }
-            // The home shard keeps it for finding the component's orphans
-            // (let go of then, or at the end of the run).
-            if !msg.home {
-                self.forget_entry(&msg.component);
-            }
+            self.forget_entry(&msg.component);
         }
         reply
     }
 
-    /// Reconciles a component's only message to this shard against its
-    /// entry as stored.
-    fn reconcile_stored(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
-        // The component's entry, decoded without copying: only what the
-        // component needs back (orphans, changed states) is copied.
-        let own = match self.ledger.stored(&msg.component) {
-            Ok(own) => own,
-            Err(e) => return ShardReply::failed(e),
-        };
-        self.reconcile_states(msg, decls, own.as_ref())
-    }
-
     /// The entry of a component that sends this shard several messages in
     /// a run (chunks declared while its code runs, then the rest): read
-    /// and decoded on its first message, kept until its last (on its home
-    /// shard, until it finds its orphans or lets go).
+    /// and decoded on its first message, kept until its last.
     fn chunked_entry(&mut self, msg: &ReconcileBatch) -> Result<Arc<Option<StoredEntry>>> {
         if let Some((run_id, entry)) = self.entries.get(&msg.component) {
             if *run_id == msg.run_id {
@@ -463,14 +396,9 @@ impl ReconcilerActor {
 
     /// Lets go of a component's kept entry.
     fn forget_entry(&mut self, component: &[u8]) {
-        self.take_entry(component);
-    }
-
-    /// Takes a component's kept entry out, with the run it was read in.
-    fn take_entry(&mut self, component: &[u8]) -> Option<KeptEntry> {
-        let kept = self.entries.remove(component)?;
-        self.cached_states = self.cached_states.saturating_sub(state_count(&kept.1));
-        Some(kept)
+        if let Some((_, entry)) = self.entries.remove(component) {
+            self.cached_states = self.cached_states.saturating_sub(state_count(&entry));
+        }
     }
 
     /// Reconciles `decls` against the component's entry (`None`: it has
@@ -782,44 +710,6 @@ impl Handler<ReconcileBatch> for ReconcilerActor {
     }
 }
 
-impl Handler<FindOrphans> for ReconcilerActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: FindOrphans, _ctx: &mut Context<Self>) {
-        // The entry as read for the component's chunks in this run, which
-        // its declarations were matched against, else as stored. States
-        // can have left it since: taken over by components that declared
-        // them in this run (as orphans, `FilterOrphans` drops them before
-        // anything is deleted), or dropped below a container deleted or
-        // rebuilt (their records are then below the container's
-        // generation, or their provider unresolved: nothing to delete).
-        // Either way the orphan's removal from the entry changes nothing,
-        // but the component's memo is not recorded in such a run (it runs
-        // again next time). A state that entered the entry since was
-        // declared in this run by the component itself: not an orphan.
-        let kept = match self.take_entry(&msg.component) {
-            Some((run_id, entry)) if run_id == msg.run_id => Ok(entry),
-            _ => self.ledger.stored(&msg.component).map(Arc::new),
-        };
-        let orphans = kept.map(|entry| match entry.as_ref() {
-            Some(own) => msg.declared.orphans_in(own),
-            None => Vec::new(),
-        });
-        let _ = msg.reply.send(orphans);
-    }
-}
-
-impl Handler<ForgetEntry> for ReconcilerActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: ForgetEntry, _ctx: &mut Context<Self>) {
-        let this_run = |(run_id, _): &KeptEntry| *run_id == msg.run_id;
-        if self.entries.get(&msg.component).is_some_and(this_run) {
-            self.forget_entry(&msg.component);
-        }
-    }
-}
-
 impl Handler<FilterOrphans> for ReconcilerActor {
     type Result = ();
 
@@ -992,36 +882,8 @@ fn find_from<T>(
 
 #[cfg(test)]
 mod tests {
-    use super::{find_from, Cursor, DeclaredPaths};
+    use super::{find_from, Cursor};
     use std::cell::Cell;
-    use std::sync::Arc;
-
-    #[test]
-    fn the_paths_not_declared_are_the_same_found_by_a_walk_or_by_a_set() {
-        let path = |i: u32| -> Vec<u8> { format!("p{i:05}").into_bytes() };
-        let stored: Vec<Vec<u8>> = (0..2_000).filter(|i| i % 7 != 0).map(path).collect();
-        let mut rng = fastrand::Rng::with_seed(7);
-        for round in 0..50 {
-            // Some stored paths, some never stored, before, among and
-            // after the stored ones; sometimes none.
-            let declared: Vec<Vec<u8>> = (0..2_100)
-                .filter(|_| round % 10 != 0 && rng.u8(..) < 200)
-                .map(path)
-                .collect();
-            let set: std::collections::BTreeSet<&Vec<u8>> = declared.iter().collect();
-            let expected: Vec<&Vec<u8>> = stored.iter().filter(|p| !set.contains(p)).collect();
-            let arcs = || declared.iter().map(|p| Arc::<[u8]>::from(p.as_slice()));
-            let sorted = DeclaredPaths::Sorted(arcs().collect());
-            let set = DeclaredPaths::Set(arcs().collect());
-            for paths in [sorted, set] {
-                assert_eq!(
-                    paths.not_among(&stored, |p| p.as_slice()),
-                    expected,
-                    "round {round}"
-                );
-            }
-        }
-    }
 
     /// Finds each of `sought` with one cursor, returning the comparisons
     /// each took (and checking what it found).
