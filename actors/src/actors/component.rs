@@ -1279,7 +1279,8 @@ struct Reconciliation {
 /// resolved, then the children of the containers resolved by that wave.
 /// `paths` are what `declare` kept to refuse duplicates: when the
 /// declarations did not match every state the component's entry holds,
-/// the home shard finds the others with the paths declared.
+/// the others are found with them in the home shard's reading of the
+/// entry.
 async fn reconcile_waves(
     state: &Arc<ComponentState>,
     decls: &mut [Declaration],
@@ -1289,8 +1290,9 @@ async fn reconcile_waves(
     let run = &state.run;
     let shards = &run.engine.shards;
     let n = shards.len();
-    // The home shard reads the whole entry once: it finds the states the
-    // component no longer declares and reads its child list. Taking the
+    // The home shard reads the whole entry once: it hands its reading back
+    // (to find the states the component no longer declares in) and reads
+    // its child list. Taking the
     // shard of the first declaration as home means a component whose states
     // all live on one shard sends one message.
     let home = decls

@@ -7,9 +7,10 @@
 //! from another component), calls the handler, and replies with the outcomes
 //! and how many of the component's stored states they matched. A state
 //! found in the component's own entry that needs nothing (and has no
-//! children) is only counted, not answered. When the matched states are
-//! fewer than the states stored, the component asks its home shard for the
-//! ones it no longer declares ([`FindOrphans`]).
+//! children) is only counted, not answered. The component's home shard
+//! hands back its reading of the entry: when the matched states are fewer
+//! than the states stored, the component finds the ones it no longer
+//! declares in it.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::hash_map::Entry;
