@@ -898,6 +898,69 @@ async fn the_same_key_under_two_providers_is_two_target_states() -> Result<()> {
     .await
 }
 
+#[tokio::test]
+async fn states_no_longer_declared_under_two_providers_are_each_deleted_by_their_own() -> Result<()>
+{
+    // The orphans of both providers reach the end of the run together,
+    // sorted by path; each must be reconciled by its own provider's handler
+    // and deleted through its own sink.
+    bounded(async {
+        let dir = tempfile::tempdir()?;
+        let app = app(dir.path()).await?;
+        let (first, second) = (Rig::new(), Rig::new());
+        let run = |one: Vec<usize>, two: Vec<usize>| {
+            let (h1, h2) = (first.handler(), second.handler());
+            app.run(move |ctx| async move {
+                let p1 = register_root_target_states_provider(&ctx, "test/one", h1)?;
+                let p2 = register_root_target_states_provider(&ctx, "test/two", h2)?;
+                // Interleaved, as rows of two tables read together.
+                for i in 0..one.len().max(two.len()) {
+                    if let Some(k) = one.get(i) {
+                        declare_target_state(&ctx, p1.target_state(*k as i64, "1".to_string()))?;
+                    }
+                    if let Some(k) = two.get(i) {
+                        declare_target_state(&ctx, p2.target_state(*k as i64, "2".to_string()))?;
+                    }
+                }
+                Ok(())
+            })
+        };
+        let all: Vec<usize> = (0..40).collect();
+        run(all.clone(), all.clone()).await?;
+        first.log.clear();
+        second.log.clear();
+        let kept_one: Vec<usize> = all.iter().copied().filter(|i| i % 3 != 0).collect();
+        let kept_two: Vec<usize> = all.iter().copied().filter(|i| i % 4 != 1).collect();
+        let stats = run(kept_one.clone(), kept_two.clone()).await?;
+        assert_eq!(stats.deleted, 14 + 10);
+        let deletes = |rig: &Rig| -> Vec<String> {
+            let mut d: Vec<String> = rig.log.entries();
+            d.sort();
+            d
+        };
+        let expected = |kept: &[usize]| -> Vec<String> {
+            let mut d: Vec<String> = all
+                .iter()
+                .filter(|i| !kept.contains(i))
+                .map(|i| format!("delete {i}"))
+                .collect();
+            d.sort();
+            d
+        };
+        assert_eq!(deletes(&first), expected(&kept_one));
+        assert_eq!(deletes(&second), expected(&kept_two));
+        let snapshot = |kept: &[usize], v: &str| -> BTreeMap<String, String> {
+            kept.iter()
+                .map(|i| (i.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(first.store.snapshot(), snapshot(&kept_one, "1"));
+        assert_eq!(second.store.snapshot(), snapshot(&kept_two, "2"));
+        Ok(())
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------
 // Guarantee 13: a component whose code fails applies and deletes nothing.
 // ---------------------------------------------------------------------------
