@@ -54,21 +54,17 @@ struct DeclSet {
 
 /// The paths of a component's declarations, to refuse a second
 /// declaration of one state.
+#[derive(Default)]
 enum Seen {
     /// Each path so far was greater than the one before, as when rows are
     /// read in key order: a path greater than the last cannot be one
     /// declared before, so nothing is kept (the list holds the paths, in
     /// order). Checking a path costs one comparison with the list's last,
     /// where a set of 100k paths costs two cache misses.
+    #[default]
     Ascending,
     /// A path came out of order: all of them, hashed.
     Hashed(HashSet<Arc<[u8]>>),
-}
-
-impl Default for Seen {
-    fn default() -> Self {
-        Seen::Ascending
-    }
 }
 
 impl Seen {
