@@ -294,8 +294,8 @@ impl ComponentState {
     }
 
     /// Sends shard `s` a batch of this component's declarations; the home
-    /// shard also reports the component's children, failure and stored
-    /// state count.
+    /// shard also reports the component's children and hands back its
+    /// reading of the component's entry.
     fn send_batch(
         &self,
         s: usize,
@@ -1360,20 +1360,15 @@ async fn reconcile_waves(
             }
             matched += reply.matched;
             out.unchanged += reply.unchanged as u64;
-            if first {
-                if is_home {
-                    stored = reply.stored;
-                }
-                if !reply.prev_children.is_empty() {
-                    out.prev_children = reply.prev_children;
-                }
-                if reply.prev_failure.is_some() {
-                    out.prev_failure = reply.prev_failure;
-                }
-                if is_home {
-                    out.fresh = !reply.entry_exists;
-                    home_entry = reply.entry;
-                }
+            if first && is_home {
+                out.prev_children = reply.prev_children;
+                // The entry as the home shard read it: its state count,
+                // failure, and whether there is one.
+                let own = reply.entry.as_deref().and_then(Option::as_ref);
+                stored = own.map_or(0, |e| e.states.len());
+                out.prev_failure = own.and_then(|e| e.failure.clone());
+                out.fresh = own.is_none();
+                home_entry = reply.entry;
             }
             let mut found = Vec::with_capacity(reply.outcomes.len());
             for o in reply.outcomes {

@@ -146,7 +146,8 @@ pub(crate) struct ReconcileBatch {
     /// The providers the declarations name (by index).
     pub providers: Vec<Arc<ProviderCore>>,
     /// Whether this is the component's home shard in this run: it also
-    /// reports the component's child list, failure and stored state count.
+    /// reports the component's child list and hands back its reading of
+    /// the component's entry.
     pub home: bool,
     /// Where this message stands among the component's messages to this
     /// shard in this run.
@@ -187,16 +188,12 @@ pub(crate) struct ShardReply {
     /// and are not containers. They get no outcome: the component would
     /// only count them, and most states of a re-run are such.
     pub unchanged: usize,
-    /// The home shard's count of the states in the component's entry.
-    pub stored: usize,
-    /// The home shard's view of the component: its children and failure.
+    /// The home shard's view of the component: its children.
     pub prev_children: Vec<StableKey>,
-    pub prev_failure: Option<String>,
-    /// The home shard found an entry for the component.
-    pub entry_exists: bool,
     /// The home shard's reading of the component's entry (`None` inside
-    /// when it has none): the component finds the states it no longer
-    /// declares in it.
+    /// when it has none), from which the component takes its state count
+    /// and failure, and in which it finds the states it no longer
+    /// declares.
     pub entry: Option<Arc<Option<StoredEntry>>>,
     /// A ledger read failed: the component cannot be reconciled.
     pub error: Option<Error>,
@@ -403,8 +400,8 @@ impl ReconcilerActor {
     }
 
     /// Reconciles `decls` against the component's entry (`None`: it has
-    /// none yet), and for the home shard, reports the component's failure,
-    /// children and stored state count.
+    /// none yet), and for the home shard, reports the component's
+    /// children.
     fn reconcile_states(
         &mut self,
         msg: &ReconcileBatch,
@@ -419,9 +416,6 @@ impl ReconcilerActor {
                 Ok(c) => reply.prev_children = c,
                 Err(e) => return ShardReply::failed(e),
             }
-            reply.prev_failure = own.and_then(|o| o.failure.clone());
-            reply.entry_exists = own.is_some();
-            reply.stored = own_states.len();
         }
         let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
         let me = declared_now.component(msg);
