@@ -796,8 +796,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     // sink calls start while the rest is being planned.
     let batch = run.engine.config.batch.max_actions.max(1);
     for (w, wave) in waves.iter().enumerate() {
-        let mut groups = SinkGroups::default();
-        for &i in wave {
+        let room = |left: usize| left.min(batch);
+        let mut groups = SinkGroups::with_room(room(wave.len()));
+        for (n, &i) in wave.iter().enumerate() {
             let (Some(r), Some(d)) = (results.get_mut(i), decls.get(i)) else {
                 continue;
             };
@@ -824,7 +825,9 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             );
             attempted.push(i);
             if groups.len() >= batch {
-                std::mem::take(&mut groups).dispatch(run, &waiter);
+                let left = wave.len() - n - 1;
+                std::mem::replace(&mut groups, SinkGroups::with_room(room(left)))
+                    .dispatch(run, &waiter);
             }
         }
         groups.dispatch(run, &waiter);
@@ -958,7 +961,7 @@ fn success_records(
     let own = state.key.to_vec();
     let mut ops = Vec::with_capacity(if fresh { 0 } else { results.len() });
     // A fresh component's states, borrowed, for its whole entry.
-    let mut new_entry = NewEntry::default();
+    let mut new_entry = NewEntry::with_room(if fresh { results.len() } else { 0 });
     let mut unchanged = 0u64;
     let mut actions: Vec<(ActionKind, u64)> = Vec::new();
     for (i, r) in results.iter() {
@@ -1090,6 +1093,14 @@ struct NewEntry<'a> {
 }
 
 impl<'a> NewEntry<'a> {
+    /// An entry with room for `states` states.
+    fn with_room(states: usize) -> Self {
+        Self {
+            states: Vec::with_capacity(states),
+            size: 0,
+        }
+    }
+
     fn push(&mut self, d: &'a Declaration, entry: StateEntryOut<'a>) {
         self.size += entry.path.len() + 48;
         self.states.push(NewState {

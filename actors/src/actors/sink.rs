@@ -143,6 +143,9 @@ impl Drop for UnitRef {
 pub(crate) struct SinkGroups {
     groups: HashMap<u64, SinkGroup>,
     total: usize,
+    /// The room the first group's list starts with (later groups, of
+    /// other sinks, start empty).
+    room: usize,
 }
 
 struct SinkGroup {
@@ -153,6 +156,16 @@ struct SinkGroup {
 }
 
 impl SinkGroups {
+    /// Groups whose first list starts with room for `room` actions: a
+    /// unit that knows about how many it has (usually all for one sink)
+    /// saves the list's regrowth and copies.
+    pub(crate) fn with_room(room: usize) -> Self {
+        Self {
+            room,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn add(
         &mut self,
         core: &Arc<SinkCore>,
@@ -161,13 +174,14 @@ impl SinkGroups {
         action: PlannedAction,
     ) {
         self.total += 1;
+        let room = &mut self.room;
         self.groups
             .entry(core.id)
             .or_insert_with(|| SinkGroup {
                 core: Arc::clone(core),
                 provider: Arc::clone(provider),
                 label: Arc::clone(label),
-                actions: Vec::new(),
+                actions: Vec::with_capacity(std::mem::take(room)),
             })
             .actions
             .push(action);
