@@ -17,7 +17,7 @@ use crate::actors::ledger::LedgerHandle;
 use crate::config::{BatchPolicy, RetryPolicy};
 use crate::error::{Error, Result};
 use crate::ledger::record::Intent;
-use crate::model::sink::{panic_error, EncodedAction, SinkCore};
+use crate::model::sink::{panic_error, EncodedAction, Prepared, SinkCore};
 use crate::model::{ActionKind, StableKey};
 use crate::run::Run;
 
@@ -214,13 +214,36 @@ struct Part {
 
 struct Batch {
     parts: Vec<Part>,
+    /// The batch as a prepared sink prepared it ahead of its call; `None`
+    /// for other sinks, and for split halves and retried parts, which the
+    /// call prepares itself.
+    prepared: Option<Prepared>,
 }
 
-/// A new batch waiting for its intents, then for its turn to be applied.
+impl Batch {
+    fn new(parts: Vec<Part>) -> Self {
+        Self {
+            parts,
+            prepared: None,
+        }
+    }
+}
+
+/// A new batch waiting for its intents and its preparation, then for its
+/// turn to be applied.
 struct Staged {
     batch: Batch,
     /// The result of writing its intents, once there is one.
     intents: Option<Result<()>>,
+    /// Whether a prepared sink is still preparing it.
+    preparing: bool,
+}
+
+impl Staged {
+    /// Neither its intents nor its preparation are still on their way.
+    fn settled(&self) -> bool {
+        self.intents.is_some() && !self.preparing
+    }
 }
 
 /// How many components are still producing declarations or reconciling;
@@ -463,22 +486,19 @@ impl SinkActor {
                 }
                 continue;
             }
+            // A staged batch leaves once its intents and its preparation
+            // are both settled, so that what comes back for it finds it.
             match self.staged.take() {
                 // Without durable intents, applying could orphan what it
                 // creates: apply nothing, fail the batch.
                 Some(Staged {
                     batch,
                     intents: Some(Err(e)),
+                    preparing: false,
                 }) => self.fail_all(batch, e),
-                Some(Staged {
-                    batch,
-                    intents: Some(Ok(())),
-                }) => {
-                    if let Some(batch) = self.try_start(batch, ctx) {
-                        self.staged = Some(Staged {
-                            batch,
-                            intents: Some(Ok(())),
-                        });
+                Some(staged) if staged.settled() => {
+                    if let Some(batch) = self.try_start(staged.batch, ctx) {
+                        self.staged = Some(Staged { batch, ..staged });
                     }
                 }
                 other => {
@@ -508,28 +528,31 @@ impl SinkActor {
         if self.pending.is_empty() {
             self.linger_expired = false;
         }
-        Batch { parts }
+        Batch::new(parts)
     }
 
     /// Starts writing a new batch's intents (once per batch: split halves
-    /// and retried parts carry none) and keeps the batch until it can be
-    /// applied.
+    /// and retried parts carry none), and preparing it for a prepared
+    /// sink, and keeps the batch until it can be applied.
     fn stage(&mut self, mut batch: Batch, ctx: &mut Context<Self>) {
         let intents: Vec<Intent> = batch
             .parts
             .iter_mut()
             .flat_map(|p| p.actions.iter_mut().filter_map(|a| a.intent.take()))
             .collect();
+        let preparing = self.prepare(&mut batch, ctx);
         if intents.is_empty() {
             self.staged = Some(Staged {
                 batch,
                 intents: Some(Ok(())),
+                preparing,
             });
             return;
         }
         self.staged = Some(Staged {
             batch,
             intents: None,
+            preparing,
         });
         let env = self.env.clone();
         let write = async move {
@@ -546,6 +569,36 @@ impl SinkActor {
             }
             act.maybe_flush(ctx);
         }));
+    }
+
+    /// Starts preparing a staged batch on a blocking thread, if its sink is
+    /// a prepared one; returns whether it did. The staged batch gets the
+    /// prepared value when it is ready. When preparing fails (or panics),
+    /// the batch's call prepares it again itself, and fails or retries as
+    /// any call does.
+    fn prepare(&mut self, batch: &mut Batch, ctx: &mut Context<Self>) -> bool {
+        if self.core.preparer.is_none() {
+            return false;
+        }
+        let actions: Vec<EncodedAction> = batch
+            .parts
+            .iter_mut()
+            .flat_map(|p| p.actions.iter_mut().map(|a| a.action.for_call()))
+            .collect();
+        let core = Arc::clone(&self.core);
+        let prepared = self.env.user.spawn_blocking(move || {
+            core.preparer
+                .as_ref()
+                .and_then(|p| (p.prepare)(actions).ok())
+        });
+        ctx.spawn(prepared.into_actor(self).map(|res, act, ctx| {
+            if let Some(staged) = &mut act.staged {
+                staged.preparing = false;
+                staged.batch.prepared = res.ok().flatten();
+            }
+            act.maybe_flush(ctx);
+        }));
+        true
     }
 
     /// Starts a batch whose intents are durable if the calls running allow
@@ -575,14 +628,19 @@ impl SinkActor {
     fn call(&mut self, mut batch: Batch, claimed: Vec<u64>, ctx: &mut Context<Self>) {
         let env = self.env.clone();
         let core = Arc::clone(&self.core);
-        let actions: Vec<EncodedAction> = batch
-            .parts
-            .iter_mut()
-            .flat_map(|p| p.actions.iter_mut().map(|a| a.action.for_call()))
-            .collect();
+        let call = match batch.prepared.take() {
+            Some(prepared) => Call::Prepared(prepared),
+            None => Call::Actions(
+                batch
+                    .parts
+                    .iter_mut()
+                    .flat_map(|p| p.actions.iter_mut().map(|a| a.action.for_call()))
+                    .collect(),
+            ),
+        };
         let label = self.label(&batch);
         metrics::histogram!(crate::metrics::SINK_BATCH_SIZE, "sink" => label.clone())
-            .record(actions.len() as f64);
+            .record(batch.parts.iter().map(|p| p.actions.len()).sum::<usize>() as f64);
         // A sink's failure series exist from its first call, at zero, so
         // that dashboards show 0 rather than no data.
         if !self.exported.contains(&label) {
@@ -598,7 +656,7 @@ impl SinkActor {
         let fut = async move {
             let started = std::time::Instant::now();
             crate::fault::point(crate::fault::SINK_BEFORE_APPLY);
-            let res = call_sink(core, &env, actions).await;
+            let res = call_sink(core, &env, call).await;
             if res.is_ok() {
                 crate::fault::point(crate::fault::SINK_AFTER_APPLY);
             }
@@ -680,7 +738,7 @@ impl SinkActor {
             metrics::counter!(crate::metrics::SINK_SPLITS, "sink" => label).increment(1);
             // Split along component boundaries and try each half.
             let second = batch.parts.split_off(batch.parts.len() / 2);
-            self.ready.push_front(Batch { parts: second });
+            self.ready.push_front(Batch::new(second));
             self.ready.push_front(batch);
             return None;
         }
@@ -690,7 +748,7 @@ impl SinkActor {
         if err.is_retriable() && part.attempts < retry.max_attempts {
             metrics::counter!(crate::metrics::SINK_RETRIES, "sink" => label).increment(1);
             let delay = backoff(retry, part.attempts);
-            return Some((Batch { parts: vec![part] }, delay));
+            return Some((Batch::new(vec![part]), delay));
         }
         let keys = part
             .actions
@@ -725,10 +783,25 @@ pub(crate) fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     half + half.mul_f64(fastrand::f64())
 }
 
-async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, actions: Vec<EncodedAction>) -> Result<()> {
+/// What a sink call carries: the actions, or the batch a prepared sink
+/// prepared from them ahead of the call.
+enum Call {
+    Actions(Vec<EncodedAction>),
+    Prepared(Prepared),
+}
+
+async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, call: Call) -> Result<()> {
     // The user's function runs on the user's runtime, inside the task, so
     // that even a panic before it returns a future is caught there.
-    let mut handle = env.user.spawn(async move { (core.apply)(actions).await });
+    let mut handle = env.user.spawn(async move {
+        match (call, &core.preparer) {
+            (Call::Prepared(prepared), Some(p)) => (p.apply)(prepared).await,
+            (Call::Prepared(_), None) => Err(Error::msg(
+                "a prepared batch reached a sink that prepares none",
+            )),
+            (Call::Actions(actions), _) => (core.apply)(actions).await,
+        }
+    });
     let joined = match env.retry.call_timeout {
         Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
             Ok(j) => j,

@@ -52,11 +52,27 @@ impl fmt::Debug for EncodedAction {
 type ApplyFn = dyn Fn(Vec<EncodedAction>) -> BoxFuture<'static, Result<()>> + Send + Sync;
 type ChildFn = dyn Fn(&[u8]) -> Result<ChildTargetDef> + Send + Sync;
 
+/// A batch as a prepared sink's `prepare` returned it.
+pub(crate) type Prepared = Box<dyn std::any::Any + Send>;
+type PrepareFn = dyn Fn(Vec<EncodedAction>) -> Result<Prepared> + Send + Sync;
+type ApplyPreparedFn = dyn Fn(Prepared) -> BoxFuture<'static, Result<()>> + Send + Sync;
+
+/// The two steps of a prepared sink's call, for the engine to run apart:
+/// it prepares the next batch while the one before it is applied.
+pub(crate) struct Preparer {
+    pub prepare: Box<PrepareFn>,
+    pub apply: Box<ApplyPreparedFn>,
+}
+
 /// The type-erased part of a sink that the engine works with.
 pub(crate) struct SinkCore {
     /// The sink's identity: unique per `from_async_fn*` call, shared by clones.
     pub id: u64,
+    /// A whole call: for a prepared sink, its preparation and then its
+    /// application.
     pub apply: Box<ApplyFn>,
+    /// A prepared sink's two steps.
+    pub preparer: Option<Preparer>,
     pub child_handler: Option<Box<ChildFn>>,
     /// How many calls may run at once (at least 1).
     pub concurrency: AtomicUsize,
@@ -67,6 +83,7 @@ impl fmt::Debug for SinkCore {
         f.debug_struct("SinkCore")
             .field("id", &self.id)
             .field("has_child_handler", &self.child_handler.is_some())
+            .field("prepared", &self.preparer.is_some())
             .finish()
     }
 }
@@ -147,6 +164,7 @@ where
         Self::from_core(SinkCore {
             id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
             apply: make_apply(apply),
+            preparer: None,
             child_handler: None,
             concurrency: AtomicUsize::new(1),
         })
@@ -169,7 +187,78 @@ where
         Self::from_core(SinkCore {
             id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
             apply: make_apply(apply),
+            preparer: None,
             child_handler: Some(child),
+            concurrency: AtomicUsize::new(1),
+        })
+    }
+
+    /// A sink whose calls have two steps: `prepare` turns a batch of
+    /// actions into what `apply` writes. The engine prepares the next
+    /// batch while the one before it is being applied (on a blocking
+    /// thread of the runtime the engine was built on), so a sink that
+    /// spends time on each batch before it writes (grouping rows,
+    /// building statements, binding values) keeps the external system
+    /// busy. Batches are still applied in order, as with
+    /// [`from_async_fn`](Self::from_async_fn).
+    ///
+    /// `prepare` must be free of side effects: a prepared batch may be
+    /// dropped without being applied (when the run fails first), and a
+    /// batch that fails is split and its parts prepared again. A retried
+    /// call prepares its batch right before applying it.
+    ///
+    /// ```
+    /// use weir_actors::{Result, TargetAction, TargetActionSink};
+    ///
+    /// // Prepared: the lines to write; applied: written.
+    /// let sink = TargetActionSink::<String>::from_prepared_async_fn(
+    ///     |actions: Vec<TargetAction<String>>| -> Result<Vec<String>> {
+    ///         Ok(actions.into_iter().map(|a| a.into_inner()).collect())
+    ///     },
+    ///     |lines: Vec<String>| async move {
+    ///         for line in lines {
+    ///             println!("{line}");
+    ///         }
+    ///         Ok(())
+    ///     },
+    /// );
+    /// # drop(sink);
+    /// ```
+    pub fn from_prepared_async_fn<P, Pr, F, Fut>(prepare: Pr, apply: F) -> Self
+    where
+        P: Send + 'static,
+        Pr: Fn(Vec<TargetAction<A>>) -> Result<P> + Send + Sync + 'static,
+        F: Fn(P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        let prepare = Arc::new(prepare);
+        let apply = Arc::new(apply);
+        let whole_prepare = Arc::clone(&prepare);
+        let whole_apply = Arc::clone(&apply);
+        let whole: Box<ApplyFn> = Box::new(move |encoded: Vec<EncodedAction>| {
+            match decode_actions::<A>(encoded).and_then(|a| whole_prepare(a)) {
+                Ok(prepared) => whole_apply(prepared).boxed(),
+                Err(e) => futures::future::ready(Err(e)).boxed(),
+            }
+        });
+        let preparer = Preparer {
+            prepare: Box::new(move |encoded: Vec<EncodedAction>| {
+                let prepared = prepare(decode_actions::<A>(encoded)?)?;
+                Ok(Box::new(prepared) as Prepared)
+            }),
+            apply: Box::new(move |prepared: Prepared| match prepared.downcast::<P>() {
+                Ok(p) => apply(*p).boxed(),
+                Err(_) => futures::future::ready(Err(Error::msg(
+                    "a prepared batch of another sink reached this one",
+                )))
+                .boxed(),
+            }),
+        };
+        Self::from_core(SinkCore {
+            id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
+            apply: whole,
+            preparer: Some(preparer),
+            child_handler: None,
             concurrency: AtomicUsize::new(1),
         })
     }
