@@ -92,11 +92,17 @@ pub(crate) fn table_sink(db: Arc<Database>) -> TargetActionSink<TableAction> {
     )
 }
 
+/// The row sink: a call's rows are grouped and bound on a blocking thread
+/// while the call before it writes.
 fn row_sink(db: Arc<Database>) -> TargetActionSink<RowWrite> {
-    TargetActionSink::from_async_fn(move |actions: Vec<TargetAction<RowWrite>>| {
-        let db = Arc::clone(&db);
-        async move { apply_rows(&db, actions).await }
-    })
+    let preparing = Arc::clone(&db);
+    TargetActionSink::from_prepared_async_fn(
+        move |actions: Vec<TargetAction<RowWrite>>| prepare_rows(&preparing, actions),
+        move |rows: PreparedRows| {
+            let db = Arc::clone(&db);
+            async move { apply_rows(&db, rows).await }
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -417,18 +423,20 @@ fn group_by_table(
     Ok((tables, new_ranks))
 }
 
-/// Adds one value to a statement's arguments, borrowing text and bytes.
-fn bind<'q>(
-    args: &mut SqliteArguments<'q>,
-    value: &'q SqlValue,
+/// Adds one value to a statement's arguments. The arguments own their
+/// text and bytes: sqlx copies borrowed ones before a statement runs
+/// anyway, and owned ones let a call's statements be bound ahead of it.
+fn bind(
+    args: &mut SqliteArguments<'static>,
+    value: &SqlValue,
 ) -> std::result::Result<(), BoxDynError> {
     match value {
         SqlValue::Null => args.add(None::<i64>),
         SqlValue::Bool(b) => args.add(i64::from(*b)),
         SqlValue::Int(i) => args.add(*i),
         SqlValue::Float(f) => args.add(*f),
-        SqlValue::Text(s) => args.add(s.as_str()),
-        SqlValue::Bytes(b) => args.add(b.as_slice()),
+        SqlValue::Text(s) => args.add(s.clone()),
+        SqlValue::Bytes(b) => args.add(b.clone()),
         other => args.add(text_of(other)),
     }
 }
@@ -463,19 +471,25 @@ fn json_of(value: &SqlValue) -> serde_json::Value {
     }
 }
 
-async fn run_chunk(
-    tx: &mut Tx,
-    sql: &str,
-    rows: &[Vec<SqlValue>],
-) -> std::result::Result<(), sqlx::Error> {
+/// The arguments of a statement over `rows`, all of their values in order.
+fn bind_rows(rows: &[Vec<SqlValue>]) -> std::result::Result<SqliteArguments<'static>, BoxDynError> {
     // Sized once: a statement binds up to 32 766 values.
     let mut args = SqliteArguments::default();
     args.reserve(rows.iter().map(Vec::len).sum(), 0);
     for row in rows {
         for value in row {
-            bind(&mut args, value).map_err(sqlx::Error::Encode)?;
+            bind(&mut args, value)?;
         }
     }
+    Ok(args)
+}
+
+async fn run_chunk(
+    tx: &mut Tx,
+    sql: &str,
+    rows: &[Vec<SqlValue>],
+) -> std::result::Result<(), sqlx::Error> {
+    let args = bind_rows(rows).map_err(sqlx::Error::Encode)?;
     sqlx::query_with(sql, args)
         .execute(&mut **tx)
         .await
@@ -507,20 +521,73 @@ async fn culprit(
     None
 }
 
-async fn write_rows(
-    tx: &mut Tx,
-    db: &Database,
+/// A sink call's writes, grouped by table and bound, ready to run.
+struct PreparedRows {
+    /// The tables by rank, then name: deletes run from the last table,
+    /// upserts from the first (children's deletes before their parents',
+    /// parents' upserts before their children's).
+    tables: Vec<PreparedTable>,
+}
+
+/// One table's writes in a call, and its statements.
+struct PreparedTable {
+    name: String,
+    writes: TableWrites,
+    deletes: Vec<Statement>,
+    upserts: Vec<Statement>,
+}
+
+/// One multi-row statement, its values bound.
+struct Statement {
+    sql: Arc<str>,
+    /// Taken when the statement runs.
+    args: Option<SqliteArguments<'static>>,
+    /// Its rows, among the table's deletes or upserts: to look for the one
+    /// that violates a constraint.
+    rows: std::ops::Range<usize>,
+}
+
+/// Groups a call's actions by table (see [`group_by_table`]) and builds
+/// and binds its statements: the work of a call before it touches the
+/// database.
+fn prepare_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<PreparedRows> {
+    let tables = group(db, actions)?;
+    let mut order: Vec<(String, TableWrites)> = tables.into_iter().collect();
+    order.sort_by(|(a, x), (b, y)| (x.rank, a.as_str()).cmp(&(y.rank, b.as_str())));
+    let mut tables = Vec::with_capacity(order.len());
+    for (name, writes) in order {
+        let bound = |e: BoxDynError| {
+            Error::permanent(format!(
+                "sqlite database {}, table {name}: cannot bind a value: {e}",
+                db.name
+            ))
+        };
+        let deletes = statements(&name, &writes, true).map_err(bound)?;
+        let upserts = statements(&name, &writes, false).map_err(bound)?;
+        tables.push(PreparedTable {
+            name,
+            writes,
+            deletes,
+            upserts,
+        });
+    }
+    Ok(PreparedRows { tables })
+}
+
+/// The statements that write a table's deletes or upserts, each as many
+/// rows as SQLite's bind limit allows (the last one fewer).
+fn statements(
     table: &str,
     writes: &TableWrites,
     is_delete: bool,
-) -> Result<()> {
+) -> std::result::Result<Vec<Statement>, BoxDynError> {
     let rows = if is_delete {
         &writes.deletes
     } else {
         &writes.upserts
     };
     if rows.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let width = if is_delete {
         writes.schema.primary_key().len()
@@ -528,43 +595,75 @@ async fn write_rows(
         writes.schema.columns().len()
     };
     let per_statement = ddl::rows_per_statement(width);
-    let statement = |n: usize| {
+    let sql = |n: usize| -> Arc<str> {
         if is_delete {
-            ddl::delete(table, &writes.schema, n)
+            ddl::delete(table, &writes.schema, n).into()
         } else {
-            ddl::upsert(table, &writes.schema, n)
+            ddl::upsert(table, &writes.schema, n).into()
         }
     };
-    let full = statement(per_statement.min(rows.len()));
-    for chunk in rows.chunks(per_statement) {
-        let partial;
-        let sql = if chunk.len() == per_statement.min(rows.len()) {
-            &full
-        } else {
-            partial = statement(chunk.len());
-            &partial
+    let full = sql(per_statement.min(rows.len()));
+    let mut out = Vec::with_capacity(rows.len().div_ceil(per_statement));
+    for (n, chunk) in rows.chunks(per_statement).enumerate() {
+        let first = n * per_statement;
+        out.push(Statement {
+            sql: if chunk.len() == per_statement.min(rows.len()) {
+                Arc::clone(&full)
+            } else {
+                sql(chunk.len())
+            },
+            args: Some(bind_rows(chunk)?),
+            rows: first..first + chunk.len(),
+        });
+    }
+    Ok(out)
+}
+
+/// Runs a table's delete or upsert statements; names the table, and the
+/// key of the row that violates a constraint, when one fails.
+async fn write_rows(
+    tx: &mut Tx,
+    db: &Database,
+    table: &mut PreparedTable,
+    is_delete: bool,
+) -> Result<()> {
+    let PreparedTable {
+        name,
+        writes,
+        deletes,
+        upserts,
+    } = table;
+    let (statements, rows) = if is_delete {
+        (deletes, &writes.deletes)
+    } else {
+        (upserts, &writes.upserts)
+    };
+    for statement in statements {
+        let Some(args) = statement.args.take() else {
+            continue;
         };
-        if let Err(e) = run_chunk(tx, sql, chunk).await {
+        let res = sqlx::query_with(&statement.sql, args)
+            .execute(&mut **tx)
+            .await;
+        if let Err(e) = res {
             let verb = if is_delete { "delete" } else { "upsert" };
+            let chunk = rows.get(statement.rows.clone()).unwrap_or_default();
             let key = if is_constraint(&e) {
-                culprit(tx, table, writes, chunk, is_delete).await
+                culprit(tx, name, writes, chunk, is_delete).await
             } else {
                 None
             };
             let key = key.map(|k| format!(", key {k}")).unwrap_or_default();
             return Err(db_error(
                 e,
-                &format!("sqlite database {}, table {table}{key}: {verb}", db.name),
+                &format!("sqlite database {}, table {name}{key}: {verb}", db.name),
             ));
         }
     }
     Ok(())
 }
 
-async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
-    let tables = group(db, actions)?;
-    let mut order: Vec<(&String, &TableWrites)> = tables.iter().collect();
-    order.sort_by_key(|(name, w)| (w.rank, name.as_str()));
+async fn apply_rows(db: &Database, mut rows: PreparedRows) -> Result<()> {
     let mut tx = db
         .pool
         .begin_with("BEGIN IMMEDIATE")
@@ -572,14 +671,14 @@ async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Resu
         .map_err(|e| db_error(e, &format!("sqlite database {}: begin", db.name)))?;
     let context = format!("sqlite database {}: defer foreign keys", db.name);
     execute(&mut tx, "PRAGMA defer_foreign_keys = ON", &context).await?;
-    for (table, writes) in order.iter().rev() {
-        write_rows(&mut tx, db, table, writes, true).await?;
+    for table in rows.tables.iter_mut().rev() {
+        write_rows(&mut tx, db, table, true).await?;
     }
-    for (table, writes) in &order {
-        write_rows(&mut tx, db, table, writes, false).await?;
+    for table in &mut rows.tables {
+        write_rows(&mut tx, db, table, false).await?;
     }
     tx.commit().await.map_err(|e| {
-        let names: Vec<&str> = order.iter().map(|(t, _)| t.as_str()).collect();
+        let names: Vec<&str> = rows.tables.iter().map(|t| t.name.as_str()).collect();
         db_error(
             e,
             &format!(
@@ -709,6 +808,35 @@ mod tests {
             })?;
         assert_eq!(tables.get("t").map(|t| t.rank), Some(1));
         assert_eq!(new_ranks, vec![("t".to_string(), 1)]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_tables_statements_cover_its_rows_in_order_within_the_bind_limit() -> Result<()> {
+        let schema = keyed_by_two()?;
+        let per_statement = ddl::rows_per_statement(schema.columns().len());
+        let rows = 2 * per_statement + per_statement / 2;
+        let actions = (0..rows as i64)
+            .map(|i| TargetAction::Create(write(vec![text("o"), text("b"), SqlValue::Int(i)])))
+            .collect();
+        let (tables, _) = group_by_table(actions, &HashMap::new(), |_| Ok(Arc::clone(&schema)))?;
+        let t = tables.get("t").ok_or_else(|| Error::msg("no table t"))?;
+        let upserts = statements("t", t, false).map_err(Error::msg)?;
+        let ranges: Vec<_> = upserts.iter().map(|s| s.rows.clone()).collect();
+        assert_eq!(
+            ranges,
+            vec![
+                0..per_statement,
+                per_statement..2 * per_statement,
+                2 * per_statement..rows
+            ]
+        );
+        for s in &upserts {
+            let bound = s.args.as_ref().map_or(0, |a| a.len());
+            assert_eq!(bound, s.rows.len() * 3, "{:?}", s.rows);
+            assert_eq!(s.sql.matches("(?").count(), s.rows.len(), "{:?}", s.rows);
+        }
+        assert!(statements("t", t, true).map_err(Error::msg)?.is_empty());
         Ok(())
     }
 
