@@ -984,6 +984,56 @@ async fn a_unique_violation_fails_only_its_component_naming_table_constraint_and
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_violation_in_a_later_statement_of_a_large_call_names_its_row() -> Result<()> {
+    let f = fixture().await?;
+    sqlx::query("CREATE TABLE users (id TEXT PRIMARY KEY, email TEXT NOT NULL UNIQUE)")
+        .execute(&f.pool)
+        .await?;
+    // 1 500 rows in one call: written by two statements of at most 1 000
+    // rows, in key order. u1200 (in the second) takes u0001's email (in the
+    // first).
+    let users: Vec<User> = (0..1500)
+        .map(|i| User {
+            id: format!("u{i:04}"),
+            email: if i == 1200 {
+                "e0001".into()
+            } else {
+                format!("e{i:04}")
+            },
+        })
+        .collect();
+    let result = bounded(f.app.run(move |ctx| async move {
+        let schema = TableSchema::builder()
+            .column("id", ColumnType::Text)
+            .column("email", ColumnType::Text)
+            .primary_key(["id"])
+            .build()?;
+        let user = TableOptions {
+            managed_by: ManagedBy::User,
+        };
+        let t = sqlite::mount_table_target_with(&ctx, &db(), "users", schema, user).await?;
+        for u in &users {
+            t.declare_row(&ctx, u)?;
+        }
+        Ok(())
+    }))
+    .await;
+    let err = err_or(result, "a duplicate email in the second statement")?;
+    let text = err.to_string();
+    assert!(
+        text.contains("table users")
+            && text.contains("users.email")
+            && text.contains("key \"u1200\""),
+        "{text}"
+    );
+    let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM users")
+        .fetch_one(&f.pool)
+        .await?;
+    assert_eq!(rows, 0, "the failed call's transaction was rolled back");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn injection_attempts_in_table_and_column_names_are_rejected() -> Result<()> {
     let f = fixture().await?;
     for name in ["docs; DROP TABLE x", "a\"b", "sqlite_master", "", "x y"] {

@@ -1,4 +1,4 @@
-//! Prepared sinks (`TargetActionSink::from_prepared_async_fn`): the engine
+//! Prepared sinks (`TargetActionSink::from_async_fn_with_prepare`): the engine
 //! prepares the next batch while the one before it is applied, applies
 //! batches in order, and a batch that fails, or fails to prepare, is split
 //! and prepared again like any other, so only the bad component fails.
@@ -8,6 +8,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use support::*;
 use weir::prelude::*;
 
@@ -30,14 +31,7 @@ struct Seen {
 }
 
 fn keys_of(actions: &[TargetAction<RowAction>]) -> Vec<String> {
-    actions
-        .iter()
-        .map(|a| match a {
-            TargetAction::Create(r) | TargetAction::Update(r) | TargetAction::Delete(r) => {
-                r.key.clone()
-            }
-        })
-        .collect()
+    actions.iter().map(|a| a.inner().key.clone()).collect()
 }
 
 fn lock(seen: &Mutex<Seen>) -> Result<std::sync::MutexGuard<'_, Seen>> {
@@ -56,7 +50,7 @@ fn recording_sink(
 ) -> TargetActionSink<RowAction> {
     let preparing = Arc::clone(seen);
     let applying = Arc::clone(seen);
-    TargetActionSink::from_prepared_async_fn(
+    TargetActionSink::from_async_fn_with_prepare(
         move |actions: Vec<TargetAction<RowAction>>| -> Result<Vec<String>> {
             let keys = keys_of(&actions);
             check(&keys)?;
@@ -197,11 +191,18 @@ async fn a_failed_prepared_call_is_split_and_its_parts_prepared_again_so_only_th
         ten_components_one_with_boom(recording_sink(&seen, accept, Some("boom"), false)).await?;
     assert_only_boom_failed(&err, &seen, "the target rejects boom")?;
     let s = lock(&seen)?;
+    // The whole batch was prepared (ahead), then its parts, down to the
+    // bad component's alone.
+    assert_eq!(
+        s.prepared.first().map(Vec::len),
+        Some(10),
+        "{:?}",
+        s.prepared
+    );
     assert!(
-        s.prepared.len() > s.applied.len(),
-        "the split parts were not prepared again: prepared {:?}, applied {:?}",
-        s.prepared,
-        s.applied
+        s.prepared.iter().any(|keys| keys == &["boom"]),
+        "the bad component's part was never prepared alone: {:?}",
+        s.prepared
     );
     Ok(())
 }
@@ -229,4 +230,101 @@ async fn a_prepare_that_panics_fails_only_the_component_that_made_it_panic() -> 
     let err =
         ten_components_one_with_boom(recording_sink(&seen, panic_on_boom, None, false)).await?;
     assert_only_boom_failed(&err, &seen, "the preparation blew up")
+}
+
+/// An action that knows whether it was decoded from its MessagePack bytes
+/// (its handler makes it with `decoded: false`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Put {
+    key: String,
+    #[serde(skip, default = "decoded")]
+    decoded: bool,
+}
+
+fn decoded() -> bool {
+    true
+}
+
+struct PutHandler {
+    sink: TargetActionSink<Put>,
+}
+
+impl TargetHandler<String> for PutHandler {
+    type TrackingRecord = String;
+    type Action = Put;
+
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<String>,
+        _prev: Vec<String>,
+        _prev_may_be_missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<Put, String>>> {
+        let Some(value) = desired else {
+            return Ok(None);
+        };
+        Ok(Some(TargetReconcileOutput {
+            action: TargetAction::Create(Put {
+                key: key_str(&key),
+                decoded: false,
+            }),
+            sink: self.sink.clone(),
+            tracking_record: Some(value),
+            child_invalidation: None,
+        }))
+    }
+}
+
+#[tokio::test]
+async fn a_prepared_sink_first_prepares_actions_as_returned_and_a_retry_prepares_them_decoded(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    // Whether each preparation's actions were decoded, in order.
+    let preparations: Arc<Mutex<Vec<Vec<bool>>>> = Arc::default();
+    let applies = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sink = {
+        let preparations = Arc::clone(&preparations);
+        let applies = Arc::clone(&applies);
+        TargetActionSink::from_async_fn_with_prepare(
+            move |actions: Vec<TargetAction<Put>>| -> Result<usize> {
+                let decoded = actions.iter().map(|a| a.inner().decoded).collect();
+                preparations
+                    .lock()
+                    .map_err(|_| Error::msg("poisoned"))?
+                    .push(decoded);
+                Ok(actions.len())
+            },
+            move |_: usize| {
+                let first = applies.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+                async move {
+                    if first {
+                        return Err(Error::msg("the target is busy, try again"));
+                    }
+                    Ok(())
+                }
+            },
+        )
+    };
+    let stats = app
+        .run(move |ctx| async move {
+            let provider = register_root_target_states_provider::<String, PutHandler>(
+                &ctx,
+                PROVIDER,
+                PutHandler { sink },
+            )?;
+            declare_into(&ctx, &provider, [("a", "1"), ("b", "2")])
+        })
+        .await?;
+    assert_eq!(stats.created, 2);
+    let preparations = preparations
+        .lock()
+        .map_err(|_| Error::msg("poisoned"))?
+        .clone();
+    assert_eq!(
+        preparations,
+        vec![vec![false, false], vec![true, true]],
+        "the first preparation gets the handler's values, the retry's decoded ones"
+    );
+    Ok(())
 }

@@ -796,7 +796,10 @@ async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     // sink calls start while the rest is being planned.
     let batch = run.engine.config.batch.max_actions.max(1);
     for (w, wave) in waves.iter().enumerate() {
-        let room = |left: usize| left.min(batch);
+        // A fresh component has an action for every state: its sink
+        // group starts with room for a batch of them. Another's waves
+        // hold its unchanged states too, so its groups grow as needed.
+        let room = |left: usize| if fresh { left.min(batch) } else { 0 };
         let mut groups = SinkGroups::with_room(room(wave.len()));
         for (n, &i) in wave.iter().enumerate() {
             let (Some(r), Some(d)) = (results.get_mut(i), decls.get(i)) else {
@@ -1085,7 +1088,6 @@ struct NewState<'a> {
 
 /// The states of a fresh component's first entry, borrowed from its
 /// declarations and outcomes, encoded in one go (no per-state copies).
-#[derive(Default)]
 struct NewEntry<'a> {
     states: Vec<NewState<'a>>,
     /// About how many bytes the encoded entry takes.

@@ -214,10 +214,10 @@ struct Part {
 
 struct Batch {
     parts: Vec<Part>,
-    /// The batch as a prepared sink prepared it ahead of its call; `None`
-    /// for other sinks, and for split halves and retried parts, which the
-    /// call prepares itself.
-    prepared: Option<Prepared>,
+    /// The batch as a prepared sink prepared it ahead of its call, or why
+    /// it could not; `None` for other sinks, and for split halves and
+    /// retried parts, which the call prepares itself.
+    prepared: Option<Result<Prepared>>,
 }
 
 impl Batch {
@@ -232,6 +232,9 @@ impl Batch {
 /// A new batch waiting for its intents and its preparation, then for its
 /// turn to be applied.
 struct Staged {
+    /// Tells this batch from the ones staged before it, so that what
+    /// comes back for one of those (a preparation) is not taken for its.
+    seq: u64,
     batch: Batch,
     /// The result of writing its intents, once there is one.
     intents: Option<Result<()>>,
@@ -350,9 +353,12 @@ pub(crate) struct SinkActor {
     /// Halves of split batches, run before new ones. (A part due for a
     /// retry keeps its call slot until it is called again.)
     ready: VecDeque<Batch>,
-    /// The next new batch, whose intents are being written while the
+    /// The next new batch, whose intents are being written (and which a
+    /// prepared sink prepares) while the
     /// batch before it is applied.
     staged: Option<Staged>,
+    /// The number of the next batch staged.
+    next_seq: u64,
     /// Calls running now.
     in_flight: usize,
     /// The keys of the actions of the calls running now (hashed, with how
@@ -380,6 +386,7 @@ impl SinkActor {
             pending_actions: 0,
             ready: VecDeque::new(),
             staged: None,
+            next_seq: 0,
             in_flight: 0,
             busy: FxHashMap::default(),
             blocked: false,
@@ -446,9 +453,11 @@ impl SinkActor {
     }
 
     /// Moves batches along the pipeline: a new batch is staged (its
-    /// intents written) as soon as it is due, even while calls run;
+    /// intents written, and prepared for a prepared sink) as soon as it is
+    /// due, even while calls run;
     /// batches start in order, retried and split ones first, then the
-    /// staged one once its intents are durable, each when the sink's
+    /// staged one once its intents are durable and its preparation is
+    /// over, each when the sink's
     /// concurrency and the keys of the calls running allow.
     fn maybe_flush(&mut self, ctx: &mut Context<Self>) {
         loop {
@@ -477,7 +486,7 @@ impl SinkActor {
     }
 
     /// Starts what may start now: split halves first, then the staged
-    /// batch once its intents are durable.
+    /// batch once its intents are durable and its preparation is over.
     fn start_due(&mut self, ctx: &mut Context<Self>) {
         while !self.blocked {
             if let Some(batch) = self.ready.pop_front() {
@@ -495,6 +504,7 @@ impl SinkActor {
                     batch,
                     intents: Some(Err(e)),
                     preparing: false,
+                    ..
                 }) => self.fail_all(batch, e),
                 Some(staged) if staged.settled() => {
                     if let Some(batch) = self.try_start(staged.batch, ctx) {
@@ -540,9 +550,12 @@ impl SinkActor {
             .iter_mut()
             .flat_map(|p| p.actions.iter_mut().filter_map(|a| a.intent.take()))
             .collect();
-        let preparing = self.prepare(&mut batch, ctx);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let preparing = self.prepare(seq, &mut batch, ctx);
         if intents.is_empty() {
             self.staged = Some(Staged {
+                seq,
                 batch,
                 intents: Some(Ok(())),
                 preparing,
@@ -550,6 +563,7 @@ impl SinkActor {
             return;
         }
         self.staged = Some(Staged {
+            seq,
             batch,
             intents: None,
             preparing,
@@ -571,12 +585,13 @@ impl SinkActor {
         }));
     }
 
-    /// Starts preparing a staged batch on a blocking thread, if its sink is
-    /// a prepared one; returns whether it did. The staged batch gets the
-    /// prepared value when it is ready. When preparing fails (or panics),
-    /// the batch's call prepares it again itself, and fails or retries as
-    /// any call does.
-    fn prepare(&mut self, batch: &mut Batch, ctx: &mut Context<Self>) -> bool {
+    /// Starts preparing the batch about to be staged as number `seq` on a
+    /// blocking thread, if its sink is a prepared one; returns whether it
+    /// did. The staged batch gets the prepared value when it is ready, or
+    /// the preparation's error (a panic becomes one), which its call then
+    /// returns without calling the sink, to be split or retried as any
+    /// failed call.
+    fn prepare(&mut self, seq: u64, batch: &mut Batch, ctx: &mut Context<Self>) -> bool {
         if self.core.preparer.is_none() {
             return false;
         }
@@ -586,15 +601,20 @@ impl SinkActor {
             .flat_map(|p| p.actions.iter_mut().map(|a| a.action.for_call()))
             .collect();
         let core = Arc::clone(&self.core);
-        let prepared = self.env.user.spawn_blocking(move || {
-            core.preparer
-                .as_ref()
-                .and_then(|p| (p.prepare)(actions).ok())
+        let prepared = self.env.user.spawn_blocking(move || match &core.preparer {
+            Some(p) => (p.prepare)(actions),
+            None => Err(Error::msg("the sink prepares no batches")),
         });
-        ctx.spawn(prepared.into_actor(self).map(|res, act, ctx| {
-            if let Some(staged) = &mut act.staged {
-                staged.preparing = false;
-                staged.batch.prepared = res.ok().flatten();
+        ctx.spawn(prepared.into_actor(self).map(move |res, act, ctx| {
+            let prepared = res.unwrap_or_else(|e| Err(joined_error(e)));
+            match &mut act.staged {
+                Some(staged) if staged.seq == seq => {
+                    staged.preparing = false;
+                    staged.batch.prepared = Some(prepared);
+                }
+                // A staged batch waits for its preparation: none can have
+                // left before it came back.
+                _ => debug_assert!(false, "a preparation came back for no staged batch"),
             }
             act.maybe_flush(ctx);
         }));
@@ -629,7 +649,8 @@ impl SinkActor {
         let env = self.env.clone();
         let core = Arc::clone(&self.core);
         let call = match batch.prepared.take() {
-            Some(prepared) => Call::Prepared(prepared),
+            Some(Ok(prepared)) => Call::Prepared(prepared),
+            Some(Err(e)) => Call::Failed(e),
             None => Call::Actions(
                 batch
                     .parts
@@ -784,10 +805,27 @@ pub(crate) fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
 }
 
 /// What a sink call carries: the actions, or the batch a prepared sink
-/// prepared from them ahead of the call.
+/// prepared from them ahead of the call, or the error preparing it ended
+/// with (the call fails with it, without calling the sink).
 enum Call {
     Actions(Vec<EncodedAction>),
     Prepared(Prepared),
+    Failed(Error),
+}
+
+/// The error of a sink task that did not return: it panicked (with its
+/// message) or was cancelled.
+fn joined_error(e: tokio::task::JoinError) -> Error {
+    if !e.is_panic() {
+        return Error::Shutdown("the sink call was cancelled".into());
+    }
+    let payload = e.into_panic();
+    let detail = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_string());
+    panic_error(&detail)
 }
 
 async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, call: Call) -> Result<()> {
@@ -800,6 +838,7 @@ async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, call: Call) -> Result<()>
                 "a prepared batch reached a sink that prepares none",
             )),
             (Call::Actions(actions), _) => (core.apply)(actions).await,
+            (Call::Failed(e), _) => Err(e),
         }
     });
     let joined = match env.retry.call_timeout {
@@ -826,19 +865,7 @@ async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, call: Call) -> Result<()>
         },
         None => handle.await,
     };
-    match joined {
-        Ok(res) => res,
-        Err(e) if e.is_panic() => {
-            let payload = e.into_panic();
-            let detail = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".to_string());
-            Err(panic_error(&detail))
-        }
-        Err(_) => Err(Error::Shutdown("the sink call was cancelled".into())),
-    }
+    joined.unwrap_or_else(|e| Err(joined_error(e)))
 }
 
 impl Actor for SinkActor {

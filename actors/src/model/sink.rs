@@ -16,9 +16,9 @@ use super::handler::{ActionKind, TargetAction};
 use crate::error::{Error, Result};
 
 /// An action as the engine carries it: its kind, its MessagePack bytes,
-/// and, until the first sink call that carries it, the value its handler
-/// returned (so that call need not decode it; a retried call decodes the
-/// bytes).
+/// and, until the first sink call (or preparation) that carries it, the
+/// value its handler returned (so that call need not decode it; later
+/// ones decode the bytes).
 pub(crate) struct EncodedAction {
     pub kind: ActionKind,
     pub bytes: Arc<[u8]>,
@@ -96,7 +96,8 @@ static NEXT_SINK_ID: AtomicU64 = AtomicU64::new(1);
 /// across components and calls it with them in batches. Every
 /// `from_async_fn*` call creates a new identity; clones share it. A sink may
 /// see an action again after a failed call is retried: keep actions
-/// idempotent. The first call that carries an action gets it as the
+/// idempotent. The first call (or, for a sink with a `prepare` step, the
+/// first preparation) that carries an action gets it as the
 /// handler's `reconcile` returned it; a retried call gets it decoded from
 /// its MessagePack encoding, so an action type must decode back to an
 /// equal value.
@@ -194,24 +195,32 @@ where
     }
 
     /// A sink whose calls have two steps: `prepare` turns a batch of
-    /// actions into what `apply` writes. The engine prepares the next
-    /// batch while the one before it is being applied (on a blocking
-    /// thread of the runtime the engine was built on), so a sink that
-    /// spends time on each batch before it writes (grouping rows,
-    /// building statements, binding values) keeps the external system
-    /// busy. Batches are still applied in order, as with
-    /// [`from_async_fn`](Self::from_async_fn).
+    /// actions into what `apply` writes. The engine prepares the next new
+    /// batch on a blocking thread of the user's runtime while the call
+    /// before it is applied, so a sink that spends time on each batch
+    /// before it writes (grouping rows, building statements) keeps the
+    /// external system busy. Calls start in the same order, and run one at
+    /// a time unless [`concurrent_calls`](Self::concurrent_calls) allows
+    /// more, as with [`from_async_fn`](Self::from_async_fn).
     ///
-    /// `prepare` must be free of side effects: a prepared batch may be
-    /// dropped without being applied (when the run fails first), and a
-    /// batch that fails is split and its parts prepared again. A retried
-    /// call prepares its batch right before applying it.
+    /// A batch that fails to prepare (or whose `prepare` panics) fails its
+    /// call without `apply`, and is split and retried like any failed
+    /// call. The parts of a split batch, and a retried call, are prepared
+    /// inside their call, on the worker that runs it.
+    ///
+    /// `prepare` should have no effect beyond its result (at most
+    /// idempotent ones): a prepared batch is dropped unapplied when its
+    /// call fails, and its parts are prepared again. It may run while
+    /// `apply` runs, and beside another preparation, hence `Sync`. It must
+    /// return: `RetryPolicy::call_timeout` bounds `apply` and the
+    /// preparations inside calls, not one made ahead, so a preparation
+    /// that never returns stalls the sink.
     ///
     /// ```
     /// use weir_actors::{Result, TargetAction, TargetActionSink};
     ///
     /// // Prepared: the lines to write; applied: written.
-    /// let sink = TargetActionSink::<String>::from_prepared_async_fn(
+    /// let sink = TargetActionSink::<String>::from_async_fn_with_prepare(
     ///     |actions: Vec<TargetAction<String>>| -> Result<Vec<String>> {
     ///         Ok(actions.into_iter().map(|a| a.into_inner()).collect())
     ///     },
@@ -224,7 +233,7 @@ where
     /// );
     /// # drop(sink);
     /// ```
-    pub fn from_prepared_async_fn<P, Pr, F, Fut>(prepare: Pr, apply: F) -> Self
+    pub fn from_async_fn_with_prepare<P, Pr, F, Fut>(prepare: Pr, apply: F) -> Self
     where
         P: Send + 'static,
         Pr: Fn(Vec<TargetAction<A>>) -> Result<P> + Send + Sync + 'static,

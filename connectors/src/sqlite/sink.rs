@@ -92,11 +92,11 @@ pub(crate) fn table_sink(db: Arc<Database>) -> TargetActionSink<TableAction> {
     )
 }
 
-/// The row sink: a call's rows are grouped and bound on a blocking thread
-/// while the call before it writes.
+/// The row sink: a call's rows are grouped and sorted, and its statements
+/// built, on a blocking thread while the call before it writes.
 fn row_sink(db: Arc<Database>) -> TargetActionSink<RowWrite> {
     let preparing = Arc::clone(&db);
-    TargetActionSink::from_prepared_async_fn(
+    TargetActionSink::from_async_fn_with_prepare(
         move |actions: Vec<TargetAction<RowWrite>>| prepare_rows(&preparing, actions),
         move |rows: PreparedRows| {
             let db = Arc::clone(&db);
@@ -423,20 +423,18 @@ fn group_by_table(
     Ok((tables, new_ranks))
 }
 
-/// Adds one value to a statement's arguments. The arguments own their
-/// text and bytes: sqlx copies borrowed ones before a statement runs
-/// anyway, and owned ones let a call's statements be bound ahead of it.
-fn bind(
-    args: &mut SqliteArguments<'static>,
-    value: &SqlValue,
+/// Adds one value to a statement's arguments, borrowing text and bytes.
+fn bind<'q>(
+    args: &mut SqliteArguments<'q>,
+    value: &'q SqlValue,
 ) -> std::result::Result<(), BoxDynError> {
     match value {
         SqlValue::Null => args.add(None::<i64>),
         SqlValue::Bool(b) => args.add(i64::from(*b)),
         SqlValue::Int(i) => args.add(*i),
         SqlValue::Float(f) => args.add(*f),
-        SqlValue::Text(s) => args.add(s.clone()),
-        SqlValue::Bytes(b) => args.add(b.clone()),
+        SqlValue::Text(s) => args.add(s.as_str()),
+        SqlValue::Bytes(b) => args.add(b.as_slice()),
         other => args.add(text_of(other)),
     }
 }
@@ -471,25 +469,19 @@ fn json_of(value: &SqlValue) -> serde_json::Value {
     }
 }
 
-/// The arguments of a statement over `rows`, all of their values in order.
-fn bind_rows(rows: &[Vec<SqlValue>]) -> std::result::Result<SqliteArguments<'static>, BoxDynError> {
-    // Sized once: a statement binds up to 32 766 values.
-    let mut args = SqliteArguments::default();
-    args.reserve(rows.iter().map(Vec::len).sum(), 0);
-    for row in rows {
-        for value in row {
-            bind(&mut args, value)?;
-        }
-    }
-    Ok(args)
-}
-
 async fn run_chunk(
     tx: &mut Tx,
     sql: &str,
     rows: &[Vec<SqlValue>],
 ) -> std::result::Result<(), sqlx::Error> {
-    let args = bind_rows(rows).map_err(sqlx::Error::Encode)?;
+    // Sized once: a statement binds up to 32 766 values.
+    let mut args = SqliteArguments::default();
+    args.reserve(rows.iter().map(Vec::len).sum(), 0);
+    for row in rows {
+        for value in row {
+            bind(&mut args, value).map_err(sqlx::Error::Encode)?;
+        }
+    }
     sqlx::query_with(sql, args)
         .execute(&mut **tx)
         .await
@@ -521,7 +513,7 @@ async fn culprit(
     None
 }
 
-/// A sink call's writes, grouped by table and bound, ready to run.
+/// A sink call's writes, grouped by table, and their statements.
 struct PreparedRows {
     /// The tables by rank, then name: deletes run from the last table,
     /// upserts from the first (children's deletes before their parents',
@@ -537,33 +529,27 @@ struct PreparedTable {
     upserts: Vec<Statement>,
 }
 
-/// One multi-row statement, its values bound.
+/// One multi-row statement: its SQL and its rows, among the table's
+/// deletes or upserts. Its values are bound when it runs (borrowed: a
+/// bound copy of a whole batch, kept while the batch before it writes,
+/// would double the memory of large rows).
 struct Statement {
     sql: Arc<str>,
-    /// Taken when the statement runs.
-    args: Option<SqliteArguments<'static>>,
-    /// Its rows, among the table's deletes or upserts: to look for the one
-    /// that violates a constraint.
     rows: std::ops::Range<usize>,
 }
 
-/// Groups a call's actions by table (see [`group_by_table`]) and builds
-/// and binds its statements: the work of a call before it touches the
-/// database.
+/// Groups a call's actions by table (see [`group_by_table`]), sorts them
+/// and builds its statements: the work of a call before it touches the
+/// database. Records the ranks of the tables it sees (idempotent facts
+/// about the run's tables, which every preparation may record).
 fn prepare_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<PreparedRows> {
     let tables = group(db, actions)?;
     let mut order: Vec<(String, TableWrites)> = tables.into_iter().collect();
     order.sort_by(|(a, x), (b, y)| (x.rank, a.as_str()).cmp(&(y.rank, b.as_str())));
     let mut tables = Vec::with_capacity(order.len());
     for (name, writes) in order {
-        let bound = |e: BoxDynError| {
-            Error::permanent(format!(
-                "sqlite database {}, table {name}: cannot bind a value: {e}",
-                db.name
-            ))
-        };
-        let deletes = statements(&name, &writes, true).map_err(bound)?;
-        let upserts = statements(&name, &writes, false).map_err(bound)?;
+        let deletes = statements(&name, &writes, true);
+        let upserts = statements(&name, &writes, false);
         tables.push(PreparedTable {
             name,
             writes,
@@ -576,18 +562,14 @@ fn prepare_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<P
 
 /// The statements that write a table's deletes or upserts, each as many
 /// rows as SQLite's bind limit allows (the last one fewer).
-fn statements(
-    table: &str,
-    writes: &TableWrites,
-    is_delete: bool,
-) -> std::result::Result<Vec<Statement>, BoxDynError> {
+fn statements(table: &str, writes: &TableWrites, is_delete: bool) -> Vec<Statement> {
     let rows = if is_delete {
         &writes.deletes
     } else {
         &writes.upserts
     };
     if rows.is_empty() {
-        return Ok(Vec::new());
+        return Vec::new();
     }
     let width = if is_delete {
         writes.schema.primary_key().len()
@@ -612,11 +594,10 @@ fn statements(
             } else {
                 sql(chunk.len())
             },
-            args: Some(bind_rows(chunk)?),
             rows: first..first + chunk.len(),
         });
     }
-    Ok(out)
+    out
 }
 
 /// Runs a table's delete or upsert statements; names the table, and the
@@ -624,7 +605,7 @@ fn statements(
 async fn write_rows(
     tx: &mut Tx,
     db: &Database,
-    table: &mut PreparedTable,
+    table: &PreparedTable,
     is_delete: bool,
 ) -> Result<()> {
     let PreparedTable {
@@ -633,21 +614,15 @@ async fn write_rows(
         deletes,
         upserts,
     } = table;
-    let (statements, rows) = if is_delete {
+    let (to_run, rows) = if is_delete {
         (deletes, &writes.deletes)
     } else {
         (upserts, &writes.upserts)
     };
-    for statement in statements {
-        let Some(args) = statement.args.take() else {
-            continue;
-        };
-        let res = sqlx::query_with(&statement.sql, args)
-            .execute(&mut **tx)
-            .await;
-        if let Err(e) = res {
+    for statement in to_run {
+        let chunk = rows.get(statement.rows.clone()).unwrap_or_default();
+        if let Err(e) = run_chunk(tx, &statement.sql, chunk).await {
             let verb = if is_delete { "delete" } else { "upsert" };
-            let chunk = rows.get(statement.rows.clone()).unwrap_or_default();
             let key = if is_constraint(&e) {
                 culprit(tx, name, writes, chunk, is_delete).await
             } else {
@@ -663,7 +638,7 @@ async fn write_rows(
     Ok(())
 }
 
-async fn apply_rows(db: &Database, mut rows: PreparedRows) -> Result<()> {
+async fn apply_rows(db: &Database, rows: PreparedRows) -> Result<()> {
     let mut tx = db
         .pool
         .begin_with("BEGIN IMMEDIATE")
@@ -671,10 +646,10 @@ async fn apply_rows(db: &Database, mut rows: PreparedRows) -> Result<()> {
         .map_err(|e| db_error(e, &format!("sqlite database {}: begin", db.name)))?;
     let context = format!("sqlite database {}: defer foreign keys", db.name);
     execute(&mut tx, "PRAGMA defer_foreign_keys = ON", &context).await?;
-    for table in rows.tables.iter_mut().rev() {
+    for table in rows.tables.iter().rev() {
         write_rows(&mut tx, db, table, true).await?;
     }
-    for table in &mut rows.tables {
+    for table in &rows.tables {
         write_rows(&mut tx, db, table, false).await?;
     }
     tx.commit().await.map_err(|e| {
@@ -821,7 +796,7 @@ mod tests {
             .collect();
         let (tables, _) = group_by_table(actions, &HashMap::new(), |_| Ok(Arc::clone(&schema)))?;
         let t = tables.get("t").ok_or_else(|| Error::msg("no table t"))?;
-        let upserts = statements("t", t, false).map_err(Error::msg)?;
+        let upserts = statements("t", t, false);
         let ranges: Vec<_> = upserts.iter().map(|s| s.rows.clone()).collect();
         assert_eq!(
             ranges,
@@ -832,11 +807,9 @@ mod tests {
             ]
         );
         for s in &upserts {
-            let bound = s.args.as_ref().map_or(0, |a| a.len());
-            assert_eq!(bound, s.rows.len() * 3, "{:?}", s.rows);
             assert_eq!(s.sql.matches("(?").count(), s.rows.len(), "{:?}", s.rows);
         }
-        assert!(statements("t", t, true).map_err(Error::msg)?.is_empty());
+        assert!(statements("t", t, true).is_empty());
         Ok(())
     }
 
