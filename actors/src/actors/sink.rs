@@ -17,7 +17,7 @@ use crate::actors::ledger::LedgerHandle;
 use crate::config::{BatchPolicy, RetryPolicy};
 use crate::error::{Error, Result};
 use crate::ledger::record::Intent;
-use crate::model::sink::{panic_error, EncodedAction, Prepared, SinkCore};
+use crate::model::sink::{panic_error, EncodedAction, SinkCore};
 use crate::model::{ActionKind, StableKey};
 use crate::run::Run;
 
@@ -214,39 +214,13 @@ struct Part {
 
 struct Batch {
     parts: Vec<Part>,
-    /// The batch as a prepared sink prepared it ahead of its call, or why
-    /// it could not; `None` for other sinks, and for split halves and
-    /// retried parts, which the call prepares itself.
-    prepared: Option<Result<Prepared>>,
 }
 
-impl Batch {
-    fn new(parts: Vec<Part>) -> Self {
-        Self {
-            parts,
-            prepared: None,
-        }
-    }
-}
-
-/// A new batch waiting for its intents and its preparation, then for its
-/// turn to be applied.
+/// A new batch waiting for its intents, then for its turn to be applied.
 struct Staged {
-    /// Tells this batch from the ones staged before it, so that what
-    /// comes back for one of those (a preparation) is not taken for its.
-    seq: u64,
     batch: Batch,
     /// The result of writing its intents, once there is one.
     intents: Option<Result<()>>,
-    /// Whether a prepared sink is still preparing it.
-    preparing: bool,
-}
-
-impl Staged {
-    /// Neither its intents nor its preparation are still on their way.
-    fn settled(&self) -> bool {
-        self.intents.is_some() && !self.preparing
-    }
 }
 
 /// How many components are still producing declarations or reconciling;
@@ -353,12 +327,9 @@ pub(crate) struct SinkActor {
     /// Halves of split batches, run before new ones. (A part due for a
     /// retry keeps its call slot until it is called again.)
     ready: VecDeque<Batch>,
-    /// The next new batch, whose intents are being written (and which a
-    /// prepared sink prepares) while the
+    /// The next new batch, whose intents are being written while the
     /// batch before it is applied.
     staged: Option<Staged>,
-    /// The number of the next batch staged.
-    next_seq: u64,
     /// Calls running now.
     in_flight: usize,
     /// The keys of the actions of the calls running now (hashed, with how
@@ -386,7 +357,6 @@ impl SinkActor {
             pending_actions: 0,
             ready: VecDeque::new(),
             staged: None,
-            next_seq: 0,
             in_flight: 0,
             busy: FxHashMap::default(),
             blocked: false,
@@ -453,11 +423,9 @@ impl SinkActor {
     }
 
     /// Moves batches along the pipeline: a new batch is staged (its
-    /// intents written, and prepared for a prepared sink) as soon as it is
-    /// due, even while calls run;
+    /// intents written) as soon as it is due, even while calls run;
     /// batches start in order, retried and split ones first, then the
-    /// staged one once its intents are durable and its preparation is
-    /// over, each when the sink's
+    /// staged one once its intents are durable, each when the sink's
     /// concurrency and the keys of the calls running allow.
     fn maybe_flush(&mut self, ctx: &mut Context<Self>) {
         loop {
@@ -486,7 +454,7 @@ impl SinkActor {
     }
 
     /// Starts what may start now: split halves first, then the staged
-    /// batch once its intents are durable and its preparation is over.
+    /// batch once its intents are durable.
     fn start_due(&mut self, ctx: &mut Context<Self>) {
         while !self.blocked {
             if let Some(batch) = self.ready.pop_front() {
@@ -495,20 +463,22 @@ impl SinkActor {
                 }
                 continue;
             }
-            // A staged batch leaves once its intents and its preparation
-            // are both settled, so that what comes back for it finds it.
             match self.staged.take() {
                 // Without durable intents, applying could orphan what it
                 // creates: apply nothing, fail the batch.
                 Some(Staged {
                     batch,
                     intents: Some(Err(e)),
-                    preparing: false,
-                    ..
                 }) => self.fail_all(batch, e),
-                Some(staged) if staged.settled() => {
-                    if let Some(batch) = self.try_start(staged.batch, ctx) {
-                        self.staged = Some(Staged { batch, ..staged });
+                Some(Staged {
+                    batch,
+                    intents: Some(Ok(())),
+                }) => {
+                    if let Some(batch) = self.try_start(batch, ctx) {
+                        self.staged = Some(Staged {
+                            batch,
+                            intents: Some(Ok(())),
+                        });
                     }
                 }
                 other => {
@@ -538,35 +508,28 @@ impl SinkActor {
         if self.pending.is_empty() {
             self.linger_expired = false;
         }
-        Batch::new(parts)
+        Batch { parts }
     }
 
     /// Starts writing a new batch's intents (once per batch: split halves
-    /// and retried parts carry none), and preparing it for a prepared
-    /// sink, and keeps the batch until it can be applied.
+    /// and retried parts carry none) and keeps the batch until it can be
+    /// applied.
     fn stage(&mut self, mut batch: Batch, ctx: &mut Context<Self>) {
         let intents: Vec<Intent> = batch
             .parts
             .iter_mut()
             .flat_map(|p| p.actions.iter_mut().filter_map(|a| a.intent.take()))
             .collect();
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let preparing = self.prepare(seq, &mut batch, ctx);
         if intents.is_empty() {
             self.staged = Some(Staged {
-                seq,
                 batch,
                 intents: Some(Ok(())),
-                preparing,
             });
             return;
         }
         self.staged = Some(Staged {
-            seq,
             batch,
             intents: None,
-            preparing,
         });
         let env = self.env.clone();
         let write = async move {
@@ -583,42 +546,6 @@ impl SinkActor {
             }
             act.maybe_flush(ctx);
         }));
-    }
-
-    /// Starts preparing the batch about to be staged as number `seq` on a
-    /// blocking thread, if its sink is a prepared one; returns whether it
-    /// did. The staged batch gets the prepared value when it is ready, or
-    /// the preparation's error (a panic becomes one), which its call then
-    /// returns without calling the sink, to be split or retried as any
-    /// failed call.
-    fn prepare(&mut self, seq: u64, batch: &mut Batch, ctx: &mut Context<Self>) -> bool {
-        if self.core.preparer.is_none() {
-            return false;
-        }
-        let actions: Vec<EncodedAction> = batch
-            .parts
-            .iter_mut()
-            .flat_map(|p| p.actions.iter_mut().map(|a| a.action.for_call()))
-            .collect();
-        let core = Arc::clone(&self.core);
-        let prepared = self.env.user.spawn_blocking(move || match &core.preparer {
-            Some(p) => (p.prepare)(actions),
-            None => Err(Error::msg("the sink prepares no batches")),
-        });
-        ctx.spawn(prepared.into_actor(self).map(move |res, act, ctx| {
-            let prepared = res.unwrap_or_else(|e| Err(joined_error(e)));
-            match &mut act.staged {
-                Some(staged) if staged.seq == seq => {
-                    staged.preparing = false;
-                    staged.batch.prepared = Some(prepared);
-                }
-                // A staged batch waits for its preparation: none can have
-                // left before it came back.
-                _ => debug_assert!(false, "a preparation came back for no staged batch"),
-            }
-            act.maybe_flush(ctx);
-        }));
-        true
     }
 
     /// Starts a batch whose intents are durable if the calls running allow
@@ -648,20 +575,14 @@ impl SinkActor {
     fn call(&mut self, mut batch: Batch, claimed: Vec<u64>, ctx: &mut Context<Self>) {
         let env = self.env.clone();
         let core = Arc::clone(&self.core);
-        let call = match batch.prepared.take() {
-            Some(Ok(prepared)) => Call::Prepared(prepared),
-            Some(Err(e)) => Call::Failed(e),
-            None => Call::Actions(
-                batch
-                    .parts
-                    .iter_mut()
-                    .flat_map(|p| p.actions.iter_mut().map(|a| a.action.for_call()))
-                    .collect(),
-            ),
-        };
+        let actions: Vec<EncodedAction> = batch
+            .parts
+            .iter_mut()
+            .flat_map(|p| p.actions.iter_mut().map(|a| a.action.for_call()))
+            .collect();
         let label = self.label(&batch);
         metrics::histogram!(crate::metrics::SINK_BATCH_SIZE, "sink" => label.clone())
-            .record(batch.parts.iter().map(|p| p.actions.len()).sum::<usize>() as f64);
+            .record(actions.len() as f64);
         // A sink's failure series exist from its first call, at zero, so
         // that dashboards show 0 rather than no data.
         if !self.exported.contains(&label) {
@@ -677,7 +598,7 @@ impl SinkActor {
         let fut = async move {
             let started = std::time::Instant::now();
             crate::fault::point(crate::fault::SINK_BEFORE_APPLY);
-            let res = call_sink(core, &env, call).await;
+            let res = call_sink(core, &env, actions).await;
             if res.is_ok() {
                 crate::fault::point(crate::fault::SINK_AFTER_APPLY);
             }
@@ -759,7 +680,7 @@ impl SinkActor {
             metrics::counter!(crate::metrics::SINK_SPLITS, "sink" => label).increment(1);
             // Split along component boundaries and try each half.
             let second = batch.parts.split_off(batch.parts.len() / 2);
-            self.ready.push_front(Batch::new(second));
+            self.ready.push_front(Batch { parts: second });
             self.ready.push_front(batch);
             return None;
         }
@@ -769,7 +690,7 @@ impl SinkActor {
         if err.is_retriable() && part.attempts < retry.max_attempts {
             metrics::counter!(crate::metrics::SINK_RETRIES, "sink" => label).increment(1);
             let delay = backoff(retry, part.attempts);
-            return Some((Batch::new(vec![part]), delay));
+            return Some((Batch { parts: vec![part] }, delay));
         }
         let keys = part
             .actions
@@ -804,43 +725,10 @@ pub(crate) fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     half + half.mul_f64(fastrand::f64())
 }
 
-/// What a sink call carries: the actions, or the batch a prepared sink
-/// prepared from them ahead of the call, or the error preparing it ended
-/// with (the call fails with it, without calling the sink).
-enum Call {
-    Actions(Vec<EncodedAction>),
-    Prepared(Prepared),
-    Failed(Error),
-}
-
-/// The error of a sink task that did not return: it panicked (with its
-/// message) or was cancelled.
-fn joined_error(e: tokio::task::JoinError) -> Error {
-    if !e.is_panic() {
-        return Error::Shutdown("the sink call was cancelled".into());
-    }
-    let payload = e.into_panic();
-    let detail = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "no message".to_string());
-    panic_error(&detail)
-}
-
-async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, call: Call) -> Result<()> {
+async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, actions: Vec<EncodedAction>) -> Result<()> {
     // The user's function runs on the user's runtime, inside the task, so
     // that even a panic before it returns a future is caught there.
-    let mut handle = env.user.spawn(async move {
-        match (call, &core.preparer) {
-            (Call::Prepared(prepared), Some(p)) => (p.apply)(prepared).await,
-            (Call::Prepared(_), None) => Err(Error::msg(
-                "a prepared batch reached a sink that prepares none",
-            )),
-            (Call::Actions(actions), _) => (core.apply)(actions).await,
-            (Call::Failed(e), _) => Err(e),
-        }
-    });
+    let mut handle = env.user.spawn(async move { (core.apply)(actions).await });
     let joined = match env.retry.call_timeout {
         Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
             Ok(j) => j,
@@ -865,7 +753,19 @@ async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, call: Call) -> Result<()>
         },
         None => handle.await,
     };
-    joined.unwrap_or_else(|e| Err(joined_error(e)))
+    match joined {
+        Ok(res) => res,
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let detail = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_string());
+            Err(panic_error(&detail))
+        }
+        Err(_) => Err(Error::Shutdown("the sink call was cancelled".into())),
+    }
 }
 
 impl Actor for SinkActor {

@@ -16,9 +16,9 @@ use super::handler::{ActionKind, TargetAction};
 use crate::error::{Error, Result};
 
 /// An action as the engine carries it: its kind, its MessagePack bytes,
-/// and, until the first sink call (or preparation) that carries it, the
-/// value its handler returned (so that call need not decode it; later
-/// ones decode the bytes).
+/// and, until the first sink call that carries it, the value its handler
+/// returned (so that call need not decode it; a retried call decodes the
+/// bytes).
 pub(crate) struct EncodedAction {
     pub kind: ActionKind,
     pub bytes: Arc<[u8]>,
@@ -52,27 +52,11 @@ impl fmt::Debug for EncodedAction {
 type ApplyFn = dyn Fn(Vec<EncodedAction>) -> BoxFuture<'static, Result<()>> + Send + Sync;
 type ChildFn = dyn Fn(&[u8]) -> Result<ChildTargetDef> + Send + Sync;
 
-/// A batch as a prepared sink's `prepare` returned it.
-pub(crate) type Prepared = Box<dyn std::any::Any + Send>;
-type PrepareFn = dyn Fn(Vec<EncodedAction>) -> Result<Prepared> + Send + Sync;
-type ApplyPreparedFn = dyn Fn(Prepared) -> BoxFuture<'static, Result<()>> + Send + Sync;
-
-/// The two steps of a prepared sink's call, for the engine to run apart:
-/// it prepares the next batch while the one before it is applied.
-pub(crate) struct Preparer {
-    pub prepare: Box<PrepareFn>,
-    pub apply: Box<ApplyPreparedFn>,
-}
-
 /// The type-erased part of a sink that the engine works with.
 pub(crate) struct SinkCore {
     /// The sink's identity: unique per `from_async_fn*` call, shared by clones.
     pub id: u64,
-    /// A whole call: for a prepared sink, its preparation and then its
-    /// application.
     pub apply: Box<ApplyFn>,
-    /// A prepared sink's two steps.
-    pub preparer: Option<Preparer>,
     pub child_handler: Option<Box<ChildFn>>,
     /// How many calls may run at once (at least 1).
     pub concurrency: AtomicUsize,
@@ -83,7 +67,6 @@ impl fmt::Debug for SinkCore {
         f.debug_struct("SinkCore")
             .field("id", &self.id)
             .field("has_child_handler", &self.child_handler.is_some())
-            .field("prepared", &self.preparer.is_some())
             .finish()
     }
 }
@@ -96,8 +79,7 @@ static NEXT_SINK_ID: AtomicU64 = AtomicU64::new(1);
 /// across components and calls it with them in batches. Every
 /// `from_async_fn*` call creates a new identity; clones share it. A sink may
 /// see an action again after a failed call is retried: keep actions
-/// idempotent. The first call (or, for a sink with a `prepare` step, the
-/// first preparation) that carries an action gets it as the
+/// idempotent. The first call that carries an action gets it as the
 /// handler's `reconcile` returned it; a retried call gets it decoded from
 /// its MessagePack encoding, so an action type must decode back to an
 /// equal value.
@@ -165,7 +147,6 @@ where
         Self::from_core(SinkCore {
             id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
             apply: make_apply(apply),
-            preparer: None,
             child_handler: None,
             concurrency: AtomicUsize::new(1),
         })
@@ -188,86 +169,7 @@ where
         Self::from_core(SinkCore {
             id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
             apply: make_apply(apply),
-            preparer: None,
             child_handler: Some(child),
-            concurrency: AtomicUsize::new(1),
-        })
-    }
-
-    /// A sink whose calls have two steps: `prepare` turns a batch of
-    /// actions into what `apply` writes. The engine prepares the next new
-    /// batch on a blocking thread of the user's runtime while the call
-    /// before it is applied, so a sink that spends time on each batch
-    /// before it writes (grouping rows, building statements) keeps the
-    /// external system busy. Calls start in the same order, and run one at
-    /// a time unless [`concurrent_calls`](Self::concurrent_calls) allows
-    /// more, as with [`from_async_fn`](Self::from_async_fn).
-    ///
-    /// A batch that fails to prepare (or whose `prepare` panics) fails its
-    /// call without `apply`, and is split and retried like any failed
-    /// call. The parts of a split batch, and a retried call, are prepared
-    /// inside their call, on the worker that runs it.
-    ///
-    /// `prepare` should have no effect beyond its result (at most
-    /// idempotent ones): a prepared batch is dropped unapplied when its
-    /// call fails, and its parts are prepared again. It may run while
-    /// `apply` runs, and beside another preparation, hence `Sync`. It must
-    /// return: `RetryPolicy::call_timeout` bounds `apply` and the
-    /// preparations inside calls, not one made ahead, so a preparation
-    /// that never returns stalls the sink.
-    ///
-    /// ```
-    /// use weir_actors::{Result, TargetAction, TargetActionSink};
-    ///
-    /// // Prepared: the lines to write; applied: written.
-    /// let sink = TargetActionSink::<String>::from_async_fn_with_prepare(
-    ///     |actions: Vec<TargetAction<String>>| -> Result<Vec<String>> {
-    ///         Ok(actions.into_iter().map(|a| a.into_inner()).collect())
-    ///     },
-    ///     |lines: Vec<String>| async move {
-    ///         for line in lines {
-    ///             println!("{line}");
-    ///         }
-    ///         Ok(())
-    ///     },
-    /// );
-    /// # drop(sink);
-    /// ```
-    pub fn from_async_fn_with_prepare<P, Pr, F, Fut>(prepare: Pr, apply: F) -> Self
-    where
-        P: Send + 'static,
-        Pr: Fn(Vec<TargetAction<A>>) -> Result<P> + Send + Sync + 'static,
-        F: Fn(P) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<()>> + Send + 'static,
-    {
-        let prepare = Arc::new(prepare);
-        let apply = Arc::new(apply);
-        let whole_prepare = Arc::clone(&prepare);
-        let whole_apply = Arc::clone(&apply);
-        let whole: Box<ApplyFn> = Box::new(move |encoded: Vec<EncodedAction>| {
-            match decode_actions::<A>(encoded).and_then(|a| whole_prepare(a)) {
-                Ok(prepared) => whole_apply(prepared).boxed(),
-                Err(e) => futures::future::ready(Err(e)).boxed(),
-            }
-        });
-        let preparer = Preparer {
-            prepare: Box::new(move |encoded: Vec<EncodedAction>| {
-                let prepared = prepare(decode_actions::<A>(encoded)?)?;
-                Ok(Box::new(prepared) as Prepared)
-            }),
-            apply: Box::new(move |prepared: Prepared| match prepared.downcast::<P>() {
-                Ok(p) => apply(*p).boxed(),
-                Err(_) => futures::future::ready(Err(Error::msg(
-                    "a prepared batch of another sink reached this one",
-                )))
-                .boxed(),
-            }),
-        };
-        Self::from_core(SinkCore {
-            id: NEXT_SINK_ID.fetch_add(1, Ordering::Relaxed),
-            apply: whole,
-            preparer: Some(preparer),
-            child_handler: None,
             concurrency: AtomicUsize::new(1),
         })
     }

@@ -92,17 +92,11 @@ pub(crate) fn table_sink(db: Arc<Database>) -> TargetActionSink<TableAction> {
     )
 }
 
-/// The row sink: a call's rows are grouped and sorted, and its statements
-/// built, on a blocking thread while the call before it writes.
 fn row_sink(db: Arc<Database>) -> TargetActionSink<RowWrite> {
-    let preparing = Arc::clone(&db);
-    TargetActionSink::from_async_fn_with_prepare(
-        move |actions: Vec<TargetAction<RowWrite>>| prepare_rows(&preparing, actions),
-        move |rows: PreparedRows| {
-            let db = Arc::clone(&db);
-            async move { apply_rows(&db, rows).await }
-        },
-    )
+    TargetActionSink::from_async_fn(move |actions: Vec<TargetAction<RowWrite>>| {
+        let db = Arc::clone(&db);
+        async move { apply_rows(&db, actions).await }
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -513,63 +507,20 @@ async fn culprit(
     None
 }
 
-/// A sink call's writes, grouped by table, and their statements.
-struct PreparedRows {
-    /// The tables by rank, then name: deletes run from the last table,
-    /// upserts from the first (children's deletes before their parents',
-    /// parents' upserts before their children's).
-    tables: Vec<PreparedTable>,
-}
-
-/// One table's writes in a call, and its statements.
-struct PreparedTable {
-    name: String,
-    writes: TableWrites,
-    deletes: Vec<Statement>,
-    upserts: Vec<Statement>,
-}
-
-/// One multi-row statement: its SQL and its rows, among the table's
-/// deletes or upserts. Its values are bound when it runs (borrowed: a
-/// bound copy of a whole batch, kept while the batch before it writes,
-/// would double the memory of large rows).
-struct Statement {
-    sql: Arc<str>,
-    rows: std::ops::Range<usize>,
-}
-
-/// Groups a call's actions by table (see [`group_by_table`]), sorts them
-/// and builds its statements: the work of a call before it touches the
-/// database. Records the ranks of the tables it sees (idempotent facts
-/// about the run's tables, which every preparation may record).
-fn prepare_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<PreparedRows> {
-    let tables = group(db, actions)?;
-    let mut order: Vec<(String, TableWrites)> = tables.into_iter().collect();
-    order.sort_by(|(a, x), (b, y)| (x.rank, a.as_str()).cmp(&(y.rank, b.as_str())));
-    let mut tables = Vec::with_capacity(order.len());
-    for (name, writes) in order {
-        let deletes = statements(&name, &writes, true);
-        let upserts = statements(&name, &writes, false);
-        tables.push(PreparedTable {
-            name,
-            writes,
-            deletes,
-            upserts,
-        });
-    }
-    Ok(PreparedRows { tables })
-}
-
-/// The statements that write a table's deletes or upserts, each as many
-/// rows as SQLite's bind limit allows (the last one fewer).
-fn statements(table: &str, writes: &TableWrites, is_delete: bool) -> Vec<Statement> {
+async fn write_rows(
+    tx: &mut Tx,
+    db: &Database,
+    table: &str,
+    writes: &TableWrites,
+    is_delete: bool,
+) -> Result<()> {
     let rows = if is_delete {
         &writes.deletes
     } else {
         &writes.upserts
     };
     if rows.is_empty() {
-        return Vec::new();
+        return Ok(());
     }
     let width = if is_delete {
         writes.schema.primary_key().len()
@@ -577,68 +528,43 @@ fn statements(table: &str, writes: &TableWrites, is_delete: bool) -> Vec<Stateme
         writes.schema.columns().len()
     };
     let per_statement = ddl::rows_per_statement(width);
-    let sql = |n: usize| -> Arc<str> {
+    let statement = |n: usize| {
         if is_delete {
-            ddl::delete(table, &writes.schema, n).into()
+            ddl::delete(table, &writes.schema, n)
         } else {
-            ddl::upsert(table, &writes.schema, n).into()
+            ddl::upsert(table, &writes.schema, n)
         }
     };
-    let full = sql(per_statement.min(rows.len()));
-    let mut out = Vec::with_capacity(rows.len().div_ceil(per_statement));
-    for (n, chunk) in rows.chunks(per_statement).enumerate() {
-        let first = n * per_statement;
-        out.push(Statement {
-            sql: if chunk.len() == per_statement.min(rows.len()) {
-                Arc::clone(&full)
-            } else {
-                sql(chunk.len())
-            },
-            rows: first..first + chunk.len(),
-        });
-    }
-    out
-}
-
-/// Runs a table's delete or upsert statements; names the table, and the
-/// key of the row that violates a constraint, when one fails.
-async fn write_rows(
-    tx: &mut Tx,
-    db: &Database,
-    table: &PreparedTable,
-    is_delete: bool,
-) -> Result<()> {
-    let PreparedTable {
-        name,
-        writes,
-        deletes,
-        upserts,
-    } = table;
-    let (to_run, rows) = if is_delete {
-        (deletes, &writes.deletes)
-    } else {
-        (upserts, &writes.upserts)
-    };
-    for statement in to_run {
-        let chunk = rows.get(statement.rows.clone()).unwrap_or_default();
-        if let Err(e) = run_chunk(tx, &statement.sql, chunk).await {
+    let full = statement(per_statement.min(rows.len()));
+    for chunk in rows.chunks(per_statement) {
+        let partial;
+        let sql = if chunk.len() == per_statement.min(rows.len()) {
+            &full
+        } else {
+            partial = statement(chunk.len());
+            &partial
+        };
+        if let Err(e) = run_chunk(tx, sql, chunk).await {
             let verb = if is_delete { "delete" } else { "upsert" };
             let key = if is_constraint(&e) {
-                culprit(tx, name, writes, chunk, is_delete).await
+                culprit(tx, table, writes, chunk, is_delete).await
             } else {
                 None
             };
             let key = key.map(|k| format!(", key {k}")).unwrap_or_default();
             return Err(db_error(
                 e,
-                &format!("sqlite database {}, table {name}{key}: {verb}", db.name),
+                &format!("sqlite database {}, table {table}{key}: {verb}", db.name),
             ));
         }
     }
     Ok(())
 }
 
-async fn apply_rows(db: &Database, rows: PreparedRows) -> Result<()> {
+async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
+    let tables = group(db, actions)?;
+    let mut order: Vec<(&String, &TableWrites)> = tables.iter().collect();
+    order.sort_by_key(|(name, w)| (w.rank, name.as_str()));
     let mut tx = db
         .pool
         .begin_with("BEGIN IMMEDIATE")
@@ -646,14 +572,14 @@ async fn apply_rows(db: &Database, rows: PreparedRows) -> Result<()> {
         .map_err(|e| db_error(e, &format!("sqlite database {}: begin", db.name)))?;
     let context = format!("sqlite database {}: defer foreign keys", db.name);
     execute(&mut tx, "PRAGMA defer_foreign_keys = ON", &context).await?;
-    for table in rows.tables.iter().rev() {
-        write_rows(&mut tx, db, table, true).await?;
+    for (table, writes) in order.iter().rev() {
+        write_rows(&mut tx, db, table, writes, true).await?;
     }
-    for table in &rows.tables {
-        write_rows(&mut tx, db, table, false).await?;
+    for (table, writes) in &order {
+        write_rows(&mut tx, db, table, writes, false).await?;
     }
     tx.commit().await.map_err(|e| {
-        let names: Vec<&str> = rows.tables.iter().map(|t| t.name.as_str()).collect();
+        let names: Vec<&str> = order.iter().map(|(t, _)| t.as_str()).collect();
         db_error(
             e,
             &format!(
@@ -783,33 +709,6 @@ mod tests {
             })?;
         assert_eq!(tables.get("t").map(|t| t.rank), Some(1));
         assert_eq!(new_ranks, vec![("t".to_string(), 1)]);
-        Ok(())
-    }
-
-    #[test]
-    fn a_tables_statements_cover_its_rows_in_order_within_the_bind_limit() -> Result<()> {
-        let schema = keyed_by_two()?;
-        let per_statement = ddl::rows_per_statement(schema.columns().len());
-        let rows = 2 * per_statement + per_statement / 2;
-        let actions = (0..rows as i64)
-            .map(|i| TargetAction::Create(write(vec![text("o"), text("b"), SqlValue::Int(i)])))
-            .collect();
-        let (tables, _) = group_by_table(actions, &HashMap::new(), |_| Ok(Arc::clone(&schema)))?;
-        let t = tables.get("t").ok_or_else(|| Error::msg("no table t"))?;
-        let upserts = statements("t", t, false);
-        let ranges: Vec<_> = upserts.iter().map(|s| s.rows.clone()).collect();
-        assert_eq!(
-            ranges,
-            vec![
-                0..per_statement,
-                per_statement..2 * per_statement,
-                2 * per_statement..rows
-            ]
-        );
-        for s in &upserts {
-            assert_eq!(s.sql.matches("(?").count(), s.rows.len(), "{:?}", s.rows);
-        }
-        assert!(statements("t", t, true).is_empty());
         Ok(())
     }
 
