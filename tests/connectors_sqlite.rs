@@ -912,20 +912,22 @@ struct User {
     email: String,
 }
 
+/// The schema of `users`: a text `id` (the key) and an `email`.
+fn users_schema() -> Result<TableSchema> {
+    TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("email", ColumnType::Text)
+        .primary_key(["id"])
+        .build()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_unique_violation_fails_only_its_component_naming_table_constraint_and_key() -> Result<()>
 {
     let f = fixture().await?;
-    let schema = || {
-        TableSchema::builder()
-            .column("id", ColumnType::Text)
-            .column("email", ColumnType::Text)
-            .primary_key(["id"])
-            .build()
-    };
     let run = |users: Vec<User>| {
         bounded(f.app.run(move |ctx| async move {
-            let t = sqlite::mount_table_target(&ctx, &db(), "users", schema()?).await?;
+            let t = sqlite::mount_table_target(&ctx, &db(), "users", users_schema()?).await?;
             ctx.mount_each(
                 users,
                 |u| u.id.clone(),
@@ -1003,15 +1005,11 @@ async fn a_violation_in_a_later_statement_of_a_large_call_names_its_row() -> Res
         })
         .collect();
     let result = bounded(f.app.run(move |ctx| async move {
-        let schema = TableSchema::builder()
-            .column("id", ColumnType::Text)
-            .column("email", ColumnType::Text)
-            .primary_key(["id"])
-            .build()?;
         let user = TableOptions {
             managed_by: ManagedBy::User,
         };
-        let t = sqlite::mount_table_target_with(&ctx, &db(), "users", schema, user).await?;
+        let t =
+            sqlite::mount_table_target_with(&ctx, &db(), "users", users_schema()?, user).await?;
         for u in &users {
             t.declare_row(&ctx, u)?;
         }
