@@ -1219,6 +1219,56 @@ async fn a_chain_of_three_dependent_tables_writes_parents_first_and_deletes_chil
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn related_rows_of_one_call_land_even_in_tables_not_declared_dependent() -> Result<()> {
+    let f = fixture().await?;
+    // No `depends_on`: the call writes the tables in name order, the
+    // books (`a_books`) before their authors (`b_authors`), in separate
+    // statements. Only a foreign key checked at the commit lets it pass.
+    for ddl in [
+        "CREATE TABLE b_authors (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
+        "CREATE TABLE a_books (id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL \
+         REFERENCES b_authors(id), title TEXT NOT NULL)",
+    ] {
+        sqlx::query(ddl).execute(&f.pool).await?;
+    }
+    let stats = bounded(f.app.run(move |ctx| async move {
+        let user = || TableOptions {
+            managed_by: ManagedBy::User,
+        };
+        let authors =
+            sqlite::mount_table_target_with(&ctx, &db(), "b_authors", authors_schema()?, user())
+                .await?;
+        let books =
+            sqlite::mount_table_target_with(&ctx, &db(), "a_books", books_schema()?, user())
+                .await?;
+        books.declare_row(
+            &ctx,
+            &Book {
+                id: 10,
+                author_id: 1,
+                title: "Earthsea".into(),
+            },
+        )?;
+        authors.declare_row(
+            &ctx,
+            &Author {
+                id: 1,
+                name: "Le Guin".into(),
+            },
+        )
+    }))
+    .await?;
+    assert_eq!(stats.created, 2 + 2, "two tables, two rows: {stats:?}");
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM a_books JOIN b_authors ON b_authors.id = author_id",
+    )
+    .fetch_one(&f.pool)
+    .await?;
+    assert_eq!(n, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_database_locked_by_another_writer_is_waited_for_and_the_rows_land() -> Result<()> {
     let f = fixture().await?;
     sync_docs(&f, vec![doc("a", "A", Some(1))]).await?;
