@@ -1218,20 +1218,22 @@ async fn a_chain_of_three_dependent_tables_writes_parents_first_and_deletes_chil
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn related_rows_of_one_call_land_even_in_tables_not_declared_dependent() -> Result<()> {
-    let f = fixture().await?;
-    // No `depends_on`: the call writes the tables in name order, the
-    // books (`a_books`) before their authors (`b_authors`), in separate
-    // statements. Only a foreign key checked at the commit lets it pass.
+/// Creates `a_books`, whose rows reference `b_authors`, in `schema` (a
+/// database the pool's connections see), then declares a book and its
+/// author in one run without `depends_on`: the call writes the tables in
+/// name order, the book before its author, in separate statements, so
+/// only a foreign key checked at the commit lets it pass.
+async fn write_a_book_before_its_author(app: &App, pool: &SqlitePool, schema: &str) -> Result<()> {
     for ddl in [
-        "CREATE TABLE b_authors (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
-        "CREATE TABLE a_books (id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL \
-         REFERENCES b_authors(id), title TEXT NOT NULL)",
+        format!("CREATE TABLE {schema}.b_authors (id INTEGER PRIMARY KEY, name TEXT NOT NULL)"),
+        format!(
+            "CREATE TABLE {schema}.a_books (id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL \
+             REFERENCES b_authors(id), title TEXT NOT NULL)"
+        ),
     ] {
-        sqlx::query(ddl).execute(&f.pool).await?;
+        sqlx::query(&ddl).execute(pool).await?;
     }
-    let stats = bounded(f.app.run(move |ctx| async move {
+    let stats = bounded(app.run(move |ctx| async move {
         let user = || TableOptions {
             managed_by: ManagedBy::User,
         };
@@ -1259,13 +1261,54 @@ async fn related_rows_of_one_call_land_even_in_tables_not_declared_dependent() -
     }))
     .await?;
     assert_eq!(stats.created, 2 + 2, "two tables, two rows: {stats:?}");
-    let n: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM a_books JOIN b_authors ON b_authors.id = author_id",
-    )
-    .fetch_one(&f.pool)
+    let n: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {schema}.a_books JOIN {schema}.b_authors \
+         ON b_authors.id = author_id"
+    ))
+    .fetch_one(pool)
     .await?;
     assert_eq!(n, 1);
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn related_rows_of_one_call_land_even_in_tables_not_declared_dependent() -> Result<()> {
+    let f = fixture().await?;
+    write_a_book_before_its_author(&f.app, &f.pool, "main").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn related_rows_of_one_call_land_in_tables_of_an_attached_database() -> Result<()> {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    let dir = tempfile::tempdir()?;
+    let aux = dir.path().join("aux.db").to_string_lossy().into_owned();
+    // Every connection attaches the second database, where the tables are.
+    let pool = SqlitePoolOptions::new()
+        .max_connections(2)
+        .after_connect(move |conn, _| {
+            let aux = aux.clone();
+            Box::pin(async move {
+                sqlx::query("ATTACH DATABASE ? AS aux")
+                    .bind(aux)
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_with(
+            SqliteConnectOptions::new()
+                .filename(dir.path().join("main.db"))
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .foreign_keys(true),
+        )
+        .await?;
+    let app = App::builder("sqlite-attached")
+        .ledger_path(dir.path().join("ledger"))
+        .provide_key(&db(), pool.clone())
+        .build()
+        .await?;
+    write_a_book_before_its_author(&app, &pool, "aux").await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -566,7 +566,9 @@ async fn write_rows(
     Ok(())
 }
 
-/// Whether any table of the database declares a foreign key.
+/// Whether any table the connection sees declares a foreign key: in the
+/// main database, a temporary one or an attached one (unqualified table
+/// names resolve to any of them).
 ///
 /// Only then does a call defer foreign keys to its commit: `PRAGMA
 /// defer_foreign_keys` is a flag pragma, and setting one expires every
@@ -576,8 +578,8 @@ async fn write_rows(
 /// foreign key can appear before the call commits.
 async fn has_foreign_keys(tx: &mut Tx, db: &Database) -> Result<bool> {
     sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master AS t, pragma_foreign_key_list(t.name) \
-         WHERE t.type = 'table')",
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_list AS t, \
+         pragma_foreign_key_list(t.name, t.schema) WHERE t.type = 'table')",
     )
     .fetch_one(&mut **tx)
     .await
