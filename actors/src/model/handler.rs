@@ -141,6 +141,7 @@ pub enum TargetChildInvalidation {
 }
 
 /// What `reconcile` returns when an action is needed.
+#[derive(Debug)]
 pub struct TargetReconcileOutput<A, R> {
     /// The action to apply.
     pub action: TargetAction<A>,
