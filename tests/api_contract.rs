@@ -532,12 +532,19 @@ struct DocRow {
     body: String,
 }
 
+fn postgres_row_by_reference<'r>(_: &'r DocRow) {
+    let _: fn(&postgres::TableTarget, &Ctx, &'r DocRow) -> weir::Result<()> =
+        postgres::TableTarget::declare_row::<&'r DocRow>;
+}
+
 fn postgres_connector() {
     type Pg = sqlx::PgPool;
     let _: fn(&Ctx, &ContextKey<Pg>, &str, TableSchema) -> weir::Result<postgres::TableTarget> =
         postgres::declare_table_target;
-    let _: fn(&postgres::TableTarget, &Ctx, &DocRow) -> weir::Result<()> =
+    // A row by value (`declare_row(&ctx, row)`) or by reference.
+    let _: fn(&postgres::TableTarget, &Ctx, DocRow) -> weir::Result<()> =
         postgres::TableTarget::declare_row::<DocRow>;
+    let _ = postgres_row_by_reference;
     let _: fn(postgres::TableTarget, &postgres::TableTarget) -> postgres::TableTarget =
         postgres::TableTarget::depends_on;
     assert_clone::<postgres::TableTarget>();
@@ -555,12 +562,19 @@ async fn postgres_mount_future(
     fut.await
 }
 
+fn sqlite_row_by_reference<'r>(_: &'r DocRow) {
+    let _: fn(&sqlite::TableTarget, &Ctx, &'r DocRow) -> weir::Result<()> =
+        sqlite::TableTarget::declare_row::<&'r DocRow>;
+}
+
 fn sqlite_connector() {
     type Lite = sqlx::SqlitePool;
     let _: fn(&Ctx, &ContextKey<Lite>, &str, TableSchema) -> weir::Result<sqlite::TableTarget> =
         sqlite::declare_table_target;
-    let _: fn(&sqlite::TableTarget, &Ctx, &DocRow) -> weir::Result<()> =
+    // A row by value (`declare_row(&ctx, row)`) or by reference.
+    let _: fn(&sqlite::TableTarget, &Ctx, DocRow) -> weir::Result<()> =
         sqlite::TableTarget::declare_row::<DocRow>;
+    let _ = sqlite_row_by_reference;
     let _: fn(sqlite::TableTarget, &sqlite::TableTarget) -> sqlite::TableTarget =
         sqlite::TableTarget::depends_on;
     assert_clone::<sqlite::TableTarget>();

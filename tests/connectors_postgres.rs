@@ -289,8 +289,8 @@ async fn declare_table_target_creates_the_table_when_the_component_commits() -> 
     rig.run(move |ctx| async move {
         let target = declare_table_target(&ctx, &db(), &table, docs_schema()?)?;
         assert_eq!(target.name(), table);
-        target.declare_row(&ctx, &doc("x", "1"))?;
-        target.declare_row(&ctx, &doc("y", "2"))
+        target.declare_row(&ctx, doc("x", "1"))?;
+        target.declare_row(&ctx, doc("y", "2"))
     })
     .await?;
     assert_eq!(rig.bodies(&t).await?, expected(&[("x", "1"), ("y", "2")]));
@@ -846,7 +846,7 @@ async fn a_nullable_column_is_added_in_place_and_the_rows_keep_their_data() -> R
     let table = t.clone();
     rig.run(move |ctx| async move {
         let target = mount_table_target(&ctx, &db(), &table, wider).await?;
-        target.declare_row(&ctx, &doc("1", "a"))?;
+        target.declare_row(&ctx, doc("1", "a"))?;
         let mut row = BTreeMap::new();
         row.insert("id", serde_json::json!("2"));
         row.insert("body", serde_json::json!("b"));
@@ -933,8 +933,8 @@ async fn a_table_no_longer_declared_is_dropped_when_weir_manages_it() -> Result<
     rig.run(move |ctx| async move {
         let a = mount_table_target(&ctx, &db(), &k, docs_schema()?).await?;
         let b = mount_table_target(&ctx, &db(), &g, docs_schema()?).await?;
-        a.declare_row(&ctx, &doc("1", "a"))?;
-        b.declare_row(&ctx, &doc("1", "b"))
+        a.declare_row(&ctx, doc("1", "a"))?;
+        b.declare_row(&ctx, doc("1", "b"))
     })
     .await?;
     assert!(rig.exists(&gone).await?);
@@ -969,8 +969,8 @@ async fn a_user_managed_table_no_longer_declared_is_left_with_its_rows() -> Resu
             TableOptions::default().managed_by(ManagedBy::User),
         )
         .await?;
-        target.declare_row(&ctx, &doc("1", "a"))?;
-        target.declare_row(&ctx, &doc("2", "b"))
+        target.declare_row(&ctx, doc("1", "a"))?;
+        target.declare_row(&ctx, doc("2", "b"))
     })
     .await?;
     assert_eq!(rig.bodies(&t).await?, expected(&[("1", "a"), ("2", "b")]));
@@ -1000,7 +1000,7 @@ async fn several_tables_of_one_database_are_kept_in_sync_together() -> Result<()
             for (i, name) in names.iter().enumerate() {
                 let target = mount_table_target(&ctx, &db(), name, docs_schema()?).await?;
                 for j in 0..(i + round + 1) {
-                    target.declare_row(&ctx, &doc(&format!("{j}"), &format!("{name}/{round}")))?;
+                    target.declare_row(&ctx, doc(&format!("{j}"), &format!("{name}/{round}")))?;
                 }
             }
             Ok(())
@@ -1132,7 +1132,7 @@ async fn parents_written_by_earlier_calls_are_committed_before_calls_that_write_
             // parents.
             let families = || (1..=round).flat_map(|r| (0..FAMILIES).map(move |i| (r, i)));
             for (r, i) in families() {
-                parents.declare_row(&ctx, &doc(&format!("p{r}_{i}"), "p"))?;
+                parents.declare_row(&ctx, doc(&format!("p{r}_{i}"), "p"))?;
             }
             for (r, i) in families() {
                 children.declare_row(

@@ -316,7 +316,7 @@ async fn composite_keys_upsert_and_delete() -> Result<()> {
     .await?;
     bounded(f.app.run(move |ctx| async move {
         let t = sqlite::mount_table_target(&ctx, &db(), "items", schema()?).await?;
-        t.declare_row(&ctx, &item("a", 2, "y2"))
+        t.declare_row(&ctx, item("a", 2, "y2"))
     }))
     .await?;
     let rows: Vec<(String, i64, String)> =
@@ -728,7 +728,7 @@ async fn a_user_managed_table_is_written_but_never_created_altered_or_dropped() 
     // Weir does not create it: the rows fail.
     let missing = bounded(f.app.run(move |ctx| async move {
         let t = sqlite::mount_table_target_with(&ctx, &db(), "docs", docs_schema()?, user).await?;
-        t.declare_row(&ctx, &doc("a", "A", None))
+        t.declare_row(&ctx, doc("a", "A", None))
     }))
     .await;
     let err = err_or(missing, "rows into a missing user table")?;
@@ -741,7 +741,7 @@ async fn a_user_managed_table_is_written_but_never_created_altered_or_dropped() 
     .await?;
     bounded(f.app.run(move |ctx| async move {
         let t = sqlite::mount_table_target_with(&ctx, &db(), "docs", docs_schema()?, user).await?;
-        t.declare_row(&ctx, &doc("a", "A", Some(1)))
+        t.declare_row(&ctx, doc("a", "A", Some(1)))
     }))
     .await?;
     assert_eq!(read_docs(&f.pool).await?, expected(&[("a", "A", Some(1))]));

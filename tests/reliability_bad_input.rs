@@ -208,8 +208,8 @@ async fn injection_attempts_in_sqlite_table_and_column_names_fail_only_their_com
                     _ => {
                         let table =
                             sqlite::mount_table_target(&ctx, &db(), "docs", docs_schema()?).await?;
-                        table.declare_row(&ctx, &item("a"))?;
-                        table.declare_row(&ctx, &item("b"))?;
+                        table.declare_row(&ctx, item("a"))?;
+                        table.declare_row(&ctx, item("b"))?;
                     }
                 }
                 Ok(())
@@ -652,8 +652,8 @@ async fn injection_attempts_in_postgres_table_and_column_names_fail_only_their_c
                             let table =
                                 postgres::mount_table_target(&ctx, &pg(), &good, docs_schema()?)
                                     .await?;
-                            table.declare_row(&ctx, &item("a"))?;
-                            table.declare_row(&ctx, &item("b"))?;
+                            table.declare_row(&ctx, item("a"))?;
+                            table.declare_row(&ctx, item("b"))?;
                         }
                     }
                     Ok(())

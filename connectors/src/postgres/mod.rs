@@ -327,6 +327,8 @@ pub fn declare_table_target_with(
 impl TableTarget {
     /// Declares a row: a struct, or a map from column names to values.
     /// Fields that are not columns are ignored; a missing field is NULL.
+    /// The row is read when declared, by value or by reference
+    /// (`declare_row(&ctx, row)` or `declare_row(&ctx, &row)`).
     ///
     /// # Errors
     /// When the row does not fit the schema (a NULL in a NOT NULL column, a
@@ -334,7 +336,8 @@ impl TableTarget {
     /// text): a permanent error naming the table, the column and the row's
     /// key. Also when the same key is declared twice in the run. The error
     /// also fails the component, even if its code goes on.
-    pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: &R) -> Result<()> {
+    pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: R) -> Result<()> {
+        let row = &row;
         let row = Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
             let key = Row::from_serialize(&self.name, &self.key_schema, row)
                 .map(|k| k.key(&self.key_schema).to_string())

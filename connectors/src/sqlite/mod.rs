@@ -328,6 +328,8 @@ impl TableTarget {
     /// Declares a row: a struct or a map from column names to values, whose
     /// primary key columns make its key. Fields that are not columns are
     /// ignored; a missing field is NULL.
+    /// The row is read when declared, by value or by reference
+    /// (`declare_row(&ctx, row)` or `declare_row(&ctx, &row)`).
     ///
     /// # Errors
     /// A permanent error naming the table, the column and, when it can be
@@ -335,7 +337,8 @@ impl TableTarget {
     /// in a NOT NULL column, a NaN or infinite float, a NUL byte in text; or
     /// the row is declared twice in this run. The error also fails the
     /// component, even if its code goes on.
-    pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: &R) -> Result<()> {
+    pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: R) -> Result<()> {
+        let row = &row;
         let converted = Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
             let err = match self.key_of(row) {
                 Some(key) => Error::permanent(format!("{e} (row key {key})")),
