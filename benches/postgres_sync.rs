@@ -21,6 +21,7 @@
 //! else `postgres://root@127.0.0.1:5432/test`; without one the benchmark
 //! prints `SKIPPED` and exits successfully.
 //!
+//! `WEIR_BENCH_SHARDS` sets the reconciler shards (default: one per core).
 //! weir's rows are declared by one component; `WEIR_BENCH_COMPONENTS=n`
 //! splits them over n child components instead, each with a contiguous
 //! range of ids (see `shared/split.rs`).
@@ -197,7 +198,7 @@ async fn sequence(pool: &PgPool, n: i64, run: usize) -> Result<Vec<paired::Rates
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    let app = App::builder("postgres_sync")
+    let app = paired::shards(App::builder("postgres_sync"))
         .ledger_path(dir.path().join("ledger"))
         .batch_policy(BatchPolicy {
             max_actions,

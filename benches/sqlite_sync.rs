@@ -23,6 +23,7 @@
 //! `DEFAULT_MAX_ACTIONS`, 4096). 16 384 measured the same in every phase
 //! (six alternating runs, once deletions reached the sinks in key order;
 //! before that it made `delete10pct` about 13% faster).
+//! `WEIR_BENCH_SHARDS` sets the reconciler shards (default: one per core).
 //! weir's rows are declared by one component; `WEIR_BENCH_COMPONENTS=n`
 //! splits them over n child components instead, each with a contiguous
 //! range of ids (see `shared/split.rs`).
@@ -169,7 +170,7 @@ async fn sequence(count: i64) -> Result<Vec<paired::Rates>> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_MAX_ACTIONS);
-    let app = App::builder("sqlite-bench")
+    let app = paired::shards(App::builder("sqlite-bench"))
         .ledger_path(dir.path().join("ledger"))
         .batch_policy(BatchPolicy {
             max_actions,

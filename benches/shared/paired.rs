@@ -29,6 +29,18 @@ impl Rates {
     }
 }
 
+/// The app's reconciler shards: `WEIR_BENCH_SHARDS`, else the default
+/// (one per core).
+pub fn shards(builder: weir::AppBuilder) -> weir::AppBuilder {
+    match std::env::var("WEIR_BENCH_SHARDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(n) => builder.shards(n),
+        None => builder,
+    }
+}
+
 /// How many times the sequence runs: `WEIR_BENCH_REPEAT`, else 3.
 pub fn repeats() -> usize {
     std::env::var("WEIR_BENCH_REPEAT")
