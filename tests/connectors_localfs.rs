@@ -332,6 +332,77 @@ async fn a_file_moved_between_components_of_one_mount_each_in_the_same_run_is_no
     Ok(())
 }
 
+/// The error of a run expected to fail.
+async fn failure(run: impl Future<Output = Result<UpdateStats>>) -> Result<String> {
+    match run.await {
+        Ok(stats) => Err(Error::msg(format!("the run succeeded: {stats:?}"))),
+        Err(e) => Ok(e.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn a_file_in_the_way_of_a_new_directory_fails_only_that_write_and_loses_nothing() -> Result<()>
+{
+    let bench = Bench::new().await?;
+    let out = bench.path("out");
+    bench
+        .sync(&out, &[("x", "file"), ("keep.txt", "k")])
+        .await?;
+    // weir deletes `x` only at the end of a run, after the writes: the
+    // write of `x/y` finds it in its way, and says so.
+    let err = failure(bench.sync(&out, &[("x/y", "nested"), ("keep.txt", "k")])).await?;
+    assert!(err.contains("\"x/y\""), "{err}");
+    assert!(err.contains("\"x\" is a file, not a directory"), "{err}");
+    assert_eq!(read(&out.join("x"))?, "file");
+    // Once the file is gone, the same run goes through.
+    fs::remove_file(out.join("x"))?;
+    bench
+        .sync(&out, &[("x/y", "nested"), ("keep.txt", "k")])
+        .await?;
+    assert_eq!(tree(&out)?, strings(&["keep.txt", "x/", "x/y"]));
+    assert_eq!(read(&out.join("x/y"))?, "nested");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_directory_in_the_way_of_a_new_file_fails_only_that_write_and_loses_nothing() -> Result<()>
+{
+    let bench = Bench::new().await?;
+    let out = bench.path("out");
+    bench
+        .sync(&out, &[("x/y", "1"), ("x/z/w", "2"), ("keep.txt", "k")])
+        .await?;
+    let err = failure(bench.sync(&out, &[("x", "file"), ("keep.txt", "k")])).await?;
+    assert!(err.contains("\"x\""), "{err}");
+    assert!(err.contains("a directory is at its path"), "{err}");
+    assert_eq!(
+        tree(&out)?,
+        strings(&["keep.txt", "x/", "x/y", "x/z/", "x/z/w"])
+    );
+    // Once the directory is gone, the file is written and the files that
+    // were in it are forgotten without error.
+    fs::remove_dir_all(out.join("x"))?;
+    let stats = bench
+        .sync(&out, &[("x", "file"), ("keep.txt", "k")])
+        .await?;
+    assert_eq!(stats.deleted, 2, "{stats:?}");
+    assert_eq!(tree(&out)?, strings(&["keep.txt", "x"]));
+    assert_eq!(read(&out.join("x"))?, "file");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_directory_holding_a_file_weir_did_not_write_is_never_replaced_by_a_file() -> Result<()> {
+    let bench = Bench::new().await?;
+    let out = bench.path("out");
+    bench.sync(&out, &[("x/y", "1"), ("keep.txt", "k")]).await?;
+    fs::write(out.join("x/theirs.txt"), "user data")?;
+    let err = failure(bench.sync(&out, &[("x", "file"), ("keep.txt", "k")])).await?;
+    assert!(err.contains("\"x\""), "{err}");
+    assert_eq!(read(&out.join("x/theirs.txt"))?, "user data");
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // Input safety
 // ---------------------------------------------------------------------------

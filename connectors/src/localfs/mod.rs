@@ -44,6 +44,14 @@
 //! file actions of one directory in a run go to one sink, which applies
 //! them one after the other with `std::fs` on tokio's blocking pool.
 //!
+//! Files no longer declared are deleted at the end of a run, after every
+//! write (a file may have moved to another component). So a path cannot
+//! turn from a file into a directory, or back, in one run: the write of
+//! `x/y` finds the old file `x` in its way (or the write of `x` the old
+//! directory `x`), and fails its component with a permanent error that
+//! names both, leaving everything as it was. Removing the old file or
+//! directory by hand lets the next run through.
+//!
 //! # Input safety
 //!
 //! A file path is rejected, with a permanent error naming the directory and

@@ -165,7 +165,9 @@ pub(crate) fn find_escape(root: &Path, key: &str) -> io::Result<Option<Escape>> 
         let candidate = current.join(part);
         let meta = match fs::symlink_metadata(&candidate) {
             Ok(meta) => meta,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            // Nothing there, or a file where the path needs a directory
+            // (a file about to be replaced by one): no link further on.
+            Err(e) if is_absent(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
         if !meta.file_type().is_symlink() {
@@ -190,6 +192,15 @@ pub(crate) fn find_escape(root: &Path, key: &str) -> io::Result<Option<Escape>> 
         }
     }
     Ok(None)
+}
+
+/// Whether `e` says the path does not exist: nothing at it, or a
+/// non-directory where it needs a directory.
+pub(crate) fn is_absent(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+    )
 }
 
 /// Checks that the file `key` of `root` does not lead outside `root`

@@ -186,6 +186,12 @@ fn write_file(root: &Path, key: &str, content: &[u8]) -> Result<()> {
             root.display()
         )));
     };
+    if let Some(conflict) = conflict(root, &key, &target) {
+        return Err(Error::permanent(format!(
+            "localfs directory {}: cannot write file {key:?}: {conflict}",
+            root.display()
+        )));
+    }
     fs::create_dir_all(parent).map_err(|e| {
         io_error(
             root,
@@ -205,6 +211,42 @@ fn write_file(root: &Path, key: &str, content: &[u8]) -> Result<()> {
         let _ = dir.sync_all();
     }
     Ok(())
+}
+
+/// What stands where the file `key` (at `target`) must go: a directory
+/// at its path, or a file at the path of one of its directories. weir
+/// deletes the files it no longer declares only at the end of a run, after
+/// every write, so one of its own files from an earlier run can be in the
+/// way too; the message says how to get past it.
+fn conflict(root: &Path, key: &str, target: &Path) -> Option<String> {
+    if fs::symlink_metadata(target).is_ok_and(|m| m.is_dir()) {
+        return Some(format!(
+            "a directory is at its path (files of an earlier run are \
+             deleted only at the end of a run, after the writes: remove \
+             {:?} by hand, or declare the file under another name)",
+            target.display().to_string()
+        ));
+    }
+    let mut dir = root.to_path_buf();
+    let parts: Vec<&str> = key.split('/').collect();
+    let (_, ancestors) = parts.split_last()?;
+    for (i, part) in ancestors.iter().enumerate() {
+        dir.push(part);
+        match fs::symlink_metadata(&dir) {
+            Ok(meta) if meta.is_dir() || meta.file_type().is_symlink() => {}
+            Ok(_) => {
+                let file = ancestors.get(..=i).map(|p| p.join("/")).unwrap_or_default();
+                return Some(format!(
+                    "{file:?} is a file, not a directory (a file of an \
+                     earlier run is deleted only at the end of a run, after \
+                     the writes: remove it by hand, or declare the new file \
+                     under another name)"
+                ));
+            }
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 fn write_then_rename(tmp: &Path, target: &Path, content: &[u8]) -> io::Result<()> {
@@ -249,7 +291,7 @@ fn delete_file(root: &Path, key: &str) -> Result<()> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_error(root, &format!("cannot delete file {key:?}"), &e)),
         },
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) if path::is_absent(&e) => {}
         Err(e) => return Err(io_error(root, &format!("cannot read file {key:?}"), &e)),
     }
     remove_empty_parents(root, &target);
