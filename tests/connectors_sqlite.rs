@@ -1311,6 +1311,53 @@ async fn related_rows_of_one_call_land_in_tables_of_an_attached_database() -> Re
     write_a_book_before_its_author(&app, &pool, "aux").await
 }
 
+/// Mounts each of `names` (spellings of `docs`) and declares `rows` into
+/// the first.
+async fn sync_spellings(f: &Fixture, names: &[&str], rows: Vec<Doc>) -> Result<UpdateStats> {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    bounded(f.app.run(move |ctx| async move {
+        let mut tables = Vec::new();
+        for name in &names {
+            tables.push(sqlite::mount_table_target(&ctx, &db(), name, docs_schema()?).await?);
+        }
+        if let Some(first) = tables.first() {
+            for row in &rows {
+                first.declare_row(&ctx, row)?;
+            }
+        }
+        Ok(())
+    }))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_spellings_of_one_table_name_in_one_run_are_refused_naming_both() -> Result<()> {
+    let f = fixture().await?;
+    let err = match sync_spellings(&f, &["Docs", "docs"], vec![doc("a", "A", None)]).await {
+        Ok(stats) => return Err(Error::msg(format!("the run succeeded: {stats:?}"))),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("Docs") && err.contains("docs"), "{err}");
+    assert!(err.contains("ignores the case"), "{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_renamed_only_in_case_keeps_its_rows() -> Result<()> {
+    let f = fixture().await?;
+    let rows = || vec![doc("a", "A", Some(1)), doc("b", "B", None)];
+    sync_spellings(&f, &["Docs"], rows()).await?;
+    // SQLite takes `docs` for `Docs`: the old spelling, no longer
+    // declared, must not be dropped from under the new one.
+    sync_spellings(&f, &["docs"], rows()).await?;
+    let want = expected(&[("a", "A", Some(1)), ("b", "B", None)]);
+    assert_eq!(read_docs(&f.pool).await?, want);
+    let stats = sync_spellings(&f, &["docs"], rows()).await?;
+    assert_eq!(stats.unchanged, 3, "{stats:?}");
+    assert_eq!(read_docs(&f.pool).await?, want);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_database_locked_by_another_writer_is_waited_for_and_the_rows_land() -> Result<()> {
     let f = fixture().await?;
