@@ -1358,6 +1358,42 @@ async fn a_table_renamed_only_in_case_keeps_its_rows() -> Result<()> {
     Ok(())
 }
 
+#[derive(Serialize)]
+struct Blob {
+    id: Vec<u8>,
+    n: i64,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn byte_keys_that_extend_each_other_with_zeros_are_deleted_together() -> Result<()> {
+    let f = fixture().await?;
+    let schema = || {
+        TableSchema::builder()
+            .column("id", ColumnType::Bytes)
+            .column("n", ColumnType::BigInt)
+            .primary_key(["id"])
+            .build()
+    };
+    let blob = |id: &[u8], n| Blob { id: id.to_vec(), n };
+    let all = vec![
+        blob(&[], 0),
+        blob(&[0, 0], 1),
+        blob(&[1], 2),
+        blob(&[1, 0], 3),
+        blob(&[7], 4),
+    ];
+    sync_rows(&f, schema()?, all).await?;
+    // [1] encodes to a byte prefix of [1, 0] (and [] of [0, 0]): neither
+    // may be taken for a state below the other.
+    let stats = sync_rows(&f, schema()?, vec![blob(&[7], 4)]).await?;
+    assert_eq!(stats.deleted, 4, "{stats:?}");
+    let left: Vec<Vec<u8>> = sqlx::query_scalar("SELECT id FROM docs")
+        .fetch_all(&f.pool)
+        .await?;
+    assert_eq!(left, vec![vec![7u8]]);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_database_locked_by_another_writer_is_waited_for_and_the_rows_land() -> Result<()> {
     let f = fixture().await?;

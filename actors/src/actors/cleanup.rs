@@ -265,7 +265,8 @@ fn topmost(mut orphans: Vec<Orphan>) -> Vec<Orphan> {
     let mut out: Vec<Orphan> = Vec::with_capacity(orphans.len());
     for o in orphans {
         if let Some(last) = out.last() {
-            if o.entry.path.starts_with(&last.entry.path) {
+            if o.entry.path == last.entry.path || keycode::is_below(&o.entry.path, &last.entry.path)
+            {
                 continue;
             }
         }

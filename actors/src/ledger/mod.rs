@@ -69,7 +69,7 @@ use serde::Serialize;
 use serde_bytes::ByteBuf;
 
 use crate::error::{Error, Result};
-use crate::model::StableKey;
+use crate::model::{keycode, StableKey};
 use index::OwnerIndex;
 use journal::{Journal, JournalError};
 use record::{ComponentEntry, Intent, LedgerOp, StateEntry};
@@ -640,7 +640,6 @@ impl Ledger {
     /// What the ledger holds, for people: states by provider and the
     /// components that failed.
     pub(crate) fn report(&self) -> Result<crate::app::LedgerReport> {
-        use crate::model::keycode;
         let mut providers: std::collections::BTreeMap<String, u64> = Default::default();
         let mut failures = Vec::new();
         let mut states = 0;
@@ -1177,9 +1176,19 @@ impl BatchBuilder<'_> {
             LedgerOp::DropDescendants { path } => {
                 let path = path.as_slice();
                 let mut holders: Vec<Vec<u8>> = Vec::new();
+                // The container itself, or one below it (a byte prefix can
+                // also be another key: see `keycode::is_below`).
+                let at_or_below = |rest: &[u8]| {
+                    split_container_key(rest).is_some_and(|(container, _)| {
+                        container == path || keycode::is_below(container, path)
+                    })
+                };
                 for item in self.ledger.tree.scan_prefix(key(P_CONTAINER, path)) {
                     let (k, _) = item?;
                     let rest = k.get(1..).unwrap_or_default();
+                    if !at_or_below(rest) {
+                        continue;
+                    }
                     if let Some((_, component)) = split_container_key(rest) {
                         holders.push(component.to_vec());
                     }
@@ -1188,7 +1197,7 @@ impl BatchBuilder<'_> {
                 let pending: Vec<Vec<u8>> = self
                     .containers
                     .iter()
-                    .filter(|k| k.get(1..).is_some_and(|r| r.starts_with(path)))
+                    .filter(|k| k.get(1..).is_some_and(at_or_below))
                     .cloned()
                     .collect();
                 for k in pending {
@@ -1203,7 +1212,7 @@ impl BatchBuilder<'_> {
                     let entry = self.entry(&component)?;
                     let mut gone = Vec::new();
                     entry.states.retain(|s| {
-                        let below = s.path.len() > path.len() && s.path.starts_with(path);
+                        let below = keycode::is_below(&s.path, path);
                         if below {
                             gone.push(s.path.to_vec());
                         }

@@ -2,7 +2,10 @@
 //!
 //! Ledger keys and shard routing are computed on these bytes. Every segment
 //! is self-delimiting, so the encoding of a path is a byte prefix of the
-//! encoding of every path below it, and of no other path.
+//! encoding of every path below it. It is also a byte prefix of the
+//! encoding of a path whose last text or bytes key extends its own with
+//! zero bytes (`[1]` and `[1, 0]`: the terminating zero, then an escaped
+//! one), so "below" is [`is_below`], never a bare prefix test.
 
 use std::sync::Arc;
 
@@ -23,11 +26,16 @@ const TAG_BYTES: u8 = 0x40;
 const TAG_UUID: u8 = 0x50;
 const TAG_ARRAY: u8 = 0x60;
 
+/// The byte after a zero that makes it an escaped zero byte of a text or
+/// bytes key rather than the key's end (see `put_escaped`). No segment
+/// starts with it.
+const ESCAPED_ZERO: u8 = 0xff;
+
 fn put_escaped(out: &mut Vec<u8>, bytes: &[u8]) {
     for &b in bytes {
         out.push(b);
         if b == 0 {
-            out.push(0xff);
+            out.push(ESCAPED_ZERO);
         }
     }
     out.push(0);
@@ -110,7 +118,7 @@ impl<'a> Reader<'a> {
         loop {
             let b = self.byte()?;
             if b == 0 {
-                if self.bytes.get(self.pos) == Some(&0xff) {
+                if self.bytes.get(self.pos) == Some(&ESCAPED_ZERO) {
                     self.pos += 1;
                     out.push(0);
                 } else {
@@ -229,6 +237,17 @@ pub(crate) fn decode_component(bytes: &[u8]) -> Option<Vec<StableKey>> {
         .collect()
 }
 
+/// Whether `path` lies below `ancestor` (a state or provider path): it
+/// continues it with more segments (a child's key, an attachment). Being
+/// a byte prefix is not enough: a text or bytes key ends with a zero,
+/// which is also how an escaped zero byte starts, so `[1]` encodes to a
+/// prefix of `[1, 0]`; what follows the prefix tells them apart.
+pub(crate) fn is_below(path: &[u8], ancestor: &[u8]) -> bool {
+    path.strip_prefix(ancestor)
+        .and_then(|rest| rest.first())
+        .is_some_and(|&next| next != ESCAPED_ZERO)
+}
+
 /// A stable 64-bit hash of encoded bytes (FNV-1a), used to pick shards.
 pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -331,6 +350,37 @@ mod tests {
                 assert_eq!(key_below(&longer, provider), None);
             }
         }
+    }
+
+    #[test]
+    fn a_key_extended_with_zero_bytes_is_not_below_the_shorter_one() {
+        let mut provider = Vec::new();
+        put_name(&mut provider, TAG_PROVIDER, "rows");
+        for (short, long) in [
+            (&[1u8][..], &[1u8, 0][..]),
+            (&[][..], &[0u8, 0][..]),
+            (&[][..], &[0u8][..]),
+        ] {
+            let mut a = provider.clone();
+            put_key(&mut a, &StableKey::Bytes(Arc::from(short)));
+            let mut b = provider.clone();
+            put_key(&mut b, &StableKey::Bytes(Arc::from(long)));
+            assert!(b.starts_with(&a), "the case this guards against");
+            assert!(!is_below(&b, &a), "{short:?} / {long:?}");
+            // A child's path is its container's path and its own key.
+            for key in [StableKey::Int(1), StableKey::Bytes(Arc::from(&[0u8][..]))] {
+                let mut child = a.clone();
+                put_key(&mut child, &key);
+                assert!(is_below(&child, &a), "{key:?} below {short:?}");
+            }
+            let mut attached = a.clone();
+            put_name(&mut attached, TAG_ATTACHMENT, "idx");
+            assert!(is_below(&attached, &a));
+            assert!(!is_below(&a, &a));
+        }
+        let text = enc(&"a".into_stable_key());
+        let longer = enc(&"a\0".into_stable_key());
+        assert!(!is_below(&longer, &text));
     }
 
     #[test]
