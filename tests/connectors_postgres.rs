@@ -844,16 +844,23 @@ async fn a_nullable_column_is_added_in_place_and_the_rows_keep_their_data() -> R
         .primary_key(["id"])
         .build()?;
     let table = t.clone();
-    rig.run(move |ctx| async move {
-        let target = mount_table_target(&ctx, &db(), &table, wider).await?;
-        target.declare_row(&ctx, doc("1", "a"))?;
-        let mut row = BTreeMap::new();
-        row.insert("id", serde_json::json!("2"));
-        row.insert("body", serde_json::json!("b"));
-        row.insert("extra", serde_json::json!(42));
-        target.declare_row(&ctx, &row)
-    })
-    .await?;
+    let stats = rig
+        .run(move |ctx| async move {
+            let target = mount_table_target(&ctx, &db(), &table, wider).await?;
+            target.declare_row(&ctx, doc("1", "a"))?;
+            let mut row = BTreeMap::new();
+            row.insert("id", serde_json::json!("2"));
+            row.insert("body", serde_json::json!("b"));
+            row.insert("extra", serde_json::json!(42));
+            target.declare_row(&ctx, &row)
+        })
+        .await?;
+    // Row 1 is unchanged (its new column is NULL): not written again.
+    assert_eq!(
+        (stats.updated, stats.unchanged),
+        (2, 1),
+        "the table and row 2 updated: {stats:?}"
+    );
     assert_eq!(rig.columns(&t).await?, vec!["id", "body", "extra"]);
     assert_eq!(
         rig.bodies(&t).await?,

@@ -19,7 +19,8 @@ use weir_actors::{
 use super::ddl;
 use super::sink;
 use super::types;
-use crate::sql::{msgpack, ColumnType, Row, SqlValue, TableSchema};
+use crate::sql::fingerprint::{name_order, row_fingerprint};
+use crate::sql::{ColumnType, Row, SqlValue, TableSchema};
 
 /// What a table target state declares: the table's name, schema and owner.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -167,6 +168,8 @@ impl DbShared {
                 })?;
                 Ok(ChildTargetDef::new::<Row, _>(PostgresRowHandler {
                     table: Arc::from(action.table.as_str()),
+                    by_name: name_order(schema),
+                    schema: Arc::new(schema.clone()),
                     key_types: schema
                         .primary_key()
                         .iter()
@@ -320,22 +323,14 @@ impl TargetHandler<TableSpec> for PostgresTableHandler {
     }
 }
 
-/// A row's tracking record: the fingerprint of its MessagePack encoding
-/// (written directly: a struct of one field, the list of values).
-fn row_fingerprint(row: &Row) -> Fingerprint {
-    msgpack::fingerprint(row, |buf| {
-        msgpack::write_len(buf, 1)?;
-        msgpack::write_len(buf, row.values.len())?;
-        row.values
-            .iter()
-            .try_for_each(|value| msgpack::write_value(buf, value))
-    })
-}
-
 /// The row handler of one table: rows are its target states, keyed by
 /// primary key, tracked by a fingerprint of their values.
 pub(crate) struct PostgresRowHandler {
     table: Arc<str>,
+    /// The table's schema, and its columns' positions in name order: a
+    /// row's fingerprint is that of its non-NULL values by column name.
+    schema: Arc<TableSchema>,
+    by_name: Vec<usize>,
     key_types: Vec<ColumnType>,
     sink: TargetActionSink<RowAction>,
 }
@@ -351,7 +346,9 @@ impl TargetHandler<Row> for PostgresRowHandler {
         prev: Vec<Fingerprint>,
         prev_may_be_missing: bool,
     ) -> Result<Option<TargetReconcileOutput<RowAction, Fingerprint>>> {
-        let fingerprint = desired.as_ref().map(row_fingerprint);
+        let fingerprint = desired
+            .as_ref()
+            .map(|row| row_fingerprint(&self.schema, &self.by_name, &row.values));
         let transition = TrackingRecordTransition::new(fingerprint, prev, prev_may_be_missing);
         let Some(kind) = diff(Some(&transition)).map(DiffAction::action_kind) else {
             return Ok(None);
@@ -429,33 +426,72 @@ fn key_value(key: &StableKey, ty: &ColumnType) -> std::result::Result<SqlValue, 
 mod tests {
     use super::*;
 
-    #[test]
-    fn row_fingerprints_do_not_change_between_releases() -> Result<()> {
-        // Ledgers keep these digests: a change would rewrite every row once.
+    fn fingerprint_schema(extra: Option<&str>) -> Result<TableSchema> {
+        let mut b = TableSchema::builder()
+            .column("id", ColumnType::BigInt)
+            .column("small", ColumnType::Integer)
+            .column("doc", ColumnType::Json)
+            .column("tags", ColumnType::Array(Box::new(ColumnType::Text)))
+            .column("at", ColumnType::Timestamp)
+            .column("ok", ColumnType::Boolean)
+            .column("score", ColumnType::Double)
+            .column("body", ColumnType::Text)
+            .column("raw", ColumnType::Bytes)
+            .column("uid", ColumnType::Uuid)
+            .nullable_column("none", ColumnType::Text);
+        if let Some(name) = extra {
+            b = b.nullable_column(name, ColumnType::Text);
+        }
+        b.primary_key(["id"]).build()
+    }
+
+    fn fingerprint_values() -> Result<Vec<SqlValue>> {
         let at = chrono::DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
             .map_err(|e| Error::msg(e.to_string()))?
             .with_timezone(&chrono::Utc);
-        let row = Row {
-            values: vec![
-                SqlValue::Int(42),
-                SqlValue::Int(-70_000),
-                SqlValue::Json(serde_json::json!({"a": [1, 2.5, "x"]})),
-                SqlValue::Array(vec![
-                    SqlValue::Text("t1".into()),
-                    SqlValue::Text("t2".into()),
-                ]),
-                SqlValue::Timestamp(at),
-                SqlValue::Bool(true),
-                SqlValue::Float(0.25),
-                SqlValue::Text("text".into()),
-                SqlValue::Bytes(vec![1, 2]),
-                SqlValue::Uuid(uuid::Uuid::from_u128(9)),
-                SqlValue::Null,
-            ],
-        };
+        Ok(vec![
+            SqlValue::Int(42),
+            SqlValue::Int(-70_000),
+            SqlValue::Json(serde_json::json!({"a": [1, 2.5, "x"]})),
+            SqlValue::Array(vec![
+                SqlValue::Text("t1".into()),
+                SqlValue::Text("t2".into()),
+            ]),
+            SqlValue::Timestamp(at),
+            SqlValue::Bool(true),
+            SqlValue::Float(0.25),
+            SqlValue::Text("text".into()),
+            SqlValue::Bytes(vec![1, 2]),
+            SqlValue::Uuid(uuid::Uuid::from_u128(9)),
+            SqlValue::Null,
+        ])
+    }
+
+    #[test]
+    fn row_fingerprints_do_not_change_between_releases() -> Result<()> {
+        // Ledgers keep these digests: a change would rewrite every row once.
+        let schema = fingerprint_schema(None)?;
+        let fp = row_fingerprint(&schema, &name_order(&schema), &fingerprint_values()?);
+        assert_eq!(fp.to_string(), "fee381672ed50a3cd0418e1b047f040b");
+        Ok(())
+    }
+
+    #[test]
+    fn a_new_nullable_column_leaves_the_fingerprints_of_unchanged_rows_alone() -> Result<()> {
+        let before = fingerprint_schema(None)?;
+        let after = fingerprint_schema(Some("added"))?;
+        let values = fingerprint_values()?;
+        let mut widened = values.clone();
+        widened.push(SqlValue::Null);
         assert_eq!(
-            row_fingerprint(&row).to_string(),
-            "2b5d963f0ec239f1de2b5dccd13e9348"
+            row_fingerprint(&before, &name_order(&before), &values),
+            row_fingerprint(&after, &name_order(&after), &widened)
+        );
+        widened.pop();
+        widened.push(SqlValue::Text("set".into()));
+        assert_ne!(
+            row_fingerprint(&before, &name_order(&before), &values),
+            row_fingerprint(&after, &name_order(&after), &widened)
         );
         Ok(())
     }

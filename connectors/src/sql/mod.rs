@@ -10,6 +10,7 @@
 //!   and values nested too deeply to convert safely ([`value::MAX_NESTING`]).
 
 mod depth;
+pub(crate) mod fingerprint;
 mod flat;
 pub mod ident;
 pub(crate) mod msgpack;
