@@ -23,6 +23,12 @@
 //!   ([`ManagedBy::System`], the default) and abandoned, rows and all, when
 //!   the user owns it ([`ManagedBy::User`]: weir never creates, alters or
 //!   drops it, and only writes the rows declared into it).
+//! - SQLite ignores the case of table names: two spellings of one name in
+//!   one run are refused, naming both. A table renamed only in case
+//!   between runs is not dropped (the new spelling is the same table), but
+//!   the rows the old spelling tracked and the new one does not declare
+//!   are left in it and forgotten, not deleted: rename a table to a name
+//!   that differs by more than case.
 //! - A row's key is its primary key ([`Row::key`]); its tracking record is a
 //!   fingerprint of its values, so an unchanged row costs no write.
 //! - All the rows of one database go through one sink per run: each sink
