@@ -23,12 +23,15 @@
 //!   ([`ManagedBy::System`], the default) and abandoned, rows and all, when
 //!   the user owns it ([`ManagedBy::User`]: weir never creates, alters or
 //!   drops it, and only writes the rows declared into it).
-//! - SQLite ignores the case of table names: two spellings of one name in
-//!   one run are refused, naming both. A table renamed only in case
-//!   between runs is not dropped (the new spelling is the same table), but
-//!   the rows the old spelling tracked and the new one does not declare
-//!   are left in it and forgotten, not deleted: rename a table to a name
-//!   that differs by more than case.
+//! - SQLite ignores the case of table names, and so does a table's key
+//!   (its name in lower case; DDL uses the name as declared): `Docs` and
+//!   `docs` are one table, declared twice if both are in one run, and a
+//!   table renamed only in case keeps its rows. (A table no longer
+//!   declared is not dropped while the run declares it in any spelling:
+//!   ledgers from before keys were lower case hold `Docs` under its own
+//!   key, and dropping it would drop the table just written. Rows that
+//!   such an old key tracked and the run does not declare are left in the
+//!   table, once.)
 //! - A row's key is its primary key ([`Row::key`]); its tracking record is a
 //!   fingerprint of its values, so an unchanged row costs no write.
 //! - All the rows of one database go through one sink per run: each sink
@@ -215,9 +218,11 @@ fn table_state(
     for column in schema.columns() {
         validate_identifier("column", &column.name)?;
     }
+    // SQLite ignores the case of names: `Docs` and `docs` are one table,
+    // so one key.
     let key = StableKey::Array(Arc::from([
         StableKey::Str(Arc::from(db.name())),
-        StableKey::Str(Arc::from(table_name)),
+        StableKey::Str(Arc::from(table_name.to_ascii_lowercase())),
     ]));
     let provider = table_provider(ctx, db)?;
     Ok(provider.target_state(
@@ -225,6 +230,7 @@ fn table_state(
         TableSpec {
             schema: schema.clone(),
             managed_by: options.managed_by,
+            name: table_name.to_string(),
         },
     ))
 }

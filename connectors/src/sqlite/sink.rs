@@ -47,13 +47,13 @@ impl Database {
         })
     }
 
-    /// Whether `table` is declared in this run under another spelling.
-    fn declared_as_other_spelling(&self, table: &str) -> Result<bool> {
+    /// Whether `table` is declared in this run, in any spelling.
+    fn declared_in_any_spelling(&self, table: &str) -> Result<bool> {
         let tables = self
             .tables
             .read()
             .map_err(|_| Error::msg("sqlite table registry lock poisoned"))?;
-        Ok(other_spelling(tables.keys(), table).is_some())
+        Ok(tables.keys().any(|name| name.eq_ignore_ascii_case(table)))
     }
 
     fn schema(&self, table: &str) -> Result<Arc<TableSchema>> {
@@ -93,13 +93,6 @@ pub(crate) fn table_sink(db: Arc<Database>) -> TargetActionSink<TableAction> {
                 .tables
                 .write()
                 .map_err(|_| Error::msg("sqlite table registry lock poisoned"))?;
-            if let Some(other) = other_spelling(tables.keys(), &action.table) {
-                return Err(Error::permanent(format!(
-                    "sqlite database {}: tables {other} and {} are one table to SQLite, \
-                     which ignores the case of names: declare one spelling",
-                    factory_db.name, action.table
-                )));
-            }
             tables.insert(action.table.clone(), Arc::clone(&schema));
             drop(tables);
             Ok(ChildTargetDef::new::<RowSpec, _>(SqliteRowHandler::new(
@@ -109,17 +102,6 @@ pub(crate) fn table_sink(db: Arc<Database>) -> TargetActionSink<TableAction> {
             )))
         },
     )
-}
-
-/// A name among `names` that SQLite takes for `table` (it ignores ASCII
-/// case in names) but that is spelled otherwise.
-fn other_spelling<'a>(
-    names: impl IntoIterator<Item = &'a String>,
-    table: &str,
-) -> Option<&'a String> {
-    names
-        .into_iter()
-        .find(|name| name.eq_ignore_ascii_case(table) && name.as_str() != table)
 }
 
 fn row_sink(db: Arc<Database>) -> TargetActionSink<RowWrite> {
@@ -217,9 +199,9 @@ async fn apply_tables(db: &Database, actions: Vec<TargetAction<TableAction>>) ->
         let table = action.table.as_str();
         match (action.ddl, &action.schema) {
             (TableDdl::Nothing, _) => {}
-            // The same table to SQLite, declared in this run under
-            // another spelling: it stays.
-            (TableDdl::Drop, _) if db.declared_as_other_spelling(table)? => {}
+            // The same table to SQLite, declared in this run (under a
+            // key of a ledger from before keys were lower case): it stays.
+            (TableDdl::Drop, _) if db.declared_in_any_spelling(table)? => {}
             (TableDdl::Drop, _) => {
                 execute(&mut tx, &ddl::drop_table(table), &context("drop", table)).await?;
             }

@@ -25,6 +25,10 @@ pub(crate) struct TableSpec {
     pub schema: TableSchema,
     /// Who owns the table.
     pub managed_by: ManagedBy,
+    /// The table's name as declared: its key holds it in lower case, since
+    /// SQLite ignores the case of names. When empty, the key's name.
+    #[serde(default)]
+    pub name: String,
 }
 
 /// The tracking record of a table: its schema and who owns it.
@@ -133,6 +137,11 @@ impl TargetHandler<TableSpec> for SqliteTableHandler {
             // A container always answers while declared: the child-handler
             // factory builds the rows' handler from this action.
             Some(spec) => {
+                let table = if spec.name.is_empty() {
+                    table
+                } else {
+                    spec.name.clone()
+                };
                 let (ddl, child_invalidation) = match spec.managed_by {
                     ManagedBy::User => (TableDdl::Nothing, None),
                     ManagedBy::System => plan(&spec.schema, &prev, prev_may_be_missing),
