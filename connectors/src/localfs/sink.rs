@@ -186,26 +186,23 @@ fn write_file(root: &Path, key: &str, content: &[u8]) -> Result<()> {
             root.display()
         )));
     };
-    if let Some(conflict) = conflict(root, &key, &target) {
-        return Err(Error::permanent(format!(
+    // What stands in the way is looked for only once a write has failed,
+    // not before every write.
+    let failed = |what: &str, e: &io::Error| match conflict(root, &key, &target) {
+        Some(conflict) => Error::permanent(format!(
             "localfs directory {}: cannot write file {key:?}: {conflict}",
             root.display()
-        )));
-    }
-    fs::create_dir_all(parent).map_err(|e| {
-        io_error(
-            root,
-            &format!("cannot create the directories of file {key:?}"),
-            &e,
-        )
-    })?;
+        )),
+        None => io_error(root, &format!("{what} {key:?}"), e),
+    };
+    fs::create_dir_all(parent).map_err(|e| failed("cannot create the directories of file", &e))?;
     let tmp = parent.join(tmp_name(&name.to_string_lossy()));
     let written = write_then_rename(&tmp, &target, content);
     if written.is_err() {
         // Best effort: the temporary file may not even exist.
         let _ = fs::remove_file(&tmp);
     }
-    written.map_err(|e| io_error(root, &format!("cannot write file {key:?}"), &e))?;
+    written.map_err(|e| failed("cannot write file", &e))?;
     // Best effort: make the rename itself durable.
     if let Ok(dir) = File::open(parent) {
         let _ = dir.sync_all();
