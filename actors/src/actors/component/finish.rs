@@ -1,0 +1,254 @@
+//! What a component does once its code returns: reconcile, apply, commit.
+
+use std::sync::Arc;
+
+use crate::actors::sink::{PlannedAction, SinkGroups, UnitWaiter};
+use crate::error::{Error, Result};
+use crate::ledger::record::LedgerOp;
+use crate::model::sink::EncodedAction;
+use crate::run::{lock, PreviewAction, Run};
+
+use super::mount::{mounted_children_op, record_failure};
+use super::records::{
+    children_change, full_intent, intent_for, is_refresh, note_children_and_orphans,
+    removes_children, success_records, SuccessRecords,
+};
+use super::waves::{reconcile_waves, Outcomes, Reconciliation};
+use super::{ComponentState, Declaration};
+
+/// Leaves the run's activity once.
+struct ActiveGuard<'a> {
+    run: &'a Run,
+    active: bool,
+}
+
+impl ActiveGuard<'_> {
+    fn leave(&mut self) {
+        if self.active {
+            self.active = false;
+            self.run.activity.leave();
+        }
+    }
+}
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+/// Reconciles, applies and commits what the component declared.
+pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
+    let run = &state.run;
+    let mut active = ActiveGuard { run, active: true };
+    let (mut decls, paths, errors, early) = {
+        let mut d = lock(&state.decls);
+        (
+            std::mem::take(&mut d.list),
+            std::mem::take(&mut d.paths),
+            std::mem::take(&mut d.errors),
+            std::mem::take(&mut d.early),
+        )
+    };
+    run.metrics.declarations.increment(decls.len() as u64);
+    state.note_declared(decls.len());
+    if let Some(first) = errors.first() {
+        let e = Error::Usage(first.clone());
+        active.leave();
+        record_failure(state, &e).await;
+        return Err(e);
+    }
+    let reconciled = match reconcile_waves(state, &mut decls, paths, early).await {
+        Ok(r) => r,
+        Err(e) => {
+            active.leave();
+            record_failure(state, &e).await;
+            return Err(e);
+        }
+    };
+    let Reconciliation {
+        mut results,
+        unchanged: unchanged_own,
+        waves,
+        orphans,
+        prev_children,
+        prev_failure,
+        fresh,
+    } = reconciled;
+
+    if run.preview {
+        let mut preview = lock(&run.preview_actions);
+        for (i, r) in results.iter() {
+            if let (Some(out), Some(d)) = (r.output.as_ref(), decls.get(i)) {
+                if is_refresh(state, d, r) {
+                    continue;
+                }
+                preview.push(PreviewAction {
+                    provider: d.provider.path.name.to_string(),
+                    key: d.key.clone(),
+                    kind: out.kind,
+                    component: state.path.clone(),
+                });
+            }
+        }
+        drop(preview);
+        note_children_and_orphans(state, &prev_children, orphans);
+        return Ok(());
+    }
+
+    // Apply wave by wave: containers before their children.
+    let waiter = UnitWaiter::new();
+    let mut attempted: Vec<usize> = Vec::new();
+    let mut failure: Option<Error> = None;
+    let mut records: Option<Result<SuccessRecords>> = None;
+    // A large wave goes to the sinks a batch at a time, so that the first
+    // sink calls start while the rest is being planned.
+    let batch = run.engine.config.batch.max_actions.max(1);
+    for (w, wave) in waves.iter().enumerate() {
+        // A fresh component has an action for every state: its sink
+        // group starts with room for a batch of them. Another's waves
+        // hold its unchanged states too, so its groups grow as needed.
+        let room = |left: usize| if fresh { left.min(batch) } else { 0 };
+        let mut groups = SinkGroups::with_room(room(wave.len()));
+        for (n, &i) in wave.iter().enumerate() {
+            let (Some(r), Some(d)) = (results.get_mut(i), decls.get(i)) else {
+                continue;
+            };
+            let typed = r.output.as_mut().and_then(|o| o.typed.take());
+            let r = &*r;
+            let Some(out) = &r.output else { continue };
+            if is_refresh(state, d, r) {
+                continue;
+            }
+            let planned = PlannedAction {
+                action: EncodedAction {
+                    kind: out.kind,
+                    bytes: Arc::clone(&out.action),
+                    typed,
+                },
+                key: d.key.clone(),
+                intent: intent_for(state, d, r),
+            };
+            groups.add(
+                &out.sink,
+                &d.provider.path.name,
+                &d.provider.path.root,
+                planned,
+            );
+            attempted.push(i);
+            if groups.len() >= batch {
+                let left = wave.len() - n - 1;
+                std::mem::replace(&mut groups, SinkGroups::with_room(room(left)))
+                    .dispatch(run, &waiter);
+            }
+        }
+        groups.dispatch(run, &waiter);
+        active.leave();
+        if w + 1 == waves.len() {
+            // What to commit if every action lands, worked out while the
+            // sinks apply the last wave.
+            records = Some(success_records(state, &decls, &results, fresh));
+        }
+        failure = waiter.wait().await;
+        if failure.is_some() {
+            break;
+        }
+    }
+    active.leave();
+
+    if let Some(err) = failure {
+        let mut ops: Vec<LedgerOp> = attempted
+            .iter()
+            .filter_map(|&i| {
+                let r = results.get(i)?;
+                let d = decls.get(i)?;
+                Some(LedgerOp::Fold(
+                    intent_for(state, d, r).unwrap_or_else(|| full_intent(state, d, r)),
+                ))
+            })
+            .collect();
+        ops.push(LedgerOp::SetFailure {
+            component: state.key.to_vec(),
+            failure: Some(err.to_string()),
+        });
+        ops.extend(mounted_children_op(state));
+        for (i, r) in results.iter() {
+            if let Some(d) = decls.get(i).filter(|d| d.child.is_some()) {
+                let committed = r
+                    .prev
+                    .as_ref()
+                    .and_then(|p| p.child_gen)
+                    .unwrap_or_default();
+                run.note_failed_container(&d.path, committed);
+            }
+        }
+        run.engine.ledger_handle.commit(ops).await?;
+        return Err(err);
+    }
+
+    // Success: final records, ownership moves, children and failure notes.
+    let SuccessRecords {
+        mut ops,
+        unchanged,
+        actions,
+    } = match records {
+        Some(r) => r?,
+        None => success_records(state, &decls, &results, fresh)?,
+    };
+    run.counters.unchanged.fetch_add(
+        unchanged + unchanged_own,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    for (kind, n) in actions {
+        run.counters.count_action(kind, n);
+    }
+    let own = state.key.to_vec();
+    if let Some(children) = children_change(state, &prev_children) {
+        ops.push(LedgerOp::AddChildren {
+            component: own.clone(),
+            children,
+        });
+    }
+    if prev_failure.is_some() {
+        ops.push(LedgerOp::SetFailure {
+            component: own.clone(),
+            failure: None,
+        });
+    }
+    if let Some(memo) = state.memo.get() {
+        // States it no longer declares, and children it no longer mounts,
+        // are deleted only at the end of the run: until that has happened,
+        // its memo key does not describe what exists, so it is not
+        // recorded (the next run runs the component again and records it).
+        let pending = !orphans.is_empty() || removes_children(state, &prev_children);
+        ops.push(LedgerOp::SetMemo {
+            component: own,
+            memo: (!pending).then(|| memo.clone()),
+        });
+    }
+    if !ops.is_empty() {
+        run.engine.ledger_handle.commit(ops).await?;
+    }
+    note_children_and_orphans(state, &prev_children, orphans);
+    free_later(run, (decls, results));
+    Ok(())
+}
+
+/// The number of declarations from which a component's are freed on a
+/// blocking thread rather than where it commits.
+const FREE_LATER_FROM: usize = 10_000;
+
+/// Frees a committed component's declarations and reconcile outcomes. For
+/// a large component that is hundreds of thousands of deallocations (11-15
+/// ms per 100k states on a first load, measured with `postgres_sync`),
+/// which would otherwise delay reporting the component done; a blocking
+/// thread of the user's runtime does it instead.
+fn free_later(run: &Run, (decls, results): (Vec<Declaration>, Outcomes)) {
+    if decls.len() >= FREE_LATER_FROM {
+        drop(
+            run.engine
+                .user
+                .spawn_blocking(move || drop((decls, results))),
+        );
+    }
+}
