@@ -8,7 +8,7 @@
 //! code and its resources live.
 //!
 //! - this file: a component's state and its declarations;
-//! - [`mount`]: running a component's code, and mounting its children;
+//! - [`mount`](mod@mount): running a component's code, and mounting its children;
 //! - [`waves`]: reconciling the declarations with the shards;
 //! - [`finish`]: applying the actions and committing, once the code returned;
 //! - [`records`]: what the commit writes to the ledger, and the intents

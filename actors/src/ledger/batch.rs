@@ -1,0 +1,573 @@
+//! Applying a commit's ops to the store as one atomic sled batch.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::edit::{Encoded, EntryEdit};
+use super::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
+use super::stored::{ShallowEntry, StoredEntry};
+use super::{
+    container_key, delta, encode, key, pack, split_container_key, Ledger, PACK_MIN, P_CHILDREN,
+    P_COMPONENT, P_CONTAINER, P_DELTA, P_MEMO, P_PACK, SEQ_KEY,
+};
+use crate::error::{Error, Result};
+use crate::model::{keycode, StableKey};
+
+impl Ledger {
+    /// Applies ops atomically (one sled batch). Does not flush.
+    pub(crate) fn apply(&self, ops: Vec<LedgerOp>) -> Result<()> {
+        let mut b = BatchBuilder {
+            ledger: self,
+            entries: HashMap::new(),
+            index_adds: Vec::new(),
+            index_removes: Vec::new(),
+            forget_intents: Vec::new(),
+            containers: HashSet::new(),
+            children: HashMap::new(),
+            child_removals: HashMap::new(),
+            raw_puts: HashMap::new(),
+            large: sled::Batch::default(),
+            large_used: false,
+            keys: 0,
+            bytes: 0,
+            batch: sled::Batch::default(),
+        };
+        for op in ops {
+            b.op(op)?;
+        }
+        b.finish()
+    }
+}
+
+/// Paths a component comes to hold: (component, paths).
+type IndexRun = (Vec<u8>, Vec<Arc<[u8]>>);
+
+struct BatchBuilder<'a> {
+    ledger: &'a Ledger,
+    entries: HashMap<Vec<u8>, EntryEdit>,
+    /// Owner index additions, applied once the batch is written: runs of
+    /// paths a component comes to hold, in the order of the ops.
+    index_adds: Vec<IndexRun>,
+    /// Owner index removals, (path, component), applied before additions.
+    index_removes: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Intent batches to forget once the batch is durable.
+    forget_intents: Vec<u64>,
+    /// `d` keys (container, component) to make sure exist.
+    containers: HashSet<Vec<u8>>,
+    children: HashMap<Vec<u8>, Vec<StableKey>>,
+    /// Children to drop from each parent's list, applied once at the end.
+    child_removals: HashMap<Vec<u8>, HashSet<StableKey>>,
+    /// Whole entries already encoded by their component, stored as given.
+    raw_puts: HashMap<Vec<u8>, Vec<u8>>,
+    /// Keys written or removed, and bytes written, for metrics.
+    keys: u64,
+    bytes: u64,
+    batch: sled::Batch,
+    /// Writes to the tree of large values, and whether there are any.
+    large: sled::Batch,
+    large_used: bool,
+}
+
+impl BatchBuilder<'_> {
+    fn edit(&mut self, component: &[u8]) -> Result<&mut EntryEdit> {
+        if !self.entries.contains_key(component) {
+            let edit = match self.raw_puts.remove(component) {
+                Some(raw) => {
+                    let given = StoredEntry::parse(self.ledger, sled::IVec::from(raw), None)?;
+                    EntryEdit::read(given, false)
+                }
+                None => match self.ledger.stored_bytes(component)? {
+                    Some((own, delta)) => {
+                        match ShallowEntry::read(self.ledger, own.clone(), delta.clone())? {
+                            Some(shallow) => EntryEdit::read_shallow(shallow),
+                            None => {
+                                EntryEdit::read(StoredEntry::parse(self.ledger, own, delta)?, true)
+                            }
+                        }
+                    }
+                    None => EntryEdit::new(ComponentEntry::default()),
+                },
+            };
+            self.entries.insert(component.to_vec(), edit);
+        }
+        self.entries
+            .get_mut(component)
+            .ok_or_else(|| Error::Shutdown("ledger entry vanished".into()))
+    }
+
+    /// Whether the component's entry already holds exactly what `intent`
+    /// says, committed: the record as its only one (or, for a delete, no
+    /// state at all), not possibly missing, under the same generations.
+    /// Then the action was applied and its commit landed, and folding the
+    /// intent would only make the next run redo it. (An intent that equals
+    /// the committed state is never written for an action still to apply:
+    /// such an action needs none.)
+    ///
+    /// The intent names the component that held the state when the action
+    /// was planned; a state that moved is committed in its new owner, so the
+    /// other components the owner index names are looked at too.
+    fn already_committed(&mut self, intent: &Intent) -> Result<bool> {
+        let mut holders: Vec<Arc<[u8]>> = vec![Arc::from(intent.component.as_slice())];
+        holders.extend(self.ledger.owner_candidates(&intent.path));
+        for holder in holders {
+            let entry = self.entry(&holder)?;
+            let Ok(i) = entry.find(&intent.path) else {
+                continue;
+            };
+            // Held: a delete did not land; a write landed if the state holds
+            // exactly its record.
+            let Some(record) = &intent.record else {
+                return Ok(false);
+            };
+            return Ok(entry.states.get(i).is_some_and(|s| {
+                !s.may_be_missing
+                    && s.records.len() == 1
+                    && s.records.first() == Some(record)
+                    && s.gen == intent.gen
+                    && (intent.child_gen.is_none() || s.child_gen == intent.child_gen)
+            }));
+        }
+        // Held by no one: a delete landed; a write did not.
+        Ok(intent.record.is_none())
+    }
+
+    /// The component's entry with every recorded edit applied.
+    fn entry(&mut self, component: &[u8]) -> Result<&mut ComponentEntry> {
+        let ledger = self.ledger;
+        let edit = self.edit(component)?;
+        edit.materialize(ledger)?;
+        Ok(&mut edit.base)
+    }
+
+    /// A component's child list as this batch leaves it.
+    fn children_of(&mut self, component: &[u8]) -> Result<&Vec<StableKey>> {
+        if !self.children.contains_key(component) {
+            let list = self.ledger.children(component)?;
+            self.children.insert(component.to_vec(), list);
+        }
+        self.children
+            .get(component)
+            .ok_or_else(|| Error::Shutdown("ledger child list vanished".into()))
+    }
+
+    fn put(&mut self, k: Vec<u8>, v: Vec<u8>) {
+        self.keys += 1;
+        self.bytes += (k.len() + v.len()) as u64;
+        self.batch.insert(k, v);
+    }
+
+    /// Writes a component's own value: to the tree of large values when it
+    /// is large (deleting its key in the first tree, which may hold a
+    /// smaller value or a tombstone), else to the first tree (deleting
+    /// its key in the other when `was_large`).
+    fn put_own(&mut self, component: &[u8], value: Vec<u8>, was_large: bool) {
+        let k = key(P_COMPONENT, component);
+        if value.len() >= delta::MIN_OWN {
+            // Counted as a key written here, and one removed by `del`.
+            self.keys += 1;
+            self.bytes += (k.len() + value.len()) as u64;
+            self.del(k.clone());
+            self.large.insert(k, value);
+            self.large_used = true;
+        } else {
+            if was_large {
+                self.keys += 1;
+                self.large.remove(k.clone());
+                self.large_used = true;
+            }
+            self.put(k, value);
+        }
+    }
+
+    fn del(&mut self, k: impl Into<sled::IVec>) {
+        self.keys += 1;
+        self.batch.remove(k);
+    }
+
+    fn index_add(&mut self, component: &[u8], path: &[u8]) {
+        let path = Arc::from(path);
+        match self.index_adds.last_mut() {
+            Some((last, paths)) if last.as_slice() == component => paths.push(path),
+            _ => self.index_adds.push((component.to_vec(), vec![path])),
+        }
+    }
+
+    fn note_container(&mut self, container: Option<&[u8]>, component: &[u8]) {
+        if let Some(c) = container {
+            self.containers.insert(container_key(c, component));
+        }
+    }
+
+    fn op(&mut self, op: LedgerOp) -> Result<()> {
+        match op {
+            LedgerOp::Put {
+                component,
+                entry,
+                index_owner,
+                container,
+            } => {
+                if index_owner {
+                    self.index_add(&component, &entry.path);
+                }
+                self.note_container(container.as_deref(), &component);
+                self.edit(&component)?.upsert(entry);
+            }
+            LedgerOp::PutEntry {
+                component,
+                encoded,
+                indexed,
+                containers,
+            } => {
+                self.index_adds.push((component.clone(), indexed));
+                for c in containers {
+                    self.note_container(Some(&c), &component);
+                }
+                if self.entries.contains_key(&component) {
+                    // Edited earlier in this batch: merge instead.
+                    let entry: ComponentEntry =
+                        self.ledger.decode(&encoded, "a component entry")?;
+                    let edit = self.edit(&component)?;
+                    for s in entry.states {
+                        edit.upsert(s);
+                    }
+                } else {
+                    self.raw_puts.insert(component, encoded);
+                }
+            }
+            LedgerOp::Remove { component, path } => {
+                self.edit(&component)?.remove(&path);
+                self.index_removes.push((path, component));
+            }
+            LedgerOp::Recover(intent) => {
+                if !self.already_committed(&intent)? {
+                    self.op(LedgerOp::Fold(intent))?;
+                }
+            }
+            LedgerOp::Fold(intent) => {
+                // The component's states may now differ from what its memo
+                // key stands for: it must run again.
+                self.del(key(P_MEMO, &intent.component));
+                self.note_container(
+                    intent.container.as_ref().map(|c| c.as_slice()),
+                    &intent.component,
+                );
+                let entry = self.entry(&intent.component)?;
+                match entry.find(&intent.path) {
+                    Ok(i) => {
+                        let s = &mut entry.states[i];
+                        if let Some(r) = &intent.record {
+                            if !s.records.contains(r) {
+                                s.records.push(r.clone());
+                            }
+                        }
+                        s.may_be_missing = true;
+                        // The record may have been written under the newer
+                        // parent generation: never let it fall below a floor.
+                        s.gen = s.gen.max(intent.gen);
+                        if let Some(cg) = intent.child_gen {
+                            // The container change may or may not have
+                            // happened: children may be missing (a lossy
+                            // bump), but their records are kept.
+                            let old = s.child_gen.unwrap_or_default();
+                            s.child_gen = Some(crate::model::provider::ChildGeneration {
+                                current: old.current.max(cg.current),
+                                destructive_floor: old.destructive_floor,
+                            });
+                        }
+                    }
+                    Err(i) => {
+                        entry.states.insert(
+                            i,
+                            StateEntry {
+                                path: intent.path.clone(),
+                                records: intent.record.iter().cloned().collect(),
+                                may_be_missing: true,
+                                gen: intent.gen,
+                                child_gen: intent.child_gen,
+                            },
+                        );
+                        self.index_add(&intent.component, &intent.path);
+                    }
+                }
+            }
+            LedgerOp::DropDescendants { path } => {
+                let path = path.as_slice();
+                let mut holders: Vec<Vec<u8>> = Vec::new();
+                // The container itself, or one below it (a byte prefix can
+                // also be another key: see `keycode::is_below`).
+                let at_or_below = |rest: &[u8]| {
+                    split_container_key(rest).is_some_and(|(container, _)| {
+                        container == path || keycode::is_below(container, path)
+                    })
+                };
+                for item in self.ledger.tree.scan_prefix(key(P_CONTAINER, path)) {
+                    let (k, _) = item?;
+                    let rest = k.get(1..).unwrap_or_default();
+                    if !at_or_below(rest) {
+                        continue;
+                    }
+                    if let Some((_, component)) = split_container_key(rest) {
+                        holders.push(component.to_vec());
+                    }
+                    self.del(k);
+                }
+                let pending: Vec<Vec<u8>> = self
+                    .containers
+                    .iter()
+                    .filter(|k| k.get(1..).is_some_and(at_or_below))
+                    .cloned()
+                    .collect();
+                for k in pending {
+                    if let Some((_, component)) = k.get(1..).and_then(split_container_key) {
+                        holders.push(component.to_vec());
+                    }
+                    self.containers.remove(&k);
+                }
+                holders.sort();
+                holders.dedup();
+                for component in holders {
+                    let entry = self.entry(&component)?;
+                    let mut gone = Vec::new();
+                    entry.states.retain(|s| {
+                        let below = keycode::is_below(&s.path, path);
+                        if below {
+                            gone.push(s.path.to_vec());
+                        }
+                        !below
+                    });
+                    for p in gone {
+                        self.index_removes.push((p, component.clone()));
+                    }
+                }
+            }
+            LedgerOp::AddChildren {
+                component,
+                children,
+            } => {
+                self.children_of(&component)?;
+                if let Some(list) = self.children.get_mut(&component) {
+                    let known: HashSet<StableKey> = list.iter().cloned().collect();
+                    list.extend(children.into_iter().filter(|k| !known.contains(k)));
+                }
+            }
+            LedgerOp::SetFailure { component, failure } => {
+                if failure.is_some() {
+                    // A failed component is never memoized.
+                    self.del(key(P_MEMO, &component));
+                }
+                self.edit(&component)?.base.failure = failure;
+            }
+            LedgerOp::SetMemo { component, memo } => {
+                let k = key(P_MEMO, &component);
+                match memo {
+                    Some(m) => self.put(k, m),
+                    None => self.del(k),
+                }
+            }
+            LedgerOp::RemoveComponent { component, parent } => {
+                let entry = self.entry(&component)?;
+                if !entry.states.is_empty() {
+                    return Ok(());
+                }
+                self.children_of(&component)?;
+                let pending = self.child_removals.get(&component);
+                let left = self.children.get(&component).is_some_and(|list| {
+                    list.iter().any(|k| !pending.is_some_and(|p| p.contains(k)))
+                });
+                if left {
+                    return Ok(());
+                }
+                self.edit(&component)?.base.failure = None;
+                self.del(key(P_MEMO, &component));
+                self.children.insert(component.clone(), Vec::new());
+                self.child_removals.remove(&component);
+                if let Some((parent, key)) = parent {
+                    self.children_of(&parent)?;
+                    self.child_removals.entry(parent).or_default().insert(key);
+                }
+            }
+            LedgerOp::DeleteIntents { id } => self.forget_intents.push(id),
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<()> {
+        for (parent, gone) in std::mem::take(&mut self.child_removals) {
+            if let Some(list) = self.children.get_mut(&parent) {
+                list.retain(|k| !gone.contains(k));
+            }
+        }
+        // New components' entries: packed together when there are enough.
+        let raw: Vec<(Vec<u8>, Vec<u8>)> = std::mem::take(&mut self.raw_puts).into_iter().collect();
+        let mut new_pack: Option<(u64, Vec<Vec<u8>>)> = None;
+        // Components whose delta this batch writes (true) or deletes.
+        let mut delta_changes: Vec<(Vec<u8>, bool)> = Vec::new();
+        {
+            // An entry given whole replaces any delta (none is expected:
+            // only a component without an entry gives its entry whole).
+            let deltas = self.ledger.deltas();
+            for (component, _) in &raw {
+                if deltas.contains(component) {
+                    delta_changes.push((component.clone(), false));
+                }
+            }
+        }
+        for (component, _) in &delta_changes {
+            self.del(key(P_DELTA, component));
+        }
+        // Large new entries are not packed: they go to their own tree.
+        let (large, mut raw): (Vec<_>, Vec<_>) = raw
+            .into_iter()
+            .partition(|(_, v)| v.len() >= delta::MIN_OWN);
+        for (component, value) in large {
+            self.put_own(&component, value, false);
+        }
+        if raw.len() >= PACK_MIN {
+            raw.sort_by(|a, b| a.0.cmp(&b.0));
+            let id = {
+                let mut packs = self.ledger.packs_mut();
+                let id = packs.next_id;
+                packs.next_id += 1;
+                id
+            };
+            self.put(key(P_PACK, &id.to_be_bytes()), pack::encode(&raw));
+            new_pack = Some((id, raw.into_iter().map(|(c, _)| c).collect()));
+        } else {
+            for (component, value) in raw {
+                self.put_own(&component, value, false);
+            }
+        }
+        // Edited entries get keys of their own (a packed one moves out of
+        // its pack), or a delta beside it; a deleted one leaves a tombstone,
+        // so that no pack that still holds an old copy brings it back.
+        let mut entries = std::mem::take(&mut self.entries);
+        let next_id = match self.ledger.packs.read() {
+            Ok(g) => g.next_id,
+            Err(p) => p.into_inner().next_id,
+        };
+        let mut unpacked: Vec<Vec<u8>> = Vec::new();
+        for (component, edit) in entries.iter_mut() {
+            let packed = self.ledger.pack_of(component).is_some();
+            if packed {
+                unpacked.push(component.clone());
+            }
+            let was_large = edit.own_len >= delta::MIN_OWN;
+            let whole = match edit.encoded(self.ledger, !packed)? {
+                Encoded::Whole(encoded) => Some(encoded),
+                Encoded::Empty => Some(pack::tombstone(next_id)),
+                Encoded::Delta(delta) => {
+                    self.put(key(P_DELTA, component), delta);
+                    if !edit.had_delta {
+                        delta_changes.push((component.clone(), true));
+                    }
+                    None
+                }
+            };
+            if let Some(value) = whole {
+                self.put_own(component, value, was_large);
+                if edit.had_delta {
+                    self.del(key(P_DELTA, component));
+                    delta_changes.push((component.clone(), false));
+                }
+            }
+        }
+        // Packs left without a live member are deleted.
+        let emptied: Vec<u64> = {
+            let packs = match self.ledger.packs.read() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            let mut leaving: HashMap<u64, usize> = HashMap::new();
+            for c in &unpacked {
+                if let Some(id) = packs.members.get(c) {
+                    *leaving.entry(*id).or_default() += 1;
+                }
+            }
+            leaving
+                .into_iter()
+                .filter(|(id, n)| packs.live.get(id).is_none_or(|live| live <= n))
+                .map(|(id, _)| id)
+                .collect()
+        };
+        for id in &emptied {
+            self.del(key(P_PACK, &id.to_be_bytes()));
+        }
+        let children = std::mem::take(&mut self.children);
+        for (component, children) in &children {
+            let k = key(P_CHILDREN, component);
+            if children.is_empty() {
+                self.del(k);
+            } else {
+                self.put(k, encode(children)?);
+            }
+        }
+        let containers = std::mem::take(&mut self.containers);
+        for k in containers {
+            if !self.ledger.tree.contains_key(&k)? {
+                self.put(k, Vec::new());
+            }
+        }
+        // Count the commit in the batch; the count in memory moves only once
+        // the batch is applied, so `weir.seq` never leads the store.
+        let seq = self.ledger.seq.load(std::sync::atomic::Ordering::SeqCst) + 1;
+        self.batch.insert(SEQ_KEY, &seq.to_be_bytes());
+        let ledger = self.ledger;
+        {
+            // Readers of entries wait, so that none reads an entry from
+            // before this batch with a delta from after it, or the reverse.
+            let mut deltas = ledger.deltas_mut();
+            if self.large_used {
+                use sled::Transactional;
+                let (first, large) = (&self.batch, &self.large);
+                (&*ledger.tree, &ledger.entries)
+                    .transaction(|(tree, entries)| {
+                        tree.apply_batch(first)?;
+                        entries.apply_batch(large)?;
+                        Ok(())
+                    })
+                    .map_err(|e: sled::transaction::TransactionError<()>| match e {
+                        sled::transaction::TransactionError::Storage(e) => Error::from(e),
+                        sled::transaction::TransactionError::Abort(()) => {
+                            Error::msg("a ledger commit was aborted")
+                        }
+                    })?;
+            } else {
+                ledger.tree.apply_batch(self.batch)?;
+            }
+            for (component, has) in delta_changes {
+                if has {
+                    deltas.insert(component);
+                } else {
+                    deltas.remove(&component);
+                }
+            }
+        }
+        self.ledger
+            .seq
+            .store(seq, std::sync::atomic::Ordering::SeqCst);
+        // Forgotten at the flush that makes this batch durable.
+        self.ledger.journal()?.forget_later(&self.forget_intents);
+        metrics::counter!(crate::metrics::LEDGER_RECORDS).increment(self.keys);
+        metrics::counter!(crate::metrics::LEDGER_WRITTEN_BYTES).increment(self.bytes);
+        {
+            let mut packs = self.ledger.packs_mut();
+            for c in &unpacked {
+                packs.unpack(c);
+            }
+            if let Some((id, members)) = new_pack {
+                packs.live.insert(id, members.len());
+                for c in members {
+                    packs.members.insert(c, id);
+                }
+            }
+        }
+        let mut index = self.ledger.index_mut();
+        for (path, component) in &self.index_removes {
+            index.remove(path, component);
+        }
+        for (component, paths) in &self.index_adds {
+            index.add_all(component, paths);
+        }
+        Ok(())
+    }
+}

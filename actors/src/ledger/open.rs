@@ -1,0 +1,300 @@
+//! Opening a ledger: sled's lock, the format and commit-count checks,
+//! the in-memory indexes, and the recovery of a crash's intents.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustc_hash::FxHashSet;
+
+use super::index::OwnerIndex;
+use super::journal::{Journal, JournalError};
+use super::record::{Intent, LedgerOp};
+use super::{
+    key, pack, Ledger, ENTRIES_TREE, FORMAT_KEY, FORMAT_VERSION, FORMAT_WITHOUT_DELTAS,
+    P_COMPONENT, P_DELTA, P_INTENT, P_PACK, SEQ_FILE, SEQ_KEY,
+};
+use crate::error::{Error, Result};
+
+/// How long opening a ledger waits for sled's own lock.
+const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often it tries again meanwhile.
+const SLED_LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Whether sled failed to open because its lock is held.
+fn is_sled_lock(e: &std::io::Error) -> bool {
+    e.to_string().contains("could not acquire lock")
+}
+
+impl Ledger {
+    /// Opens (or creates) the ledger in `dir`.
+    pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Ledger> {
+        let display: Arc<str> = Arc::from(dir.display().to_string());
+        std::fs::create_dir_all(dir)?;
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("weir.lock"))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::LedgerLocked {
+                    path: display.to_string(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::Io(e)),
+        }
+        let sled_dir: PathBuf = dir.join("sled");
+        let existed = sled_dir.exists();
+        let config = sled::Config::new()
+            .path(&sled_dir)
+            .cache_capacity(cache_bytes)
+            .flush_every_ms(None);
+        let corrupt = |detail: String| Error::LedgerCorrupt {
+            path: display.to_string(),
+            detail,
+        };
+        // sled takes a lock of its own, which a ledger closed a moment ago
+        // may still hold while its background threads wind down: wait
+        // for it a little, rather than call the ledger corrupt.
+        let mut waited = std::time::Duration::ZERO;
+        let db = loop {
+            // sled may panic on damaged files: that is corruption too.
+            let config = config.clone();
+            let opened =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
+                    .map_err(|_| corrupt("sled panicked while reading it".into()))?;
+            match opened {
+                Ok(db) => break db,
+                Err(sled::Error::Io(io)) if is_sled_lock(&io) && waited < SLED_LOCK_WAIT => {
+                    std::thread::sleep(SLED_LOCK_RETRY);
+                    waited += SLED_LOCK_RETRY;
+                }
+                Err(sled::Error::Io(io)) if is_sled_lock(&io) => {
+                    return Err(Error::LedgerLocked {
+                        path: display.to_string(),
+                    })
+                }
+                Err(sled::Error::Io(io)) if io.kind() == std::io::ErrorKind::PermissionDenied => {
+                    return Err(Error::Io(io))
+                }
+                Err(other) => return Err(corrupt(format!("sled cannot open it: {other}"))),
+            }
+        };
+        let (journal, pending) = Journal::open(dir).map_err(|e| match e {
+            JournalError::Io(io) => Error::Io(io),
+            JournalError::Corrupt(detail) => corrupt(detail),
+        })?;
+        let entries = db.open_tree(ENTRIES_TREE)?;
+        let ledger = Ledger {
+            tree: db,
+            entries,
+            dir: display,
+            index: Arc::new(RwLock::new(OwnerIndex::default())),
+            packs: Arc::new(RwLock::new(pack::PackIndex::default())),
+            deltas: Arc::new(RwLock::new(FxHashSet::default())),
+            seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            seq_file: Arc::new(dir.join(SEQ_FILE)),
+            journal: Arc::new(std::sync::Mutex::new(journal)),
+            _lock: Arc::new(lock),
+        };
+        let flushed_seq = ledger.read_seq_file();
+        ledger.check_format(existed, flushed_seq.is_some())?;
+        ledger.check_seq(flushed_seq)?;
+        ledger.load_packs()?;
+        ledger.load_deltas()?;
+        ledger.build_index()?;
+        ledger.recover(pending)?;
+        Ok(ledger)
+    }
+
+    /// The commit count in `weir.seq`; `None` when there is none (a new
+    /// ledger, one written by an older build) or it cannot be read (a
+    /// crash while it was replaced; it only ever lags the store).
+    fn read_seq_file(&self) -> Option<u64> {
+        std::fs::read_to_string(&*self.seq_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+
+    /// Refuses a store that lost commits `weir.seq` saw flushed, then
+    /// records the store's count.
+    fn check_seq(&self, flushed: Option<u64>) -> Result<()> {
+        let stored = match self.tree.get(SEQ_KEY)? {
+            Some(v) => u64::from_be_bytes(
+                v.as_ref()
+                    .try_into()
+                    .map_err(|_| self.corrupt("the commit count is not 8 bytes"))?,
+            ),
+            None => 0,
+        };
+        if let Some(flushed) = flushed.filter(|f| *f > stored) {
+            return Err(self.corrupt(format!(
+                "its store holds {stored} commits, but {flushed} had been written ({SEQ_FILE}): the store was truncated or damaged and lost writes"
+            )));
+        }
+        self.seq.store(stored, std::sync::atomic::Ordering::SeqCst);
+        self.write_seq_file()
+    }
+
+    /// Writes the commit count to `weir.seq` (by rename, so it is whole).
+    pub(super) fn write_seq_file(&self) -> Result<()> {
+        let seq = self.seq.load(std::sync::atomic::Ordering::SeqCst);
+        let tmp = self.seq_file.with_extension("seq.tmp");
+        std::fs::write(&tmp, format!("{seq}\n"))?;
+        std::fs::rename(&tmp, &*self.seq_file)?;
+        Ok(())
+    }
+
+    fn check_format(&self, existed: bool, was_written: bool) -> Result<()> {
+        match self.tree.get(FORMAT_KEY)? {
+            Some(v) => {
+                let raw: [u8; 4] = v
+                    .as_ref()
+                    .try_into()
+                    .map_err(|_| self.corrupt("format version is not 4 bytes"))?;
+                let found = u32::from_be_bytes(raw);
+                if found == FORMAT_WITHOUT_DELTAS {
+                    self.tree
+                        .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
+                    self.tree.flush()?;
+                    return Ok(());
+                }
+                if found != FORMAT_VERSION {
+                    return Err(Error::LedgerVersion {
+                        path: self.dir.to_string(),
+                        found,
+                        supported: FORMAT_VERSION,
+                    });
+                }
+                Ok(())
+            }
+            None if existed && !self.tree.is_empty() => {
+                Err(self.corrupt("the format version is missing"))
+            }
+            None if was_written => Err(self.corrupt(format!(
+                "its store is empty or unreadable, but it had been written ({SEQ_FILE} exists)"
+            ))),
+            None => {
+                self.tree
+                    .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
+                self.tree.flush()?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Finds the live members of every pack: those with no key of their
+    /// own, or only a tombstone older than the pack. Deletes packs with no
+    /// live member and tombstones that hide nothing.
+    fn load_packs(&self) -> Result<()> {
+        let mut index = pack::PackIndex::default();
+        let mut contained: HashSet<Vec<u8>> = HashSet::new();
+        let mut gc = sled::Batch::default();
+        let mut dirty = false;
+        for item in self.tree.scan_prefix([P_PACK]) {
+            let (k, v) = item?;
+            let raw: [u8; 8] = k
+                .get(1..)
+                .and_then(|s| s.try_into().ok())
+                .ok_or_else(|| self.corrupt("a pack key is malformed"))?;
+            let id = u64::from_be_bytes(raw);
+            index.next_id = index.next_id.max(id + 1);
+            let mut live = 0;
+            let members: Vec<Vec<u8>> = pack::records(&v).map(|(c, _, _)| c.to_vec()).collect();
+            for component in &members {
+                let k = key(P_COMPONENT, component);
+                let own = match self.tree.get(&k)? {
+                    Some(v) => Some(v),
+                    None => self.entries.get(&k)?,
+                };
+                let hidden = match &own {
+                    None => false,
+                    Some(value) => pack::tombstone_generation(value).is_none_or(|t| t > id),
+                };
+                if !hidden {
+                    index.members.insert(component.clone(), id);
+                    live += 1;
+                }
+            }
+            if live == 0 {
+                gc.remove(k);
+                dirty = true;
+            } else {
+                index.live.insert(id, live);
+                contained.extend(members);
+            }
+        }
+        for item in self.tree.scan_prefix([P_COMPONENT]) {
+            let (k, v) = item?;
+            let Some(generation) = pack::tombstone_generation(&v) else {
+                continue;
+            };
+            index.next_id = index.next_id.max(generation + 1);
+            let component = k.get(1..).unwrap_or_default();
+            if !contained.contains(component) {
+                gc.remove(k);
+                dirty = true;
+            }
+        }
+        if dirty {
+            self.tree.apply_batch(gc)?;
+            self.tree.flush()?;
+        }
+        *self.packs_mut() = index;
+        Ok(())
+    }
+
+    /// Finds the components whose entries have a delta.
+    fn load_deltas(&self) -> Result<()> {
+        let mut deltas = FxHashSet::default();
+        for item in self.tree.scan_prefix([P_DELTA]) {
+            let (k, _) = item?;
+            deltas.insert(k.get(1..).unwrap_or_default().to_vec());
+        }
+        *self.deltas_mut() = deltas;
+        Ok(())
+    }
+
+    /// Rebuilds the in-memory owner index from the component entries.
+    fn build_index(&self) -> Result<()> {
+        let mut index = OwnerIndex::default();
+        for (component, entry) in self.all_entries()? {
+            for s in &entry.states {
+                index.add(&s.path, &component);
+            }
+        }
+        *self.index_mut() = index;
+        Ok(())
+    }
+
+    /// Folds intents left by a crash into the component entries: those of
+    /// the journal, and those an earlier build kept in the store. Then
+    /// empties the journal and deletes the stored ones.
+    fn recover(&self, journaled: Vec<Intent>) -> Result<()> {
+        let mut ops: Vec<LedgerOp> = journaled.into_iter().map(LedgerOp::Recover).collect();
+        let mut stored = sled::Batch::default();
+        let mut any_stored = false;
+        for item in self.tree.scan_prefix([P_INTENT]) {
+            let (k, v) = item?;
+            let intents: Vec<Intent> = self.decode(&v, "an intent batch")?;
+            ops.extend(intents.into_iter().map(LedgerOp::Recover));
+            stored.remove(k);
+            any_stored = true;
+        }
+        if !ops.is_empty() {
+            self.apply(ops)?;
+            self.tree.flush()?;
+        }
+        // Only once the folds are durable: a crash before this recovers
+        // the same intents again, which folds nothing new.
+        if any_stored {
+            self.tree.apply_batch(stored)?;
+            self.tree.flush()?;
+        }
+        self.journal()?.clear()?;
+        Ok(())
+    }
+}
