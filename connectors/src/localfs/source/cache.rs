@@ -1,0 +1,220 @@
+//! The fingerprint cache shared by walks of one tree.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::{self};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use weir_actors::{Error, Fingerprint, Result};
+
+use super::{SourceFile, FINGERPRINT_CACHE_RACY_WINDOW};
+
+/// A shared, thread-safe cache of content fingerprints, keyed by a file's
+/// absolute path, size and modification time, so that repeated walks (live
+/// mode) read only the files whose size or modification time changed.
+///
+/// Cheap to clone; clones share the entries. One entry is kept per path;
+/// a walk with the cache drops the entries of the files under its root that
+/// it no longer finds, so the cache does not grow with deleted files.
+///
+/// A fingerprint is not stored when the file was modified less than
+/// [`FINGERPRINT_CACHE_RACY_WINDOW`] before it was read: it could change
+/// again without its modification time moving. Like any cache keyed by
+/// metadata, it is fooled by a writer that restores both the size and the
+/// modification time of a file it changed.
+#[derive(Clone, Default)]
+pub struct FingerprintCache {
+    entries: Arc<Mutex<HashMap<PathBuf, CacheEntry>>>,
+}
+
+/// The format version of a saved cache.
+const SAVED_CACHE_VERSION: u32 = 1;
+/// A saved cache entry: path, size, modification time (seconds and
+/// nanoseconds since the epoch) and fingerprint.
+type SavedEntry = (String, u64, u64, u32, Fingerprint);
+
+/// What the cache knows of one file.
+#[derive(Clone, Copy)]
+struct CacheEntry {
+    size: u64,
+    modified: SystemTime,
+    fingerprint: Fingerprint,
+}
+
+impl FingerprintCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many files the cache holds a fingerprint for.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether the cache holds no fingerprint.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// Forgets every fingerprint.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, CacheEntry>> {
+        // The map stays consistent whatever panicked while holding the lock.
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn lookup(
+        &self,
+        path: &Path,
+        size: u64,
+        modified: SystemTime,
+    ) -> Option<Fingerprint> {
+        self.lock()
+            .get(path)
+            .filter(|e| e.size == size && e.modified == modified)
+            .map(|e| e.fingerprint)
+    }
+
+    pub(super) fn store(
+        &self,
+        path: &Path,
+        size: u64,
+        modified: SystemTime,
+        fingerprint: Fingerprint,
+        read_at: SystemTime,
+    ) {
+        let settled = read_at
+            .duration_since(modified)
+            .is_ok_and(|age| age >= FINGERPRINT_CACHE_RACY_WINDOW);
+        if settled {
+            let entry = CacheEntry {
+                size,
+                modified,
+                fingerprint,
+            };
+            self.lock().insert(path.to_path_buf(), entry);
+        }
+    }
+
+    /// Loads a cache written by [`FingerprintCache::save`], so that a new
+    /// process does not read files that did not change since. A missing,
+    /// unreadable or damaged file gives an empty cache: it is only a cache,
+    /// so the worst outcome is reading every file once more.
+    pub fn load(file: impl AsRef<Path>) -> FingerprintCache {
+        let cache = FingerprintCache::new();
+        let Ok(bytes) = fs::read(file.as_ref()) else {
+            return cache;
+        };
+        let Ok((version, saved)) = rmp_serde::from_slice::<(u32, Vec<SavedEntry>)>(&bytes) else {
+            return cache;
+        };
+        if version != SAVED_CACHE_VERSION {
+            return cache;
+        }
+        let mut entries = cache.lock();
+        for (path, size, secs, nanos, fingerprint) in saved {
+            let modified = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+            entries.insert(
+                PathBuf::from(path),
+                CacheEntry {
+                    size,
+                    modified,
+                    fingerprint,
+                },
+            );
+        }
+        drop(entries);
+        cache
+    }
+
+    /// Writes the cache to `file` (atomically: a temporary file renamed
+    /// over it). Entries of paths that are not valid UTF-8 are left out.
+    ///
+    /// # Errors
+    /// When the file cannot be written, naming it.
+    pub fn save(&self, file: impl AsRef<Path>) -> Result<()> {
+        let file = file.as_ref();
+        let saved: Vec<SavedEntry> = self
+            .lock()
+            .iter()
+            .filter_map(|(path, e)| {
+                let since = e.modified.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+                Some((
+                    path.to_str()?.to_string(),
+                    e.size,
+                    since.as_secs(),
+                    since.subsec_nanos(),
+                    e.fingerprint,
+                ))
+            })
+            .collect();
+        let bytes = rmp_serde::to_vec(&(SAVED_CACHE_VERSION, saved))?;
+        let mut tmp = file.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let shown = file.display();
+        fs::write(&tmp, bytes)
+            .and_then(|()| fs::rename(&tmp, file))
+            .map_err(|e| Error::msg(format!("cannot save the fingerprint cache `{shown}`: {e}")))
+    }
+
+    /// Drops the entries under `root` whose path is not in `seen`.
+    pub(super) fn retain_under(&self, root: &Path, seen: &[SourceFile]) {
+        let mut entries = self.lock();
+        if entries.is_empty() {
+            return;
+        }
+        let seen: std::collections::HashSet<&Path> = seen.iter().map(SourceFile::path).collect();
+        entries.retain(|path, _| !path.starts_with(root) || seen.contains(path.as_path()));
+    }
+}
+
+impl fmt::Debug for FingerprintCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FingerprintCache")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_saved_cache_loads_back_and_a_damaged_one_loads_empty() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let cache = FingerprintCache::new();
+        let old = SystemTime::UNIX_EPOCH + Duration::new(1_600_000_000, 123);
+        let fp = Fingerprint::from_bytes(b"x");
+        cache.store(Path::new("/a/b"), 1, old, fp, SystemTime::now());
+        let file = dir.path().join("cache");
+        cache.save(&file)?;
+        let loaded = FingerprintCache::load(&file);
+        assert_eq!(loaded.lookup(Path::new("/a/b"), 1, old), Some(fp));
+        std::fs::write(&file, b"garbage")?;
+        assert!(FingerprintCache::load(&file).is_empty());
+        assert!(FingerprintCache::load(dir.path().join("missing")).is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn the_cache_does_not_keep_fingerprints_of_files_modified_just_before_the_read() {
+        let cache = FingerprintCache::new();
+        let fp = Fingerprint::from_bytes(b"x");
+        let now = SystemTime::now();
+        cache.store(Path::new("/a"), 1, now, fp, now);
+        assert!(cache.is_empty());
+        let old = now - Duration::from_secs(60);
+        cache.store(Path::new("/a"), 1, old, fp, now);
+        assert_eq!(cache.lookup(Path::new("/a"), 1, old), Some(fp));
+        assert_eq!(cache.lookup(Path::new("/a"), 2, old), None);
+        assert_eq!(cache.lookup(Path::new("/a"), 1, now), None);
+    }
+}
