@@ -853,3 +853,95 @@ async fn sigterm_during_a_sync_commits_what_finished_and_the_next_sync_does_the_
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_deleted_between_syncs_is_filled_again_by_the_next_sync() -> TestResult {
+    let Setup {
+        tmp,
+        tree,
+        db,
+        ledger,
+    } = setup(6)?;
+    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = db.clone().into_os_string();
+        file.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(file));
+    }
+
+    // Every file is unchanged, but the rows they declared are gone with
+    // the database: skipping them would leave it without tables.
+    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
+    let stdout = ok(&out);
+    assert!(stdout.contains("0 unchanged files skipped"), "{stdout}");
+    assert!(
+        text(&out.stderr).contains("has no documents or chunks table any more"),
+        "{}",
+        text(&out.stderr)
+    );
+    let pool = sqlite_pool(&db).await;
+    let docs = documents_sqlite(&pool).await;
+    assert_eq!(docs, expected_documents(&tree, &[]));
+    check_chunks(&docs, &chunks_sqlite(&pool).await);
+    pool.close().await;
+
+    // Then syncs skip unchanged files again, without the note.
+    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
+    assert!(ok(&out).contains("8 unchanged files skipped"));
+    assert!(!text(&out.stderr).contains("any more"), "{}", text(&out.stderr));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_dropped_by_hand_in_postgres_is_written_again_by_the_next_sync() -> TestResult {
+    let Some(pg) = PgDatabase::create("cli_lost_table").await? else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    let tree = tmp.path().join("tree");
+    let ledger = tmp.path().join("ledger");
+    generate_tree(&tree, 5);
+    let sync = || {
+        weir(
+            tmp.path(),
+            &[
+                "sync",
+                tree.to_str().unwrap(),
+                "--into",
+                &pg.url,
+                "--ledger",
+                ledger.to_str().unwrap(),
+            ],
+        )
+    };
+    let outcome = async {
+        ok(&sync());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&pg.url)
+            .await?;
+        sqlx::query("DROP TABLE chunks").execute(&pool).await?;
+        let out = sync();
+        assert!(ok(&out).contains("0 unchanged files skipped"));
+        assert!(
+            text(&out.stderr).contains("has no chunks table any more"),
+            "{}",
+            text(&out.stderr)
+        );
+        let count = |table: &'static str| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {table}"))
+                    .fetch_one(&pool)
+                    .await
+            }
+        };
+        assert_eq!(count("documents").await?, 7);
+        assert!(count("chunks").await? >= 5);
+        pool.close().await;
+        TestResult::Ok(())
+    }
+    .await;
+    pg.drop().await;
+    outcome
+}

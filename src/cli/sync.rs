@@ -68,6 +68,7 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
         tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
     }
     let target = target::open(&db, &args.ledger.ledger).await?;
+    forget_lost_tables(&target).await?;
     let job = Arc::new(Job {
         root: root.clone(),
         options,
@@ -92,6 +93,32 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     };
     signals.abort();
     code
+}
+
+/// When the database lost the tables an earlier sync created (it was
+/// deleted and created anew, or they were dropped by hand), the ledger's
+/// records of them, and the memo keys that skip unchanged files, no longer
+/// hold: what weir created there is dropped (what is left of it) and
+/// forgotten, so that this sync writes every file again.
+async fn forget_lost_tables(target: &target::Target) -> Result<()> {
+    if !target.synced_before {
+        return Ok(());
+    }
+    let missing = target.missing_tables().await?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!(
+        "note: {} has no {} table any more (the database was deleted or replaced, or the table dropped): syncing every file again",
+        target.into.display(),
+        missing.join(" or "),
+    );
+    let db = target.into.clone();
+    target
+        .app
+        .drop_state(move |ctx| async move { job::register(&ctx, &db) })
+        .await?;
+    Ok(())
 }
 
 /// `path` made absolute, with symbolic links resolved as far as it exists.

@@ -6,6 +6,8 @@ use std::time::Duration;
 use weir::connectors::sqlite;
 use weir::{App, ContextKey, Error, Result};
 
+use super::job;
+
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, SqlitePool};
 
@@ -122,19 +124,59 @@ fn redact(url: &str) -> String {
 pub struct Target {
     pub into: Database,
     pub app: App,
+    /// The connection pool the app writes with.
+    pool: Pool,
+    /// The ledger named this database before it was opened: weir synced
+    /// into it before.
+    pub synced_before: bool,
+}
+
+/// A connection pool to either database.
+enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl Target {
+    /// The tables weir creates that the database lacks. When the ledger
+    /// tracks them, the database was deleted and created anew, or they
+    /// were dropped by hand, since the last sync.
+    pub async fn missing_tables(&self) -> Result<Vec<&'static str>> {
+        let mut missing = Vec::new();
+        for table in [job::DOCUMENTS, job::CHUNKS] {
+            let exists: bool = match &self.pool {
+                Pool::Sqlite(pool) => sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+                )
+                .bind(table)
+                .fetch_one(pool)
+                .await
+                .map_err(|e| Error::msg(format!("cannot read the tables of {}: {e}", self.into.display())))?,
+                Pool::Postgres(pool) => sqlx::query_scalar("SELECT to_regclass(quote_ident($1)) IS NOT NULL")
+                    .bind(table)
+                    .fetch_one(pool)
+                    .await
+                    .map_err(|e| Error::msg(format!("cannot read the tables of {}: {e}", self.into.display())))?,
+            };
+            if !exists {
+                missing.push(table);
+            }
+        }
+        Ok(missing)
+    }
 }
 
 /// Connects to the database and opens the ledger (creating both if
 /// missing), after checking that the ledger belongs to this database.
 pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
-    check_marker(ledger, into)?;
+    let synced_before = check_marker(ledger, into)?;
     // A file's rows stay in memory until its component commits: fewer
     // files in flight than the engine's default bound the memory a tree of
     // large text files can take (1024 × 2 × MAX_CONTENT_BYTES at most).
     let builder = App::builder("weir")
         .ledger_path(ledger)
         .max_inflight_components(MAX_INFLIGHT_FILES);
-    let builder = match into {
+    let (builder, pool) = match into {
         Database::Sqlite(path) => {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 if !parent.is_dir() {
@@ -146,7 +188,10 @@ pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
                 }
             }
             let pool = sqlite::connect(path).await?;
-            builder.provide_key(&SQLITE.sqlite(), pool)
+            (
+                builder.provide_key(&SQLITE.sqlite(), pool.clone()),
+                Pool::Sqlite(pool),
+            )
         }
         Database::Postgres(url) => {
             // One plain connection first: a wrong host or port fails at
@@ -161,7 +206,10 @@ pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
                 .connect(url)
                 .await
                 .map_err(|e| pg_error(url, &e))?;
-            builder.provide_key(&POSTGRES.postgres(), pool)
+            (
+                builder.provide_key(&POSTGRES.postgres(), pool.clone()),
+                Pool::Postgres(pool),
+            )
         }
     };
     let app = builder.build().await?;
@@ -169,6 +217,8 @@ pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
     Ok(Target {
         into: into.clone(),
         app,
+        pool,
+        synced_before,
     })
 }
 
@@ -193,16 +243,17 @@ pub fn tracked_database(ledger: &Path) -> Option<String> {
 }
 
 /// A ledger remembers what weir created in one database: refuse to use it
-/// with another, which would lose track of both.
-fn check_marker(ledger: &Path, into: &Database) -> Result<()> {
+/// with another, which would lose track of both. Returns whether the
+/// ledger names this database.
+fn check_marker(ledger: &Path, into: &Database) -> Result<bool> {
     let Some(tracked) = tracked_database(ledger) else {
-        return Ok(());
+        return Ok(false);
     };
     // A marker is written as an identity; one naming a relative SQLite
     // path (as early builds wrote it) is read relative to here.
     let tracked = Database::parse(&tracked).map_or(tracked, |db| db.identity());
     if tracked == into.identity() {
-        return Ok(());
+        return Ok(true);
     }
     Err(Error::msg(format!(
         "the ledger {} tracks what weir created in {tracked}, not in {}; pass --into {tracked}, pick another ledger with --ledger, or run `weir drop --ledger {} --into {tracked}` first",
