@@ -888,7 +888,11 @@ async fn a_database_deleted_between_syncs_is_filled_again_by_the_next_sync() -> 
     // Then syncs skip unchanged files again, without the note.
     let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
     assert!(ok(&out).contains("8 unchanged files skipped"));
-    assert!(!text(&out.stderr).contains("any more"), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("any more"),
+        "{}",
+        text(&out.stderr)
+    );
     Ok(())
 }
 
@@ -944,4 +948,37 @@ async fn a_table_dropped_by_hand_in_postgres_is_written_again_by_the_next_sync()
     .await;
     pg.drop().await;
     outcome
+}
+
+#[test]
+fn a_metrics_address_in_use_is_a_sentence_and_exit_code_2_not_a_panic() -> TestResult {
+    let Setup {
+        tmp,
+        tree,
+        db,
+        ledger,
+    } = setup(2)?;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = taken.local_addr()?.to_string();
+    let out = weir(
+        tmp.path(),
+        &[
+            "sync",
+            tree.to_str().unwrap(),
+            "--into",
+            &format!("sqlite://{}", db.display()),
+            "--ledger",
+            ledger.to_str().unwrap(),
+            "--metrics",
+            &addr,
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot serve metrics on {addr}")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    Ok(())
 }

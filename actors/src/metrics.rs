@@ -234,26 +234,50 @@ pub fn install_prometheus(addr: SocketAddr) -> Result<PrometheusHandle> {
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
         .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_actions".into()), SIZE_BUCKETS))
         .map_err(|e| Error::Usage(format!("cannot configure the Prometheus exporter: {e}")))?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (recorder, exporter) = {
-        let _guard = runtime.enter();
-        builder.build().map_err(|e| {
-            Error::Usage(format!(
-                "cannot start the Prometheus exporter on {addr}: {e}"
-            ))
-        })?
-    };
-    let handle = recorder.handle();
-    metrics::set_global_recorder(recorder)
-        .map_err(|_| Error::Usage("a global metrics recorder is already installed".into()))?;
+    // The exporter's runtime lives and dies on a thread of its own: one
+    // dropped where the caller stands (an async context, often) would
+    // panic, so even a failed start (an address in use) ends there.
+    let (sent, started) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("weir-metrics".into())
         .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = sent.send(Err(Error::from(e)));
+                    return;
+                }
+            };
+            let built = {
+                let _guard = runtime.enter();
+                builder.build()
+            };
+            let (recorder, exporter) = match built {
+                Ok(built) => built,
+                Err(e) => {
+                    let _ = sent.send(Err(Error::Usage(format!(
+                        "cannot start the Prometheus exporter on {addr}: {e}"
+                    ))));
+                    return;
+                }
+            };
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                let _ = sent.send(Err(Error::Usage(
+                    "a global metrics recorder is already installed".into(),
+                )));
+                return;
+            }
+            let _ = sent.send(Ok(handle));
             // The exporter serves until the process ends.
             let _ = runtime.block_on(exporter);
         })?;
+    let handle = started
+        .recv()
+        .map_err(|_| Error::msg("the Prometheus exporter's thread stopped before it started"))??;
     describe();
     Ok(handle)
 }
