@@ -12,8 +12,9 @@ use weir_actors::{Error, Fingerprint, Result};
 use super::{SourceFile, FINGERPRINT_CACHE_RACY_WINDOW};
 
 /// A shared, thread-safe cache of content fingerprints, keyed by a file's
-/// absolute path, size and modification time, so that repeated walks (live
-/// mode) read only the files whose size or modification time changed.
+/// absolute path, size and modification time (and, on Unix, its device,
+/// inode and status-change time), so that repeated walks (live mode) read
+/// only the files whose metadata changed.
 ///
 /// Cheap to clone; clones share the entries. One entry is kept per path;
 /// a walk with the cache drops the entries of the files under its root that
@@ -21,25 +22,63 @@ use super::{SourceFile, FINGERPRINT_CACHE_RACY_WINDOW};
 ///
 /// A fingerprint is not stored when the file was modified less than
 /// [`FINGERPRINT_CACHE_RACY_WINDOW`] before it was read: it could change
-/// again without its modification time moving. Like any cache keyed by
-/// metadata, it is fooled by a writer that restores both the size and the
-/// modification time of a file it changed.
+/// again without its modification time moving. On Unix, a file renamed
+/// over another or swapped with it is told apart by its inode, and a
+/// writer that sets the modification time back moves the status-change
+/// time. Elsewhere, like any cache keyed by size and time, it is fooled by
+/// such a file.
 #[derive(Clone, Default)]
 pub struct FingerprintCache {
     entries: Arc<Mutex<HashMap<PathBuf, CacheEntry>>>,
 }
 
-/// The format version of a saved cache.
-const SAVED_CACHE_VERSION: u32 = 1;
+/// The format version of a saved cache. Version 1 had no identities: it
+/// loads empty, and the files are read once more.
+const SAVED_CACHE_VERSION: u32 = 2;
 /// A saved cache entry: path, size, modification time (seconds and
-/// nanoseconds since the epoch) and fingerprint.
-type SavedEntry = (String, u64, u64, u32, Fingerprint);
+/// nanoseconds since the epoch), identity and fingerprint.
+type SavedEntry = (String, u64, u64, u32, FileIdentity, Fingerprint);
+
+/// What tells apart two versions of a file at one path that have the same
+/// size and modification time. On Unix: its device and inode (a file
+/// renamed over another, or swapped with it, keeps its size and time, not
+/// its inode) and its status-change time (which moves when a writer sets
+/// the modification time back). Zero elsewhere.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct FileIdentity {
+    device: u64,
+    inode: u64,
+    changed_secs: i64,
+    changed_nanos: i64,
+}
+
+impl FileIdentity {
+    /// The identity of the file `meta` describes.
+    pub(super) fn of(meta: &fs::Metadata) -> FileIdentity {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            FileIdentity {
+                device: meta.dev(),
+                inode: meta.ino(),
+                changed_secs: meta.ctime(),
+                changed_nanos: meta.ctime_nsec(),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = meta;
+            FileIdentity::default()
+        }
+    }
+}
 
 /// What the cache knows of one file.
 #[derive(Clone, Copy)]
 struct CacheEntry {
     size: u64,
     modified: SystemTime,
+    identity: FileIdentity,
     fingerprint: Fingerprint,
 }
 
@@ -74,10 +113,11 @@ impl FingerprintCache {
         path: &Path,
         size: u64,
         modified: SystemTime,
+        identity: FileIdentity,
     ) -> Option<Fingerprint> {
         self.lock()
             .get(path)
-            .filter(|e| e.size == size && e.modified == modified)
+            .filter(|e| e.size == size && e.modified == modified && e.identity == identity)
             .map(|e| e.fingerprint)
     }
 
@@ -86,6 +126,7 @@ impl FingerprintCache {
         path: &Path,
         size: u64,
         modified: SystemTime,
+        identity: FileIdentity,
         fingerprint: Fingerprint,
         read_at: SystemTime,
     ) {
@@ -96,6 +137,7 @@ impl FingerprintCache {
             let entry = CacheEntry {
                 size,
                 modified,
+                identity,
                 fingerprint,
             };
             self.lock().insert(path.to_path_buf(), entry);
@@ -118,13 +160,14 @@ impl FingerprintCache {
             return cache;
         }
         let mut entries = cache.lock();
-        for (path, size, secs, nanos, fingerprint) in saved {
+        for (path, size, secs, nanos, identity, fingerprint) in saved {
             let modified = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
             entries.insert(
                 PathBuf::from(path),
                 CacheEntry {
                     size,
                     modified,
+                    identity,
                     fingerprint,
                 },
             );
@@ -150,6 +193,7 @@ impl FingerprintCache {
                     e.size,
                     since.as_secs(),
                     since.subsec_nanos(),
+                    e.identity,
                     e.fingerprint,
                 ))
             })
@@ -193,11 +237,17 @@ mod tests {
         let cache = FingerprintCache::new();
         let old = SystemTime::UNIX_EPOCH + Duration::new(1_600_000_000, 123);
         let fp = Fingerprint::from_bytes(b"x");
-        cache.store(Path::new("/a/b"), 1, old, fp, SystemTime::now());
+        let id = FileIdentity {
+            device: 1,
+            inode: 2,
+            changed_secs: 1_600_000_000,
+            changed_nanos: 5,
+        };
+        cache.store(Path::new("/a/b"), 1, old, id, fp, SystemTime::now());
         let file = dir.path().join("cache");
         cache.save(&file)?;
         let loaded = FingerprintCache::load(&file);
-        assert_eq!(loaded.lookup(Path::new("/a/b"), 1, old), Some(fp));
+        assert_eq!(loaded.lookup(Path::new("/a/b"), 1, old, id), Some(fp));
         std::fs::write(&file, b"garbage")?;
         assert!(FingerprintCache::load(&file).is_empty());
         assert!(FingerprintCache::load(dir.path().join("missing")).is_empty());
@@ -209,12 +259,42 @@ mod tests {
         let cache = FingerprintCache::new();
         let fp = Fingerprint::from_bytes(b"x");
         let now = SystemTime::now();
-        cache.store(Path::new("/a"), 1, now, fp, now);
+        let id = FileIdentity::default();
+        cache.store(Path::new("/a"), 1, now, id, fp, now);
         assert!(cache.is_empty());
         let old = now - Duration::from_secs(60);
-        cache.store(Path::new("/a"), 1, old, fp, now);
-        assert_eq!(cache.lookup(Path::new("/a"), 1, old), Some(fp));
-        assert_eq!(cache.lookup(Path::new("/a"), 2, old), None);
-        assert_eq!(cache.lookup(Path::new("/a"), 1, now), None);
+        cache.store(Path::new("/a"), 1, old, id, fp, now);
+        assert_eq!(cache.lookup(Path::new("/a"), 1, old, id), Some(fp));
+        assert_eq!(cache.lookup(Path::new("/a"), 2, old, id), None);
+        assert_eq!(cache.lookup(Path::new("/a"), 1, now, id), None);
+    }
+
+    #[test]
+    fn the_cache_tells_apart_files_of_one_size_and_time_by_their_identity() {
+        let cache = FingerprintCache::new();
+        let fp = Fingerprint::from_bytes(b"x");
+        let now = SystemTime::now();
+        let old = now - Duration::from_secs(60);
+        let since_epoch =
+            |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let identity = |inode: u64, changed: SystemTime| FileIdentity {
+            device: 1,
+            inode,
+            changed_secs: i64::try_from(since_epoch(changed).as_secs()).unwrap_or(0),
+            changed_nanos: i64::from(since_epoch(changed).subsec_nanos()),
+        };
+        let a = identity(7, old);
+        cache.store(Path::new("/a"), 1, old, a, fp, now);
+        assert_eq!(cache.lookup(Path::new("/a"), 1, old, a), Some(fp));
+        // Another inode at the path (a rename over it, a swap).
+        assert_eq!(
+            cache.lookup(Path::new("/a"), 1, old, identity(8, old)),
+            None
+        );
+        // The same inode, its status changed (its time set back).
+        assert_eq!(
+            cache.lookup(Path::new("/a"), 1, old, identity(7, now)),
+            None
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use weir_actors::{Error, Fingerprint, Result};
 
-use super::{FingerprintCache, Found};
+use super::{FileIdentity, FingerprintCache, Found};
 
 /// One file under the walked root, or one problem met by the walk
 /// ([`SourceFile::error`] is then set).
@@ -26,6 +26,7 @@ struct Inner {
     path: PathBuf,
     size: u64,
     modified: Option<SystemTime>,
+    identity: FileIdentity,
     error: Option<String>,
     unlisted_dir: bool,
     fingerprint: OnceLock<Fingerprint>,
@@ -41,6 +42,7 @@ impl SourceFile {
                 path: f.path,
                 size: if f.error.is_some() { 0 } else { f.size },
                 modified: f.modified,
+                identity: f.identity,
                 error: f.error,
                 unlisted_dir: f.unlisted_dir,
                 fingerprint: OnceLock::new(),
@@ -113,8 +115,9 @@ impl SourceFile {
     /// Computed on the first call by streaming the file, then kept: later
     /// calls (on this item or its clones) do not read the file again. With
     /// a [`FingerprintCache`] in the walk's options, a fingerprint cached
-    /// for this path, size and modification time is used without reading
-    /// the file, and a computed one is stored.
+    /// for this path, size, modification time (and, on Unix, inode and
+    /// status-change time) is used without reading the file, and a computed
+    /// one is stored.
     ///
     /// # Errors
     /// As [`SourceFile::read`].
@@ -125,8 +128,9 @@ impl SourceFile {
         self.check()?;
         let inner = &self.inner;
         let cache = inner.cache.as_ref().zip(inner.modified);
-        let cached =
-            cache.and_then(|(cache, modified)| cache.lookup(&inner.path, inner.size, modified));
+        let cached = cache.and_then(|(cache, modified)| {
+            cache.lookup(&inner.path, inner.size, modified, inner.identity)
+        });
         let fingerprint = match cached {
             Some(fingerprint) => fingerprint,
             None => {
@@ -135,7 +139,14 @@ impl SourceFile {
                     .and_then(Fingerprint::from_reader)
                     .map_err(|e| self.io_error(&e))?;
                 if let Some((cache, modified)) = cache {
-                    cache.store(&inner.path, inner.size, modified, fingerprint, read_at);
+                    cache.store(
+                        &inner.path,
+                        inner.size,
+                        modified,
+                        inner.identity,
+                        fingerprint,
+                        read_at,
+                    );
                 }
                 fingerprint
             }

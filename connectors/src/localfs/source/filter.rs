@@ -9,7 +9,7 @@ use std::sync::{Mutex, PoisonError};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use weir_actors::{Error, Result};
 
-use super::{Found, WalkOptions, ROOT_KEY};
+use super::{FileIdentity, Found, WalkOptions, ROOT_KEY};
 
 /// The selection rules of [`WalkOptions`], compiled against a root.
 pub(in crate::localfs) struct Filter {
@@ -197,6 +197,7 @@ impl Filter {
                 path: path.to_path_buf(),
                 size: meta.len(),
                 modified: meta.modified().ok(),
+                identity: FileIdentity::of(&meta),
                 error: None,
                 unlisted_dir: false,
             },
@@ -220,6 +221,7 @@ impl Filter {
             path: relative.map_or_else(|| self.root.clone(), |r| self.root.join(r)),
             size: 0,
             modified: None,
+            identity: FileIdentity::default(),
             error: Some(message),
             unlisted_dir: false,
         }

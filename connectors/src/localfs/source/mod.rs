@@ -17,6 +17,7 @@ mod cache;
 mod file;
 mod filter;
 
+use cache::FileIdentity;
 pub use cache::FingerprintCache;
 pub use file::SourceFile;
 pub(super) use filter::{key_of, Filter};
@@ -253,6 +254,7 @@ struct Found {
     path: PathBuf,
     size: u64,
     modified: Option<SystemTime>,
+    identity: FileIdentity,
     error: Option<String>,
     /// A directory the walk could not list.
     unlisted_dir: bool,
@@ -303,6 +305,7 @@ mod tests {
             path: PathBuf::from(key),
             size: 3,
             modified: None,
+            identity: FileIdentity::default(),
             error: error.map(str::to_owned),
             unlisted_dir: false,
         };
