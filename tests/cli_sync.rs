@@ -369,7 +369,25 @@ fn bad_input_gets_a_sentence_and_exit_code_2_never_a_backtrace() -> TestResult {
             vec!["inspect", "--ledger", "nothing-here"],
             "run `weir sync",
         ),
+        // A directory that holds no ledger is not made one.
+        (vec!["inspect", "--ledger", "tree"], "no ledger at tree"),
+        (
+            vec![
+                "drop",
+                "--ledger",
+                "tree",
+                "--into",
+                "sqlite://x.db",
+                "--yes",
+            ],
+            "no ledger at tree",
+        ),
+        (
+            vec!["sync", "tree", "--ledger", "a-file"],
+            "cannot open the ledger at a-file: it is a file",
+        ),
     ];
+    std::fs::write(tmp.path().join("a-file"), "not a ledger")?;
     for (args, expected) in cases {
         let out = weir(tmp.path(), &args);
         let stderr = text(&out.stderr);
@@ -380,6 +398,9 @@ fn bad_input_gets_a_sentence_and_exit_code_2_never_a_backtrace() -> TestResult {
             "{stderr}"
         );
     }
+    let left: Vec<_> = std::fs::read_dir(tmp.path().join("tree"))?.collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(!tmp.path().join("x.db").exists());
     Ok(())
 }
 

@@ -257,7 +257,7 @@ fn summarize(root: &Path, db: &Database, files: u64, report: &RunReport, interru
         .filter(|f| !f.path.is_root())
         .collect();
     println!(
-        "synced {files} files from {} into {} in {:.2}s: {} unchanged files skipped; rows {} created, {} updated, {} deleted, {} unchanged; {} failed",
+        "synced {files} files from {} into {} in {:.2}s: {} unchanged files skipped; tables and rows: {} created, {} updated, {} deleted, {} unchanged; {} failed",
         root.display(),
         db.display(),
         s.elapsed.as_secs_f64(),

@@ -31,12 +31,26 @@ impl Ledger {
     /// Opens (or creates) the ledger in `dir`.
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Ledger> {
         let display: Arc<str> = Arc::from(dir.display().to_string());
-        std::fs::create_dir_all(dir)?;
+        if dir.is_file() {
+            return Err(Error::Usage(format!(
+                "cannot open the ledger at {display}: it is a file; a ledger is a directory"
+            )));
+        }
+        // An i/o error names the ledger: the bare one rarely says which
+        // file it is about.
+        let io = |e: std::io::Error| {
+            Error::Io(std::io::Error::new(
+                e.kind(),
+                format!("cannot open the ledger at {display}: {e}"),
+            ))
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
         let lock = File::options()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(dir.join("weir.lock"))?;
+            .open(dir.join("weir.lock"))
+            .map_err(io)?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -44,7 +58,7 @@ impl Ledger {
                     path: display.to_string(),
                 })
             }
-            Err(std::fs::TryLockError::Error(e)) => return Err(Error::Io(e)),
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
         let sled_dir: PathBuf = dir.join("sled");
         let existed = sled_dir.exists();
@@ -77,14 +91,14 @@ impl Ledger {
                         path: display.to_string(),
                     })
                 }
-                Err(sled::Error::Io(io)) if io.kind() == std::io::ErrorKind::PermissionDenied => {
-                    return Err(Error::Io(io))
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    return Err(io(e))
                 }
                 Err(other) => return Err(corrupt(format!("sled cannot open it: {other}"))),
             }
         };
         let (journal, pending) = Journal::open(dir).map_err(|e| match e {
-            JournalError::Io(io) => Error::Io(io),
+            JournalError::Io(e) => io(e),
             JournalError::Corrupt(detail) => corrupt(detail),
         })?;
         let entries = db.open_tree(ENTRIES_TREE)?;
