@@ -388,11 +388,15 @@ fn glob_set(globs: &[String], role: &str, dirs_only: bool) -> Result<GlobSet> {
         .map_err(|e| Error::Usage(format!("localfs source: invalid {role} globs: {e}")))
 }
 
-/// Anchors or unanchors a glob: a leading `/` anchors it at the root, a
+/// Anchors or unanchors a glob: a leading `/` or `./` anchors it at the root, a
 /// trailing `/` is dropped, and a glob without `/` matches at any depth.
 fn normalize_glob(glob: &str) -> String {
     let trimmed = glob.strip_suffix('/').unwrap_or(glob);
-    if let Some(anchored) = trimmed.strip_prefix('/') {
+    // Keys have no `./`: one written as in a shell anchors like `/`.
+    if let Some(anchored) = trimmed
+        .strip_prefix('/')
+        .or_else(|| trimmed.strip_prefix("./"))
+    {
         anchored.to_owned()
     } else if trimmed.contains('/') || trimmed.starts_with("**") {
         trimmed.to_owned()
@@ -418,6 +422,8 @@ mod tests {
         assert_eq!(normalize_glob("*.md"), "**/*.md");
         assert_eq!(normalize_glob("node_modules/"), "**/node_modules");
         assert_eq!(normalize_glob("/README.md"), "README.md");
+        assert_eq!(normalize_glob("./README.md"), "README.md");
+        assert_eq!(normalize_glob("./docs/*.md"), "docs/*.md");
         assert_eq!(normalize_glob("docs/**"), "docs/**");
         assert_eq!(normalize_glob("**/x"), "**/x");
 

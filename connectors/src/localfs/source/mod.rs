@@ -54,8 +54,8 @@ const ROOT_KEY: &str = ".";
 /// - A glob without a `/` (other than a trailing one) matches at any depth,
 ///   as in `.gitignore`: `*.md` is `**/*.md`, `node_modules` is
 ///   `**/node_modules`.
-/// - A leading `/` anchors the glob at the root (`/README.md`); a trailing
-///   `/` is dropped.
+/// - A leading `/` (or `./`) anchors the glob at the root (`/README.md`);
+///   a trailing `/` is dropped.
 ///
 /// A directory matching an exclude glob is not descended into, and
 /// `dir/**` excludes the directory `dir` itself too. Include globs only
