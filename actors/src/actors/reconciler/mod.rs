@@ -1,0 +1,427 @@
+//! The reconciler actor: one per shard, owning the target states whose
+//! encoded path hashes to it.
+//!
+//! A component sends one [`ReconcileBatch`] per shard (never one message per
+//! state). The shard reads the component's entry from the ledger, finds each
+//! state's previous records (following the owner index when the state moved
+//! from another component), calls the handler, and replies with the outcomes
+//! and how many of the component's stored states they matched. A state
+//! found in the component's own entry that needs nothing (and has no
+//! children) is only counted, not answered. The component's home shard
+//! hands back its reading of the entry: when the matched states are fewer
+//! than the states stored, the component finds the ones it no longer
+//! declares in it.
+//!
+//! This file holds the actor and its handlers; [`message`] the messages,
+//! [`lookup`] the search for a state's previous records, and [`cursor`]
+//! the cursor that finds declarations in a sorted entry.
+
+mod cursor;
+mod lookup;
+mod message;
+
+use cursor::Cursor;
+use lookup::{
+    declared_in, effective_prev, lookup_elsewhere, reconcile_declared, state_count, RunDeclared,
+};
+pub(crate) use message::{
+    Chunk, EarlyGate, EndRun, FilterOrphans, Found, Orphan, OrphanOutcome, ReconcileBatch,
+    ReconcileOrphans, ShardBatch, ShardReply,
+};
+use message::{Outcome, ShardDecl};
+
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use actix::{Actor, Context, Handler};
+use tokio::sync::oneshot;
+
+use super::component::guarded;
+use crate::error::{Error, Result};
+use crate::ledger::record::{ComponentEntry, PrevView};
+use crate::ledger::stored::{StoredEntry, StoredState};
+use crate::ledger::Ledger;
+use crate::model::keycode;
+use crate::model::ComponentPath;
+
+/// The error of a shard that dropped a reply it owed (it stopped).
+pub(crate) fn shard_stopped(_: oneshot::error::RecvError) -> Error {
+    Error::Shutdown("a reconciler shard stopped".into())
+}
+
+/// Which shard owns an encoded state path.
+pub(crate) fn shard_of(path: &[u8], shards: usize) -> usize {
+    (keycode::stable_hash(path) % shards.max(1) as u64) as usize
+}
+
+pub(crate) struct ReconcilerActor {
+    /// The shard index, as a metrics label.
+    label: String,
+    /// Metric handles of the current run.
+    metrics: Option<crate::metrics::ShardMetrics>,
+    ledger: Ledger,
+    /// Per run: each declared path and the component that declared it.
+    declared: HashMap<u64, RunDeclared>,
+    /// How many paths the last run that ended declared here: a new run's
+    /// map starts that large instead of growing (and rehashing) to it.
+    last_declared: usize,
+    /// The entries of components reconciled in several messages, by
+    /// component, with the run they were read in.
+    entries: HashMap<Arc<[u8]>, KeptEntry>,
+    /// The states in `entries`, bounded by [`MAX_CACHED_STATES`].
+    cached_states: usize,
+    /// Per run and component: states sent in chunks, not claimed yet.
+    pending: HashMap<u64, HashMap<Arc<[u8]>, Vec<Claim>>>,
+}
+
+/// A state a component declared in a chunk, to claim at its commit.
+struct Claim {
+    path: Arc<[u8]>,
+    idx: usize,
+}
+
+/// A component's entry as read in a run (`None`: it has none yet).
+type KeptEntry = (u64, Arc<Option<StoredEntry>>);
+
+/// The most states a shard keeps decoded for components reconciled in
+/// several messages: beyond it, such a component's entry is read again
+/// for each message rather than kept (many large components running at
+/// once would otherwise hold the whole ledger in memory).
+const MAX_CACHED_STATES: usize = 1 << 20;
+
+impl ReconcilerActor {
+    pub(crate) fn new(index: usize, ledger: Ledger) -> Self {
+        Self {
+            label: index.to_string(),
+            metrics: None,
+            ledger,
+            declared: HashMap::default(),
+            last_declared: 0,
+            entries: HashMap::default(),
+            cached_states: 0,
+            pending: HashMap::default(),
+        }
+    }
+
+    /// The metric handles for `run_id`, resolved on the run's first batch.
+    fn metrics(&mut self, run_id: u64) -> &crate::metrics::ShardMetrics {
+        if self.metrics.as_ref().is_none_or(|m| m.run_id != run_id) {
+            self.metrics = Some(crate::metrics::ShardMetrics::new(&self.label, run_id));
+        }
+        self.metrics
+            .get_or_insert_with(|| crate::metrics::ShardMetrics::new(&self.label, run_id))
+    }
+
+    fn reconcile(&mut self, msg: &ReconcileBatch, decls: Vec<ShardDecl>) -> ShardReply {
+        let mut reply = if decls.is_empty() && !msg.home {
+            // Nothing to read or reconcile here.
+            ShardReply::default()
+        } else {
+            let entry = if matches!(msg.chunk, Chunk::Only) {
+                // Decoded without copying: only what the component needs
+                // back (orphans, changed states) is copied.
+                self.ledger.stored(&msg.component).map(Arc::new)
+            } else {
+                self.chunked_entry(msg)
+            };
+            match entry {
+                Ok(entry) => {
+                    let mut reply = self.reconcile_states(msg, decls, entry.as_ref().as_ref());
+                    if msg.home {
+                        reply.entry = Some(entry);
+                    }
+                    reply
+                }
+                Err(e) => ShardReply::failed(e),
+            }
+        };
+        if matches!(msg.chunk, Chunk::Last) {
+            // Unless it cannot commit, the component claims its chunks' states.
+            if reply.error.is_none() {
+                let claimed = self.claim_pending(msg);
+                reply.duplicates.extend(claimed);
+            }
+            self.forget_entry(&msg.component);
+        }
+        reply
+    }
+
+    /// The entry of a component that sends this shard several messages in
+    /// a run (chunks declared while its code runs, then the rest): read
+    /// and decoded on its first message, kept until its last.
+    fn chunked_entry(&mut self, msg: &ReconcileBatch) -> Result<Arc<Option<StoredEntry>>> {
+        if let Some((run_id, entry)) = self.entries.get(&msg.component) {
+            if *run_id == msg.run_id {
+                return Ok(Arc::clone(entry));
+            }
+        }
+        // Kept from another run: stale.
+        self.forget_entry(&msg.component);
+        let entry = Arc::new(self.ledger.stored(&msg.component)?);
+        let Chunk::More(gate) = &msg.chunk else {
+            return Ok(entry);
+        };
+        let size = state_count(&entry);
+        if self.cached_states + size <= MAX_CACHED_STATES {
+            self.cached_states += size;
+            self.entries
+                .insert(Arc::clone(&msg.component), (msg.run_id, Arc::clone(&entry)));
+        } else {
+            gate.stop.store(true, Ordering::SeqCst);
+        }
+        Ok(entry)
+    }
+
+    /// Lets go of a component's kept entry.
+    fn forget_entry(&mut self, component: &[u8]) {
+        if let Some((_, entry)) = self.entries.remove(component) {
+            self.cached_states = self.cached_states.saturating_sub(state_count(&entry));
+        }
+    }
+
+    /// Reconciles `decls` against the component's entry (`None`: it has
+    /// none yet), and for the home shard, reports the component's
+    /// children.
+    fn reconcile_states(
+        &mut self,
+        msg: &ReconcileBatch,
+        decls: Vec<ShardDecl>,
+        own: Option<&StoredEntry>,
+    ) -> ShardReply {
+        let own_states: &[StoredState] = own.map_or(&[], |o| &o.states);
+        let base = own.map(StoredEntry::bytes).unwrap_or_default();
+        let mut reply = ShardReply::default();
+        if msg.home {
+            match self.ledger.children(&msg.component) {
+                Ok(c) => reply.prev_children = c,
+                Err(e) => return ShardReply::failed(e),
+            }
+        }
+        let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
+        let me = declared_now.component(msg);
+        // States sent in chunks while the component's code runs are claimed
+        // only once it reaches its commit (its last message): a component
+        // whose code then fails claims nothing, as if it had sent nothing.
+        let claim_later = matches!(msg.chunk, Chunk::More(_));
+        // Sized once when every declaration will have an outcome (the
+        // component has no stored state yet): growing them cost more than
+        // filling them. Otherwise most declarations of a re-run need
+        // nothing and get none, and a few changed ones grow the list.
+        if own_states.is_empty() {
+            reply.outcomes.reserve_exact(decls.len());
+        }
+        let mut pending = Vec::with_capacity(if claim_later { decls.len() } else { 0 });
+        let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
+        // Where the next declaration's state is looked for first: states
+        // are sorted by path, and declarations often come in that order.
+        let mut cursor = Cursor::default();
+        for mut d in decls {
+            let Some(provider) = msg.providers.get(d.provider) else {
+                reply.outcomes.push(Outcome {
+                    idx: d.idx,
+                    location: Found::Nowhere,
+                    prev: None,
+                    result: Err(Error::Usage(format!(
+                        "declaration {} of component {} names no provider of its batch",
+                        d.idx, msg.component_path
+                    ))),
+                });
+                continue;
+            };
+            let first = if claim_later {
+                declared_now.paths.get(&d.path).copied()
+            } else {
+                match declared_now.paths.entry(Arc::clone(&d.path)) {
+                    Entry::Occupied(first) => Some(*first.get()),
+                    Entry::Vacant(slot) => {
+                        slot.insert(me);
+                        None
+                    }
+                }
+            };
+            if let Some(first) = first {
+                reply.duplicates.push((d.idx, declared_now.path_of(first)));
+                continue;
+            }
+            if claim_later {
+                pending.push(Claim {
+                    path: Arc::clone(&d.path),
+                    idx: d.idx,
+                });
+            }
+            let found = cursor.find(own_states, |s| s.path(base).cmp(d.path.as_ref()));
+            let outcome = match found {
+                Ok(i) => {
+                    let Some(state) = own_states.get(i) else {
+                        continue;
+                    };
+                    reply.matched += 1;
+                    let result = reconcile_declared(&mut d, provider, Some(state.view(base)));
+                    if matches!(result, Ok(None)) && !d.container {
+                        reply.unchanged += 1;
+                        continue;
+                    }
+                    // The component needs the previous entry only to commit a change.
+                    let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry(base));
+                    Outcome {
+                        idx: d.idx,
+                        location: Found::Own,
+                        prev,
+                        result,
+                    }
+                }
+                Err(_) => {
+                    match lookup_elsewhere(&self.ledger, &msg.component, &d.path, &mut others) {
+                        Ok(found) => {
+                            let (location, prev) = found
+                                .map_or((Found::Nowhere, None), |(c, e)| (Found::In(c), Some(e)));
+                            let result = reconcile_declared(
+                                &mut d,
+                                provider,
+                                prev.as_ref().map(PrevView::from),
+                            );
+                            Outcome {
+                                idx: d.idx,
+                                location,
+                                prev,
+                                result,
+                            }
+                        }
+                        Err(e) => Outcome {
+                            idx: d.idx,
+                            location: Found::Nowhere,
+                            prev: None,
+                            result: Err(e),
+                        },
+                    }
+                }
+            };
+            reply.outcomes.push(outcome);
+        }
+        if !pending.is_empty() {
+            self.pending
+                .entry(msg.run_id)
+                .or_default()
+                .entry(Arc::clone(&msg.component))
+                .or_default()
+                .append(&mut pending);
+        }
+        reply
+    }
+
+    /// Claims the states a component sent in chunks, now that it reached
+    /// its commit; one another component claimed meanwhile is a duplicate,
+    /// returned with the component that claimed it.
+    fn claim_pending(&mut self, msg: &ReconcileBatch) -> Vec<(usize, ComponentPath)> {
+        let claims = self
+            .pending
+            .get_mut(&msg.run_id)
+            .and_then(|by_component| by_component.remove(&msg.component))
+            .unwrap_or_default();
+        let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
+        let me = declared_now.component(msg);
+        let mut duplicates = Vec::new();
+        for claim in claims {
+            match declared_now.paths.entry(claim.path) {
+                Entry::Occupied(first) => duplicates.push((claim.idx, *first.get())),
+                Entry::Vacant(slot) => {
+                    slot.insert(me);
+                }
+            }
+        }
+        duplicates
+            .into_iter()
+            .map(|(idx, first)| (idx, declared_now.path_of(first)))
+            .collect()
+    }
+}
+
+impl Actor for ReconcilerActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<ReconcileBatch> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, mut msg: ReconcileBatch, _ctx: &mut Context<Self>) {
+        crate::fault::point(crate::fault::RECONCILE_BATCH);
+        let started = std::time::Instant::now();
+        let decls = std::mem::take(&mut msg.decls);
+        let calls = decls.len() as u64;
+        let reply = self.reconcile(&msg, decls);
+        if let Chunk::More(gate) = &msg.chunk {
+            gate.outstanding.fetch_sub(1, Ordering::SeqCst);
+        }
+        let m = self.metrics(msg.run_id);
+        m.queue_depth.decrement(1.0);
+        m.calls.increment(calls);
+        m.duration.record(started.elapsed().as_secs_f64());
+        let _ = msg.reply.send(reply);
+    }
+}
+
+impl Handler<FilterOrphans> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: FilterOrphans, _ctx: &mut Context<Self>) {
+        let declared = self.declared.get(&msg.run_id);
+        let kept = msg
+            .orphans
+            .into_iter()
+            .filter(|o| declared.is_none_or(|d| !d.paths.contains_key(o.entry.path.as_slice())))
+            .collect();
+        let _ = msg.reply.send(kept);
+    }
+}
+
+impl Handler<ReconcileOrphans> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ReconcileOrphans, _ctx: &mut Context<Self>) {
+        let out = msg
+            .orphans
+            .into_iter()
+            .map(|(orphan, provider, key, trusted)| {
+                let result = match provider.resolved.get() {
+                    Some(resolved) => {
+                        let (records, missing) =
+                            effective_prev(&provider, Some(PrevView::from(&orphan.entry)), trusted);
+                        if records.is_empty() && !missing {
+                            Ok(None)
+                        } else {
+                            guarded(|| {
+                                resolved
+                                    .handler
+                                    .reconcile(key.clone(), None, &records, missing)
+                            })
+                            .map_err(|cause| Error::Reconcile {
+                                provider: provider.path.name.to_string(),
+                                key: key.clone(),
+                                cause: Box::new(cause),
+                            })
+                        }
+                    }
+                    None => Ok(None),
+                };
+                (orphan, provider, key, result)
+            })
+            .collect();
+        let _ = msg.reply.send(out);
+    }
+}
+
+impl Handler<EndRun> for ReconcilerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: EndRun, _ctx: &mut Context<Self>) {
+        if let Some(declared) = self.declared.remove(&msg.run_id) {
+            self.last_declared = declared.paths.len();
+        }
+        self.pending.remove(&msg.run_id);
+        // An App's runs follow one another: whatever is kept is this run's.
+        self.entries.clear();
+        self.cached_states = 0;
+    }
+}
