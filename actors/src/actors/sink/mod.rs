@@ -2,8 +2,25 @@
 //! many components, applies them in batches, and on failure splits a batch
 //! along component boundaries and retries, so that only the components
 //! whose actions really fail, fail.
+//!
+//! This file holds the actor: its batches, splits and retries. A
+//! component's actions reach it grouped by sink ([`group`]) and are
+//! acknowledged to the component's waiter ([`unit`]); [`call`] makes one
+//! call of the sink function, and [`activity`] tells the sinks when the
+//! run has nothing more coming.
 
-use std::collections::{HashMap, VecDeque};
+mod activity;
+mod call;
+mod group;
+mod unit;
+
+pub(crate) use activity::Activity;
+pub(crate) use call::backoff;
+use call::call_sink;
+pub(crate) use group::SinkGroups;
+pub(crate) use unit::{PlannedAction, UnitRef, UnitWaiter};
+
+use std::collections::VecDeque;
 use std::hash::BuildHasher;
 
 use rustc_hash::{FxBuildHasher, FxHashMap};
@@ -17,192 +34,8 @@ use crate::actors::ledger::LedgerHandle;
 use crate::config::{BatchPolicy, RetryPolicy};
 use crate::error::{Error, Result};
 use crate::ledger::record::Intent;
-use crate::model::sink::{panic_error, EncodedAction, SinkCore};
-use crate::model::{ActionKind, StableKey};
-use crate::run::Run;
-
-/// An action on its way to a sink, with what the ledger needs to know.
-pub(crate) struct PlannedAction {
-    pub action: EncodedAction,
-    pub key: StableKey,
-    /// The record to persist as possible before the action is applied;
-    /// `None` when the possible records do not change.
-    pub intent: Option<Intent>,
-}
-
-/// Waits for the acknowledgements of a unit's actions (one component's
-/// wave, or its orphan deletes), from any number of sink actors.
-pub(crate) struct UnitWaiter(Arc<Waiter>);
-
-struct Waiter {
-    /// Actions dispatched and not acknowledged yet.
-    pending: AtomicUsize,
-    /// Live `UnitRef`s: when none is left, nothing more can be acknowledged.
-    senders: AtomicUsize,
-    failure: Mutex<Option<Error>>,
-    notify: tokio::sync::Notify,
-}
-
-impl UnitWaiter {
-    pub(crate) fn new() -> Self {
-        Self(Arc::new(Waiter {
-            pending: AtomicUsize::new(0),
-            senders: AtomicUsize::new(0),
-            failure: Mutex::new(None),
-            notify: tokio::sync::Notify::new(),
-        }))
-    }
-
-    fn unit(&self, provider: Arc<str>, label: Arc<str>) -> UnitRef {
-        self.0.senders.fetch_add(1, Ordering::SeqCst);
-        UnitRef {
-            waiter: Arc::clone(&self.0),
-            provider,
-            label,
-        }
-    }
-
-    /// Waits until every dispatched action is acknowledged; returns the
-    /// first failure (or a shutdown error if a sink stopped without answering).
-    pub(crate) async fn wait(&self) -> Option<Error> {
-        loop {
-            let notified = self.0.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.0.pending.load(Ordering::SeqCst) == 0 {
-                return take(&self.0.failure);
-            }
-            if self.0.senders.load(Ordering::SeqCst) == 0 {
-                return Some(
-                    take(&self.0.failure)
-                        .unwrap_or_else(|| Error::Shutdown("a sink actor stopped".into())),
-                );
-            }
-            notified.await;
-        }
-    }
-}
-
-fn take(m: &Mutex<Option<Error>>) -> Option<Error> {
-    match m.lock() {
-        Ok(mut g) => g.take(),
-        Err(p) => p.into_inner().take(),
-    }
-}
-
-/// A unit's handle in the sinks, to acknowledge its actions.
-pub(crate) struct UnitRef {
-    waiter: Arc<Waiter>,
-    /// The provider whose actions these are, to name in errors.
-    pub provider: Arc<str>,
-    /// Its root provider's name, the metrics label.
-    pub label: Arc<str>,
-}
-
-impl UnitRef {
-    /// Acknowledges `actions` of the unit's actions with their result.
-    pub(crate) fn ack(&self, actions: usize, result: Result<()>) {
-        if let Err(e) = result {
-            match self.waiter.failure.lock() {
-                Ok(mut f) => {
-                    f.get_or_insert(e);
-                }
-                Err(p) => {
-                    p.into_inner().get_or_insert(e);
-                }
-            }
-        }
-        let before = self.waiter.pending.fetch_sub(actions, Ordering::SeqCst);
-        if before <= actions {
-            self.waiter.notify.notify_waiters();
-        }
-    }
-}
-
-impl Clone for UnitRef {
-    fn clone(&self) -> Self {
-        self.waiter.senders.fetch_add(1, Ordering::SeqCst);
-        Self {
-            waiter: Arc::clone(&self.waiter),
-            provider: Arc::clone(&self.provider),
-            label: Arc::clone(&self.label),
-        }
-    }
-}
-
-impl Drop for UnitRef {
-    fn drop(&mut self) {
-        if self.waiter.senders.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.waiter.notify.notify_waiters();
-        }
-    }
-}
-
-/// The actions of one unit, grouped by sink identity, ready to dispatch.
-#[derive(Default)]
-pub(crate) struct SinkGroups {
-    groups: HashMap<u64, SinkGroup>,
-    total: usize,
-    /// The room the first group's list starts with (later groups, of
-    /// other sinks, start empty).
-    room: usize,
-}
-
-struct SinkGroup {
-    core: Arc<SinkCore>,
-    provider: Arc<str>,
-    label: Arc<str>,
-    actions: Vec<PlannedAction>,
-}
-
-impl SinkGroups {
-    /// Groups whose first list starts with room for `room` actions: a
-    /// unit that knows about how many it has (usually all for one sink)
-    /// saves the list's regrowth and copies.
-    pub(crate) fn with_room(room: usize) -> Self {
-        Self {
-            room,
-            ..Self::default()
-        }
-    }
-
-    pub(crate) fn add(
-        &mut self,
-        core: &Arc<SinkCore>,
-        provider: &Arc<str>,
-        label: &Arc<str>,
-        action: PlannedAction,
-    ) {
-        self.total += 1;
-        let room = &mut self.room;
-        self.groups
-            .entry(core.id)
-            .or_insert_with(|| SinkGroup {
-                core: Arc::clone(core),
-                provider: Arc::clone(provider),
-                label: Arc::clone(label),
-                actions: Vec::with_capacity(std::mem::take(room)),
-            })
-            .actions
-            .push(action);
-    }
-
-    /// The number of actions gathered.
-    pub(crate) fn len(&self) -> usize {
-        self.total
-    }
-
-    /// Sends every group to its sink actor, to be acknowledged to `waiter`.
-    pub(crate) fn dispatch(self, run: &Run, waiter: &UnitWaiter) {
-        waiter.0.pending.fetch_add(self.total, Ordering::SeqCst);
-        for group in self.groups.into_values() {
-            run.sink(&group.core).send(ApplyActions {
-                unit: waiter.unit(group.provider, group.label),
-                actions: group.actions,
-            });
-        }
-    }
-}
+use crate::model::sink::{EncodedAction, SinkCore};
+use crate::model::ActionKind;
 
 /// One unit's actions in a sink.
 struct Part {
@@ -221,57 +54,6 @@ struct Staged {
     batch: Batch,
     /// The result of writing its intents, once there is one.
     intents: Option<Result<()>>,
-}
-
-/// How many components are still producing declarations or reconciling;
-/// when it drops to zero nothing more is coming and sinks flush at once.
-pub(crate) struct Activity {
-    count: AtomicUsize,
-    sinks: Mutex<Vec<actix::Addr<SinkActor>>>,
-}
-
-impl Activity {
-    pub(crate) fn new() -> Self {
-        Self {
-            count: AtomicUsize::new(0),
-            sinks: Mutex::new(Vec::new()),
-        }
-    }
-
-    pub(crate) fn enter(&self) {
-        self.count.fetch_add(1, Ordering::SeqCst);
-    }
-
-    pub(crate) fn leave(&self) {
-        if self.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            let sinks = match self.sinks.lock() {
-                Ok(s) => s.clone(),
-                Err(p) => p.into_inner().clone(),
-            };
-            for s in sinks {
-                s.do_send(Flush);
-            }
-        }
-    }
-
-    fn idle(&self) -> bool {
-        self.count.load(Ordering::SeqCst) == 0
-    }
-
-    /// Drops the sink addresses (at the end of a run).
-    pub(crate) fn clear(&self) {
-        match self.sinks.lock() {
-            Ok(mut s) => s.clear(),
-            Err(p) => p.into_inner().clear(),
-        }
-    }
-
-    pub(crate) fn register(&self, sink: actix::Addr<SinkActor>) {
-        match self.sinks.lock() {
-            Ok(mut s) => s.push(sink),
-            Err(p) => p.into_inner().push(sink),
-        }
-    }
 }
 
 /// Everything a sink actor needs from its run.
@@ -711,60 +493,6 @@ impl SinkActor {
             }),
         );
         None
-    }
-}
-
-/// The delay before retry number `attempt` (1-based): exponential, capped,
-/// with "equal jitter" (between half and all of the exponential delay).
-pub(crate) fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
-    let exp = policy
-        .initial_backoff
-        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
-    let capped = exp.min(policy.max_backoff);
-    let half = capped / 2;
-    half + half.mul_f64(fastrand::f64())
-}
-
-async fn call_sink(core: Arc<SinkCore>, env: &SinkEnv, actions: Vec<EncodedAction>) -> Result<()> {
-    // The user's function runs on the user's runtime, inside the task, so
-    // that even a panic before it returns a future is caught there.
-    let mut handle = env.user.spawn(async move { (core.apply)(actions).await });
-    let joined = match env.retry.call_timeout {
-        Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
-            Ok(j) => j,
-            Err(_) => {
-                handle.abort();
-                // The call's keys are released when this returns: wait
-                // until the cancelled call has let go of them, so that no
-                // later call on them runs beside it (a future is dropped at
-                // its next await; blocking code holds the keys until it
-                // returns). A call that ended meanwhile, or panicked,
-                // reports what it did.
-                match (&mut handle).await {
-                    Err(e) if e.is_cancelled() => {
-                        return Err(Error::msg(format!(
-                            "sink call timed out after {} ms",
-                            limit.as_millis()
-                        )))
-                    }
-                    ended => ended,
-                }
-            }
-        },
-        None => handle.await,
-    };
-    match joined {
-        Ok(res) => res,
-        Err(e) if e.is_panic() => {
-            let payload = e.into_panic();
-            let detail = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".to_string());
-            Err(panic_error(&detail))
-        }
-        Err(_) => Err(Error::Shutdown("the sink call was cancelled".into())),
     }
 }
 

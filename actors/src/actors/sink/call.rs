@@ -1,0 +1,67 @@
+//! One call of a sink function, and the backoff between retries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::SinkEnv;
+use crate::config::RetryPolicy;
+use crate::error::{Error, Result};
+use crate::model::sink::{panic_error, EncodedAction, SinkCore};
+
+/// The delay before retry number `attempt` (1-based): exponential, capped,
+/// with "equal jitter" (between half and all of the exponential delay).
+pub(crate) fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
+    let exp = policy
+        .initial_backoff
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+    let capped = exp.min(policy.max_backoff);
+    let half = capped / 2;
+    half + half.mul_f64(fastrand::f64())
+}
+
+pub(super) async fn call_sink(
+    core: Arc<SinkCore>,
+    env: &SinkEnv,
+    actions: Vec<EncodedAction>,
+) -> Result<()> {
+    // The user's function runs on the user's runtime, inside the task, so
+    // that even a panic before it returns a future is caught there.
+    let mut handle = env.user.spawn(async move { (core.apply)(actions).await });
+    let joined = match env.retry.call_timeout {
+        Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
+            Ok(j) => j,
+            Err(_) => {
+                handle.abort();
+                // The call's keys are released when this returns: wait
+                // until the cancelled call has let go of them, so that no
+                // later call on them runs beside it (a future is dropped at
+                // its next await; blocking code holds the keys until it
+                // returns). A call that ended meanwhile, or panicked,
+                // reports what it did.
+                match (&mut handle).await {
+                    Err(e) if e.is_cancelled() => {
+                        return Err(Error::msg(format!(
+                            "sink call timed out after {} ms",
+                            limit.as_millis()
+                        )))
+                    }
+                    ended => ended,
+                }
+            }
+        },
+        None => handle.await,
+    };
+    match joined {
+        Ok(res) => res,
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let detail = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_string());
+            Err(panic_error(&detail))
+        }
+        Err(_) => Err(Error::Shutdown("the sink call was cancelled".into())),
+    }
+}
