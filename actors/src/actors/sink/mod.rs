@@ -5,7 +5,7 @@
 //!
 //! This file holds the actor: its batches, splits and retries. A
 //! component's actions reach it grouped by sink ([`group`]) and are
-//! acknowledged to the component's waiter ([`unit`]); [`call`] makes one
+//! acknowledged to the component's waiter ([`unit`](mod@unit)); [`call`] makes one
 //! call of the sink function, and [`activity`] tells the sinks when the
 //! run has nothing more coming.
 
