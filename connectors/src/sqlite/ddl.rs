@@ -2,7 +2,8 @@
 //! deletes. Names are validated when a table is declared and always quoted
 //! here; values are always bound (`?`), never interpolated.
 
-use crate::sql::{quote_identifier, Column, ColumnType, TableSchema};
+use super::types::sql_type;
+use crate::sql::{quote_identifier, Column, TableSchema};
 
 /// SQLite's bound-variable limit (`SQLITE_MAX_VARIABLE_NUMBER`, 32766 since
 /// SQLite 3.32; the bundled SQLite is newer).
@@ -14,22 +15,6 @@ pub(crate) const MAX_ROWS_PER_STATEMENT: usize = 1_000;
 /// How many rows of `width` bound values fit in one statement.
 pub(crate) fn rows_per_statement(width: usize) -> usize {
     (MAX_BIND_VARIABLES / width.max(1)).clamp(1, MAX_ROWS_PER_STATEMENT)
-}
-
-/// The SQLite storage class of a column type (see [`ColumnType`]).
-pub(crate) fn sql_type(ty: &ColumnType) -> &'static str {
-    match ty {
-        ColumnType::Text
-        | ColumnType::Json
-        | ColumnType::Timestamp
-        | ColumnType::Uuid
-        | ColumnType::Array(_) => "TEXT",
-        ColumnType::SmallInt | ColumnType::Integer | ColumnType::BigInt | ColumnType::Boolean => {
-            "INTEGER"
-        }
-        ColumnType::Real | ColumnType::Double => "REAL",
-        ColumnType::Bytes => "BLOB",
-    }
 }
 
 /// A column's definition in `CREATE TABLE` (without the primary key clause).
@@ -165,6 +150,7 @@ pub(crate) fn delete(table: &str, schema: &TableSchema, rows: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sql::ColumnType;
     use weir_actors::Result;
 
     fn schema() -> Result<TableSchema> {

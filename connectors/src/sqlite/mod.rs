@@ -94,6 +94,7 @@
 mod ddl;
 mod sink;
 mod target;
+mod types;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -10,12 +10,12 @@
 //! the pragma is skipped: setting it makes SQLite compile every statement
 //! of the connection again.)
 
+use super::types::{self, bind};
 use std::collections::{BTreeMap, HashMap};
 
 use rustc_hash::FxHashSet;
 use std::sync::{Arc, Mutex, RwLock};
 
-use sqlx::error::BoxDynError;
 use sqlx::sqlite::{Sqlite, SqliteArguments};
 use sqlx::{Arguments as _, Row as _, SqlitePool};
 use weir_actors::{ChildTargetDef, Error, Result, StableKey, TargetAction, TargetActionSink};
@@ -290,7 +290,7 @@ async fn converge(tx: &mut Tx, table: &str, schema: &TableSchema, context: &str)
             None => execute(tx, &ddl::add_column(table, column), context).await?,
             Some(a)
                 if !a.in_key
-                    && (!a.ty.eq_ignore_ascii_case(ddl::sql_type(&column.ty))
+                    && (!a.ty.eq_ignore_ascii_case(types::sql_type(&column.ty))
                         || a.not_null == column.nullable) =>
             {
                 execute(tx, &ddl::drop_column(table, &a.name), context).await?;
@@ -433,52 +433,6 @@ fn group_by_table(
         writes.seen = FxHashSet::default();
     }
     Ok((tables, new_ranks))
-}
-
-/// Adds one value to a statement's arguments, borrowing text and bytes.
-fn bind<'q>(
-    args: &mut SqliteArguments<'q>,
-    value: &'q SqlValue,
-) -> std::result::Result<(), BoxDynError> {
-    match value {
-        SqlValue::Null => args.add(None::<i64>),
-        SqlValue::Bool(b) => args.add(i64::from(*b)),
-        SqlValue::Int(i) => args.add(*i),
-        SqlValue::Float(f) => args.add(*f),
-        SqlValue::Text(s) => args.add(s.as_str()),
-        SqlValue::Bytes(b) => args.add(b.as_slice()),
-        other => args.add(text_of(other)),
-    }
-}
-
-/// The text SQLite stores for a value kept as TEXT: JSON documents and
-/// arrays as JSON, timestamps as RFC 3339 (as in row keys), UUIDs
-/// hyphenated.
-fn text_of(value: &SqlValue) -> String {
-    match value {
-        SqlValue::Text(s) => s.clone(),
-        SqlValue::Json(j) => j.to_string(),
-        SqlValue::Timestamp(t) => t.to_rfc3339(),
-        SqlValue::Uuid(u) => u.to_string(),
-        other => json_of(other).to_string(),
-    }
-}
-
-/// A value as JSON (for arrays).
-fn json_of(value: &SqlValue) -> serde_json::Value {
-    use serde_json::Value as J;
-    match value {
-        SqlValue::Null => J::Null,
-        SqlValue::Bool(b) => J::Bool(*b),
-        SqlValue::Int(i) => J::from(*i),
-        SqlValue::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
-        SqlValue::Text(s) => J::String(s.clone()),
-        SqlValue::Bytes(b) => J::Array(b.iter().map(|x| J::from(*x)).collect()),
-        SqlValue::Json(j) => j.clone(),
-        SqlValue::Timestamp(t) => J::String(t.to_rfc3339()),
-        SqlValue::Uuid(u) => J::String(u.to_string()),
-        SqlValue::Array(items) => J::Array(items.iter().map(json_of).collect()),
-    }
 }
 
 async fn run_chunk(
