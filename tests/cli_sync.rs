@@ -896,7 +896,7 @@ async fn a_database_deleted_between_syncs_is_filled_again_by_the_next_sync() -> 
     let stdout = ok(&out);
     assert!(stdout.contains("0 unchanged files skipped"), "{stdout}");
     assert!(
-        text(&out.stderr).contains("has no documents or chunks table any more"),
+        text(&out.stderr).contains("has none of the tables the ledger tracks there"),
         "{}",
         text(&out.stderr)
     );
@@ -918,7 +918,8 @@ async fn a_database_deleted_between_syncs_is_filled_again_by_the_next_sync() -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_dropped_by_hand_in_postgres_is_written_again_by_the_next_sync() -> TestResult {
+async fn a_table_dropped_by_hand_in_postgres_stops_the_sync_with_what_to_do_and_drop_then_sync_rebuild_it(
+) -> TestResult {
     let Some(pg) = PgDatabase::create("cli_lost_table").await? else {
         return Ok(());
     };
@@ -926,6 +927,7 @@ async fn a_table_dropped_by_hand_in_postgres_is_written_again_by_the_next_sync()
     let tree = tmp.path().join("tree");
     let ledger = tmp.path().join("ledger");
     generate_tree(&tree, 5);
+    let ledger_arg = ledger.to_str().unwrap();
     let sync = || {
         weir(
             tmp.path(),
@@ -935,7 +937,7 @@ async fn a_table_dropped_by_hand_in_postgres_is_written_again_by_the_next_sync()
                 "--into",
                 &pg.url,
                 "--ledger",
-                ledger.to_str().unwrap(),
+                ledger_arg,
             ],
         )
     };
@@ -945,14 +947,18 @@ async fn a_table_dropped_by_hand_in_postgres_is_written_again_by_the_next_sync()
             .max_connections(1)
             .connect(&pg.url)
             .await?;
+        // A view named like the table is not the table.
         sqlx::query("DROP TABLE chunks").execute(&pool).await?;
+        sqlx::query("CREATE VIEW chunks AS SELECT path FROM documents")
+            .execute(&pool)
+            .await?;
+
+        // weir does not drop `documents` on its own to rebuild both.
         let out = sync();
-        assert!(ok(&out).contains("0 unchanged files skipped"));
-        assert!(
-            text(&out.stderr).contains("has no chunks table any more"),
-            "{}",
-            text(&out.stderr)
-        );
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("has no chunks table any more"), "{stderr}");
+        assert!(stderr.contains("weir drop --yes --into"), "{stderr}");
         let count = |table: &'static str| {
             let pool = pool.clone();
             async move {
@@ -962,6 +968,15 @@ async fn a_table_dropped_by_hand_in_postgres_is_written_again_by_the_next_sync()
             }
         };
         assert_eq!(count("documents").await?, 7);
+
+        // What it says to do works.
+        sqlx::query("DROP VIEW chunks").execute(&pool).await?;
+        ok(&weir(
+            tmp.path(),
+            &["drop", "--yes", "--into", &pg.url, "--ledger", ledger_arg],
+        ));
+        assert!(ok(&sync()).contains("0 unchanged files skipped"));
+        assert_eq!(count("documents").await?, 7);
         assert!(count("chunks").await? >= 5);
         pool.close().await;
         TestResult::Ok(())
@@ -969,6 +984,46 @@ async fn a_table_dropped_by_hand_in_postgres_is_written_again_by_the_next_sync()
     .await;
     pg.drop().await;
     outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_first_sync_that_failed_to_create_the_tables_the_next_one_writes_everything(
+) -> TestResult {
+    let Setup {
+        tmp,
+        tree,
+        db,
+        ledger,
+    } = setup(2)?;
+    // The first sync fails to create `documents` (an index has its name),
+    // after the ledger was tied to the database.
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&db)
+                .create_if_missing(true),
+        )
+        .await?;
+    sqlx::query("CREATE TABLE other (a INTEGER)")
+        .execute(&pool)
+        .await?;
+    sqlx::query("CREATE INDEX documents ON other (a)")
+        .execute(&pool)
+        .await?;
+    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(ledger.join("weir-target").is_file());
+    sqlx::query("DROP INDEX documents").execute(&pool).await?;
+    pool.close().await;
+
+    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    let pool = sqlite_pool(&db).await;
+    let docs = documents_sqlite(&pool).await;
+    assert_eq!(docs, expected_documents(&tree, &[]));
+    check_chunks(&docs, &chunks_sqlite(&pool).await);
+    pool.close().await;
+    Ok(())
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use weir::{Error, Result};
 
 use super::target::{self, Database};
-use super::{job, DropArgs, EXIT_OK};
+use super::{DropArgs, EXIT_OK};
 
 pub async fn run(args: DropArgs) -> Result<u8> {
     let db = Database::parse(&args.into.into)?;
@@ -37,11 +37,7 @@ pub async fn run(args: DropArgs) -> Result<u8> {
             return Ok(EXIT_OK);
         }
     }
-    let for_drop = db.clone();
-    let stats = target
-        .app
-        .drop_state(move |ctx| async move { job::register(&ctx, &for_drop) })
-        .await?;
+    let stats = target.drop_all().await?;
     target::clear_marker(ledger)?;
     println!(
         "dropped what weir created in {} in {:.2}s: {} target states deleted (a table takes its rows with it)",

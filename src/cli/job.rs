@@ -20,6 +20,8 @@ pub const LOGIC_VERSION: u32 = 1;
 pub const DOCUMENTS: &str = "documents";
 /// The table of chunks of files' text.
 pub const CHUNKS: &str = "chunks";
+/// Every table weir creates.
+pub const TABLES: [&str; 2] = [DOCUMENTS, CHUNKS];
 /// Files larger than this are fingerprinted by streaming and recorded
 /// without their content, line count or chunks, so that a large binary in
 /// the tree costs no memory.

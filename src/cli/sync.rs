@@ -68,7 +68,7 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
         tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
     }
     let target = target::open(&db, &args.ledger.ledger).await?;
-    forget_lost_tables(&target).await?;
+    forget_lost_tables(&target, &args.ledger.ledger).await?;
     let job = Arc::new(Job {
         root: root.clone(),
         options,
@@ -95,29 +95,31 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     code
 }
 
-/// When the database lost the tables an earlier sync created (it was
-/// deleted and created anew, or they were dropped by hand), the ledger's
-/// records of them, and the memo keys that skip unchanged files, no longer
-/// hold: what weir created there is dropped (what is left of it) and
-/// forgotten, so that this sync writes every file again.
-async fn forget_lost_tables(target: &target::Target) -> Result<()> {
-    if !target.synced_before {
+/// When the database has none of the tables the ledger tracks there (it
+/// was deleted and created anew, or replaced; or an earlier sync failed to
+/// create them, which leaves them tracked as possibly created), the
+/// ledger's records, and the memo keys that skip unchanged files, no
+/// longer hold: they are forgotten (dropping what no longer exists), so
+/// that this sync writes every file again. When only some are
+/// gone (dropped by hand), weir does not drop the others on its own: the
+/// sync stops and says what to do.
+async fn forget_lost_tables(target: &target::Target, ledger: &Path) -> Result<()> {
+    let missing = target.missing_tables().await?;
+    if missing.is_empty() || !target.tracks_tables().await? {
         return Ok(());
     }
-    let missing = target.missing_tables().await?;
-    if missing.is_empty() {
-        return Ok(());
+    let db = target.into.display();
+    if missing.len() < job::TABLES.len() {
+        return Err(Error::msg(format!(
+            "{db} has no {} table any more, though weir created it there and still tracks it; weir rebuilds its tables only all together: restore the table, or run `weir drop --yes --into {db} --ledger {}` to delete what is left of them, then sync again",
+            missing.join(" or "),
+            ledger.display(),
+        )));
     }
     eprintln!(
-        "note: {} has no {} table any more (the database was deleted or replaced, or the table dropped): syncing every file again",
-        target.into.display(),
-        missing.join(" or "),
+        "note: {db} has none of the tables the ledger tracks there (the database was deleted or replaced, or an earlier sync failed to create them): syncing every file again"
     );
-    let db = target.into.clone();
-    target
-        .app
-        .drop_state(move |ctx| async move { job::register(&ctx, &db) })
-        .await?;
+    target.drop_all().await?;
     Ok(())
 }
 

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use weir::connectors::sqlite;
-use weir::{App, ContextKey, Error, Result};
+use weir::{App, ContextKey, Error, Result, UpdateStats};
 
 use super::job;
 
@@ -126,9 +126,6 @@ pub struct Target {
     pub app: App,
     /// The connection pool the app writes with.
     pool: Pool,
-    /// The ledger named this database before it was opened: weir synced
-    /// into it before.
-    pub synced_before: bool,
 }
 
 /// A connection pool to either database.
@@ -137,39 +134,68 @@ enum Pool {
     Postgres(PgPool),
 }
 
+/// Whether a SQLite table named `?1` exists.
+const SQLITE_TABLE_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)";
+/// Whether a PostgreSQL table named `$1` exists where an unqualified name
+/// finds it (a view or a sequence of that name is not the table).
+const POSTGRES_TABLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_class \
+     WHERE oid = to_regclass(quote_ident($1)) AND relkind IN ('r', 'p'))";
+
 impl Target {
-    /// The tables weir creates that the database lacks. When the ledger
-    /// tracks them, the database was deleted and created anew, or they
-    /// were dropped by hand, since the last sync.
+    /// The tables weir creates (see [`job::TABLES`]) that the database
+    /// lacks.
     pub async fn missing_tables(&self) -> Result<Vec<&'static str>> {
         let mut missing = Vec::new();
-        for table in [job::DOCUMENTS, job::CHUNKS] {
+        for table in job::TABLES {
             let exists: bool = match &self.pool {
-                Pool::Sqlite(pool) => sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
-                )
-                .bind(table)
-                .fetch_one(pool)
-                .await
-                .map_err(|e| Error::msg(format!("cannot read the tables of {}: {e}", self.into.display())))?,
-                Pool::Postgres(pool) => sqlx::query_scalar("SELECT to_regclass(quote_ident($1)) IS NOT NULL")
-                    .bind(table)
-                    .fetch_one(pool)
-                    .await
-                    .map_err(|e| Error::msg(format!("cannot read the tables of {}: {e}", self.into.display())))?,
-            };
+                Pool::Sqlite(pool) => {
+                    sqlx::query_scalar(SQLITE_TABLE_EXISTS)
+                        .bind(table)
+                        .fetch_one(pool)
+                        .await
+                }
+                Pool::Postgres(pool) => {
+                    sqlx::query_scalar(POSTGRES_TABLE_EXISTS)
+                        .bind(table)
+                        .fetch_one(pool)
+                        .await
+                }
+            }
+            .map_err(|e| {
+                Error::msg(format!(
+                    "cannot list the tables of {}: {e}",
+                    self.into.display()
+                ))
+            })?;
             if !exists {
                 missing.push(table);
             }
         }
         Ok(missing)
     }
+
+    /// Whether the ledger tracks anything weir created in the database:
+    /// the tables first of all (rows are only declared once the tables
+    /// are).
+    pub async fn tracks_tables(&self) -> Result<bool> {
+        Ok(self.app.inspect().await?.target_states > 0)
+    }
+
+    /// Deletes what weir created in the database (its tables, which take
+    /// their rows with them), and forgets it.
+    pub async fn drop_all(&self) -> Result<UpdateStats> {
+        let db = self.into.clone();
+        self.app
+            .drop_state(move |ctx| async move { job::register(&ctx, &db) })
+            .await
+    }
 }
 
 /// Connects to the database and opens the ledger (creating both if
 /// missing), after checking that the ledger belongs to this database.
 pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
-    let synced_before = check_marker(ledger, into)?;
+    check_marker(ledger, into)?;
     // A file's rows stay in memory until its component commits: fewer
     // files in flight than the engine's default bound the memory a tree of
     // large text files can take (1024 × 2 × MAX_CONTENT_BYTES at most).
@@ -218,7 +244,6 @@ pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
         into: into.clone(),
         app,
         pool,
-        synced_before,
     })
 }
 
@@ -249,17 +274,16 @@ pub fn tracked_database(ledger: &Path) -> Option<String> {
 }
 
 /// A ledger remembers what weir created in one database: refuse to use it
-/// with another, which would lose track of both. Returns whether the
-/// ledger names this database.
-fn check_marker(ledger: &Path, into: &Database) -> Result<bool> {
+/// with another, which would lose track of both.
+fn check_marker(ledger: &Path, into: &Database) -> Result<()> {
     let Some(tracked) = tracked_database(ledger) else {
-        return Ok(false);
+        return Ok(());
     };
     // A marker is written as an identity; one naming a relative SQLite
     // path (as early builds wrote it) is read relative to here.
     let tracked = Database::parse(&tracked).map_or(tracked, |db| db.identity());
     if tracked == into.identity() {
-        return Ok(true);
+        return Ok(());
     }
     Err(Error::msg(format!(
         "the ledger {} tracks what weir created in {tracked}, not in {}; pass --into {tracked}, pick another ledger with --ledger, or run `weir drop --ledger {} --into {tracked}` first",
