@@ -920,11 +920,21 @@ impl UidGid for std::process::Command {
     }
 }
 
+/// Skips a test this machine cannot run, loudly; under `CI=true`, where
+/// the machine is known to run it (as root), that is a failure.
+fn skipped(why: &str) -> TestResult {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "cannot run under CI: {why}"
+    );
+    eprintln!("SKIPPED: {why}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_file_fails_each_sync_and_lands_once_readable_again() -> TestResult {
     if std::process::Command::new("id").arg("-u").output()?.stdout != b"0\n" {
-        eprintln!("SKIPPED: needs root to run weir as user nobody");
-        return Ok(());
+        return skipped("needs root to run weir as user nobody");
     }
     let env = Env::new();
     // Everything belongs to nobody, who runs weir.
@@ -933,8 +943,7 @@ async fn an_unreadable_file_fails_each_sync_and_lands_once_readable_again() -> T
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )?;
     if !nobody_is_denied(env.tmp.path()) {
-        eprintln!("SKIPPED: user nobody reads a mode-000 file here");
-        return Ok(());
+        return skipped("user nobody reads a mode-000 file here");
     }
     env.put("ok.md", "fine\n");
     env.put("secret.md", "secret\n\ntext\n");
@@ -1279,6 +1288,7 @@ async fn live_mode_with_the_defaults_is_not_woken_by_its_own_database_writes() -
     result?;
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stderr}");
     let changed: Vec<&str> = stderr.lines().filter(|l| l.contains("changed:")).collect();
+    assert!(!changed.is_empty(), "no change was logged: {stderr}");
     assert!(
         changed
             .iter()
@@ -1576,8 +1586,7 @@ async fn drop_also_forgets_failed_files_and_the_next_sync_retries_them() -> Test
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unlistable_directory_keeps_its_rows_and_the_next_sync_converges() -> TestResult {
     if std::process::Command::new("id").arg("-u").output()?.stdout != b"0\n" {
-        eprintln!("SKIPPED: needs root to run weir as user nobody");
-        return Ok(());
+        return skipped("needs root to run weir as user nobody");
     }
     let env = Env::new();
     std::fs::set_permissions(
@@ -1585,8 +1594,7 @@ async fn an_unlistable_directory_keeps_its_rows_and_the_next_sync_converges() ->
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )?;
     if !nobody_is_denied(env.tmp.path()) {
-        eprintln!("SKIPPED: user nobody reads a mode-000 file here");
-        return Ok(());
+        return skipped("user nobody reads a mode-000 file here");
     }
     env.put("a.md", "a\n");
     env.put("locked/x.md", "x\n\ny\n");

@@ -1052,7 +1052,7 @@ fn a_metrics_address_in_use_is_a_sentence_and_exit_code_2_not_a_panic() -> TestR
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains(&format!("cannot serve metrics on {addr}")),
+        stderr.contains(&format!("cannot start the Prometheus exporter on {addr}")),
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");

@@ -63,8 +63,8 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     let files = walk(&root, &options).await?;
 
     if let Some(addr) = args.metrics {
-        weir::metrics::install_prometheus(addr)
-            .map_err(|e| Error::msg(format!("cannot serve metrics on {addr}: {e}")))?;
+        // Its errors name the address.
+        weir::metrics::install_prometheus(addr)?;
         tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
     }
     let target = target::open(&db, &args.ledger.ledger).await?;

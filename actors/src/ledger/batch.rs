@@ -1,4 +1,5 @@
-//! Applying a commit's ops to the store as one atomic sled batch.
+//! Applying a commit's ops to the store atomically: one sled batch, or one
+//! transaction over both trees when it writes large entries too.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -14,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::model::{keycode, StableKey};
 
 impl Ledger {
-    /// Applies ops atomically (one sled batch). Does not flush.
+    /// Applies ops atomically (one sled batch, or one transaction when
+    /// they write both trees). Does not flush.
     pub(crate) fn apply(&self, ops: Vec<LedgerOp>) -> Result<()> {
         let mut b = BatchBuilder {
             ledger: self,

@@ -89,7 +89,7 @@ impl EntryEdit {
     }
 
     /// Reads in full an entry read shallowly.
-    pub(super) fn deepen(&mut self, ledger: &Ledger) -> Result<()> {
+    fn deepen(&mut self, ledger: &Ledger) -> Result<()> {
         if let Some(shallow) = self.shallow.take() {
             // Its failure is `base.failure`, perhaps edited since.
             self.stored = Some(shallow.deepen(ledger)?);

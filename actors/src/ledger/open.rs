@@ -27,6 +27,23 @@ fn is_sled_lock(e: &std::io::Error) -> bool {
     e.to_string().contains("could not acquire lock")
 }
 
+/// An i/o error of the ledger at `dir`, naming it: the bare one rarely
+/// says which file it is about.
+fn named_io(e: std::io::Error, dir: &str) -> Error {
+    Error::Io(std::io::Error::new(
+        e.kind(),
+        format!("the ledger at {dir}: {e}"),
+    ))
+}
+
+/// A sled error of the ledger at `dir`: an i/o one names the ledger.
+fn storage(e: sled::Error, dir: &str) -> Error {
+    match e {
+        sled::Error::Io(e) => named_io(e, dir),
+        other => Error::Storage(other),
+    }
+}
+
 impl Ledger {
     /// Opens (or creates) the ledger in `dir`.
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Ledger> {
@@ -36,14 +53,7 @@ impl Ledger {
                 "cannot open the ledger at {display}: it is a file; a ledger is a directory"
             )));
         }
-        // An i/o error names the ledger: the bare one rarely says which
-        // file it is about.
-        let io = |e: std::io::Error| {
-            Error::Io(std::io::Error::new(
-                e.kind(),
-                format!("cannot open the ledger at {display}: {e}"),
-            ))
-        };
+        let io = |e: std::io::Error| named_io(e, &display);
         std::fs::create_dir_all(dir).map_err(io)?;
         let lock = File::options()
             .create(true)
@@ -101,7 +111,9 @@ impl Ledger {
             JournalError::Io(e) => io(e),
             JournalError::Corrupt(detail) => corrupt(detail),
         })?;
-        let entries = db.open_tree(ENTRIES_TREE)?;
+        let entries = db
+            .open_tree(ENTRIES_TREE)
+            .map_err(|e| storage(e, &display))?;
         let ledger = Ledger {
             tree: db,
             entries,
@@ -115,13 +127,21 @@ impl Ledger {
             _lock: Arc::new(lock),
         };
         let flushed_seq = ledger.read_seq_file();
-        ledger.check_format(existed, flushed_seq.is_some())?;
-        ledger.check_seq(flushed_seq)?;
-        ledger.load_packs()?;
-        ledger.load_deltas()?;
-        ledger.build_index()?;
-        ledger.recover(pending)?;
-        Ok(ledger)
+        let display = Arc::clone(&ledger.dir);
+        let checked = (|| {
+            ledger.check_format(existed, flushed_seq.is_some())?;
+            ledger.check_seq(flushed_seq)?;
+            ledger.load_packs()?;
+            ledger.load_deltas()?;
+            ledger.build_index()?;
+            ledger.recover(pending)
+        })();
+        match checked {
+            Ok(()) => Ok(ledger),
+            Err(Error::Io(e)) => Err(named_io(e, &display)),
+            Err(Error::Storage(e)) => Err(storage(e, &display)),
+            Err(e) => Err(e),
+        }
     }
 
     /// The commit count in `weir.seq`; `None` when there is none (a new
@@ -157,9 +177,9 @@ impl Ledger {
     pub(super) fn write_seq_file(&self) -> Result<()> {
         let seq = self.seq.load(std::sync::atomic::Ordering::SeqCst);
         let tmp = self.seq_file.with_extension("seq.tmp");
-        std::fs::write(&tmp, format!("{seq}\n"))?;
-        std::fs::rename(&tmp, &*self.seq_file)?;
-        Ok(())
+        std::fs::write(&tmp, format!("{seq}\n"))
+            .and_then(|()| std::fs::rename(&tmp, &*self.seq_file))
+            .map_err(|e| named_io(e, &self.dir))
     }
 
     fn check_format(&self, existed: bool, was_written: bool) -> Result<()> {

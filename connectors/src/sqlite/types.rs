@@ -11,7 +11,7 @@ use sqlx::Arguments as _;
 use crate::sql::{ColumnType, SqlValue};
 
 /// The SQLite storage class of a column type (see [`ColumnType`]).
-pub(crate) fn sql_type(ty: &ColumnType) -> &'static str {
+pub(super) fn sql_type(ty: &ColumnType) -> &'static str {
     match ty {
         ColumnType::Text
         | ColumnType::Json
@@ -27,7 +27,7 @@ pub(crate) fn sql_type(ty: &ColumnType) -> &'static str {
 }
 
 /// Adds one value to a statement's arguments, borrowing text and bytes.
-pub(crate) fn bind<'q>(
+pub(super) fn bind<'q>(
     args: &mut SqliteArguments<'q>,
     value: &'q SqlValue,
 ) -> std::result::Result<(), BoxDynError> {

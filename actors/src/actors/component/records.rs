@@ -303,7 +303,7 @@ pub(super) fn note_children_and_orphans(
     }
 }
 
-pub(super) fn generation(provider: &ProviderCore) -> ChildGeneration {
+fn generation(provider: &ProviderCore) -> ChildGeneration {
     provider
         .resolved
         .get()

@@ -43,7 +43,7 @@ pub(super) struct Outcomes {
 const NO_OUTCOME: (usize, usize) = (usize::MAX, usize::MAX);
 
 impl Outcomes {
-    pub(super) fn new(declarations: usize) -> Self {
+    fn new(declarations: usize) -> Self {
         Self {
             slot: vec![NO_OUTCOME; declarations],
             parts: Vec::new(),
@@ -52,7 +52,7 @@ impl Outcomes {
 
     /// Records a reply's outcomes, by declaration index (an index out of
     /// range is dropped: every index comes from the component's own list).
-    pub(super) fn add(&mut self, outcomes: Vec<(usize, Reconciled)>) {
+    fn add(&mut self, outcomes: Vec<(usize, Reconciled)>) {
         let part = self.parts.len();
         for (at, (idx, _)) in outcomes.iter().enumerate() {
             if let Some(slot) = self.slot.get_mut(*idx) {

@@ -66,7 +66,7 @@ impl Cursor {
 /// then gallops forward (steps of 1, 2, 4, ...) and binary-searches the
 /// part it brackets. Anything before `from` is found by a binary search
 /// of that part.
-pub(super) fn find_from<T>(
+fn find_from<T>(
     sorted: &[T],
     from: usize,
     cmp: impl Fn(&T) -> std::cmp::Ordering,

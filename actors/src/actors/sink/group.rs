@@ -19,7 +19,7 @@ pub(crate) struct SinkGroups {
     room: usize,
 }
 
-pub(super) struct SinkGroup {
+struct SinkGroup {
     core: Arc<SinkCore>,
     provider: Arc<str>,
     label: Arc<str>,

@@ -76,7 +76,7 @@ impl UnitWaiter {
     }
 }
 
-pub(super) fn take(m: &Mutex<Option<Error>>) -> Option<Error> {
+fn take(m: &Mutex<Option<Error>>) -> Option<Error> {
     match m.lock() {
         Ok(mut g) => g.take(),
         Err(p) => p.into_inner().take(),

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::{self};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -12,8 +12,8 @@ use weir_actors::{Error, Fingerprint, Result};
 use super::{SourceFile, FINGERPRINT_CACHE_RACY_WINDOW};
 
 /// A shared, thread-safe cache of content fingerprints, keyed by a file's
-/// absolute path, size and modification time (and, on Unix, its device,
-/// inode and status-change time), so that repeated walks (live mode) read
+/// absolute path, size and modification time (and, on Unix, its inode and
+/// status-change time), so that repeated walks (live mode) read
 /// only the files whose metadata changed.
 ///
 /// Cheap to clone; clones share the entries. One entry is kept per path;
@@ -40,13 +40,13 @@ const SAVED_CACHE_VERSION: u32 = 2;
 type SavedEntry = (String, u64, u64, u32, FileIdentity, Fingerprint);
 
 /// What tells apart two versions of a file at one path that have the same
-/// size and modification time. On Unix: its device and inode (a file
-/// renamed over another, or swapped with it, keeps its size and time, not
-/// its inode) and its status-change time (which moves when a writer sets
-/// the modification time back). Zero elsewhere.
+/// size and modification time. On Unix: its inode (a file renamed over
+/// another, or swapped with it, keeps its size and time, not its inode)
+/// and its status-change time (which moves when a writer sets the
+/// modification time back). Zero elsewhere. Not the device: a remount may
+/// renumber it, which would throw the whole cache away.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) struct FileIdentity {
-    device: u64,
     inode: u64,
     changed_secs: i64,
     changed_nanos: i64,
@@ -59,7 +59,6 @@ impl FileIdentity {
         {
             use std::os::unix::fs::MetadataExt;
             FileIdentity {
-                device: meta.dev(),
                 inode: meta.ino(),
                 changed_secs: meta.ctime(),
                 changed_nanos: meta.ctime_nsec(),
@@ -161,7 +160,14 @@ impl FingerprintCache {
         }
         let mut entries = cache.lock();
         for (path, size, secs, nanos, identity, fingerprint) in saved {
-            let modified = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+            // A damaged file can hold any numbers: an entry whose time is
+            // out of range is skipped, never a panic.
+            let Some(modified) = (nanos < 1_000_000_000)
+                .then(|| SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos)))
+                .flatten()
+            else {
+                continue;
+            };
             entries.insert(
                 PathBuf::from(path),
                 CacheEntry {
@@ -238,7 +244,6 @@ mod tests {
         let old = SystemTime::UNIX_EPOCH + Duration::new(1_600_000_000, 123);
         let fp = Fingerprint::from_bytes(b"x");
         let id = FileIdentity {
-            device: 1,
             inode: 2,
             changed_secs: 1_600_000_000,
             changed_nanos: 5,
@@ -247,6 +252,16 @@ mod tests {
         let file = dir.path().join("cache");
         cache.save(&file)?;
         let loaded = FingerprintCache::load(&file);
+        assert_eq!(loaded.lookup(Path::new("/a/b"), 1, old, id), Some(fp));
+        // Times out of range, as a damaged file may hold them.
+        let bad: Vec<SavedEntry> = vec![
+            ("/x".into(), 1, u64::MAX, 0, id, fp),
+            ("/y".into(), 1, 0, 2_000_000_000, id, fp),
+            ("/a/b".into(), 1, 1_600_000_000, 123, id, fp),
+        ];
+        std::fs::write(&file, rmp_serde::to_vec(&(SAVED_CACHE_VERSION, bad))?)?;
+        let loaded = FingerprintCache::load(&file);
+        assert_eq!(loaded.len(), 1);
         assert_eq!(loaded.lookup(Path::new("/a/b"), 1, old, id), Some(fp));
         std::fs::write(&file, b"garbage")?;
         assert!(FingerprintCache::load(&file).is_empty());
@@ -278,7 +293,6 @@ mod tests {
         let since_epoch =
             |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let identity = |inode: u64, changed: SystemTime| FileIdentity {
-            device: 1,
             inode,
             changed_secs: i64::try_from(since_epoch(changed).as_secs()).unwrap_or(0),
             changed_nanos: i64::from(since_epoch(changed).subsec_nanos()),

@@ -1,7 +1,7 @@
 //! The selection rules of a walk: globs, excluded paths, and the
 //! problems the walker reports.
 
-use std::fs::{self};
+use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -391,14 +391,18 @@ fn glob_set(globs: &[String], role: &str, dirs_only: bool) -> Result<GlobSet> {
 /// Anchors or unanchors a glob: a leading `/` or `./` anchors it at the root, a
 /// trailing `/` is dropped, and a glob without `/` matches at any depth.
 fn normalize_glob(glob: &str) -> String {
-    let trimmed = glob.strip_suffix('/').unwrap_or(glob);
-    // Keys have no `./`: one written as in a shell anchors like `/`.
-    if let Some(anchored) = trimmed
+    let mut trimmed = glob.strip_suffix('/').unwrap_or(glob);
+    // Keys have no `./`: one written as in a shell (even `.//`, `././`)
+    // anchors like `/`.
+    let mut anchored = false;
+    while let Some(rest) = trimmed
         .strip_prefix('/')
         .or_else(|| trimmed.strip_prefix("./"))
     {
-        anchored.to_owned()
-    } else if trimmed.contains('/') || trimmed.starts_with("**") {
+        trimmed = rest;
+        anchored = true;
+    }
+    if anchored || trimmed.contains('/') || trimmed.starts_with("**") {
         trimmed.to_owned()
     } else {
         format!("**/{trimmed}")
@@ -424,6 +428,9 @@ mod tests {
         assert_eq!(normalize_glob("/README.md"), "README.md");
         assert_eq!(normalize_glob("./README.md"), "README.md");
         assert_eq!(normalize_glob("./docs/*.md"), "docs/*.md");
+        assert_eq!(normalize_glob(".//a.md"), "a.md");
+        assert_eq!(normalize_glob("././a.md"), "a.md");
+        assert_eq!(normalize_glob("//a.md"), "a.md");
         assert_eq!(normalize_glob("docs/**"), "docs/**");
         assert_eq!(normalize_glob("**/x"), "**/x");
 
@@ -433,6 +440,10 @@ mod tests {
         assert!(f.includes_file("top.txt"));
         assert!(!f.includes_file("sub/top.txt"));
         assert!(!f.includes_file("a.txt"));
+
+        let f = filter(&WalkOptions::new().include("./docs/*.md"));
+        assert!(f.includes_file("docs/a.md"));
+        assert!(!f.includes_file("x/docs/a.md"));
     }
 
     #[test]

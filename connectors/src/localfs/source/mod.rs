@@ -153,7 +153,8 @@ impl WalkOptions {
 
     /// Fingerprints files through `cache`: [`SourceFile::fingerprint`]
     /// reads a file only when the cache holds no fingerprint for its path,
-    /// size and modification time, and stores what it computes.
+    /// size and modification time (and, on Unix, inode and status-change
+    /// time), and stores what it computes.
     #[must_use]
     pub fn fingerprint_cache(mut self, cache: FingerprintCache) -> Self {
         self.cache = Some(cache);
