@@ -282,7 +282,9 @@ pub(super) async fn reconcile_waves(
 }
 
 /// Builds a container's child handler from its action and resolves the
-/// child provider. Returns the generation given to the children.
+/// child provider. Returns the generation given to the children: the
+/// stored one, moved on by the action's invalidation, or by a destructive
+/// change of the container above that took this container's records.
 fn resolve_child(
     run: &Run,
     d: &Declaration,
@@ -311,7 +313,25 @@ fn resolve_child(
         .as_ref()
         .and_then(|p| p.child_gen)
         .unwrap_or_default();
-    let gen = match out.child_invalidation {
+    // A container whose own records went with a destructive change of the
+    // container above it is new: whatever its children's records say, they
+    // went with it.
+    let outer = d
+        .provider
+        .resolved
+        .get()
+        .map(|resolved| resolved.generation)
+        .unwrap_or_default();
+    let wiped = r
+        .prev
+        .as_ref()
+        .is_some_and(|p| p.gen < outer.destructive_floor);
+    let invalidation = if wiped {
+        Some(TargetChildInvalidation::Destructive)
+    } else {
+        out.child_invalidation
+    };
+    let gen = match invalidation {
         Some(TargetChildInvalidation::Destructive) => ChildGeneration {
             current: prev.current + 1,
             destructive_floor: prev.current + 1,
