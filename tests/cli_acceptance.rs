@@ -6,187 +6,23 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cli;
 mod cmd;
 mod pg;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant, SystemTime};
 
+use cli::{
+    doc_count, doc_of, exits, no_backtrace, ok, read_documents, set_mode, sqlite_url, sync_args,
+    wait_for_documents, while_live, within, Doc, Env, PgDatabase, TestResult,
+};
 use cmd::text;
-use sqlx::Row as _;
 use weir::Fingerprint;
 
-type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
-
 // ---------------------------------------------------------------- helpers
-
-/// A `documents` row (without its modification time).
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Doc {
-    size: i64,
-    fingerprint: String,
-    line_count: Option<i64>,
-    content: Option<String>,
-}
-
-/// What `documents` must hold for `bytes`.
-fn doc_of(bytes: &[u8]) -> Doc {
-    let content = std::str::from_utf8(bytes)
-        .ok()
-        .filter(|t| !t.contains('\0'))
-        .map(str::to_string);
-    Doc {
-        size: bytes.len() as i64,
-        fingerprint: Fingerprint::from_bytes(bytes).to_string(),
-        line_count: content.as_ref().map(|c| c.lines().count() as i64),
-        content,
-    }
-}
-
-/// A tree, a database and a ledger in one temporary directory.
-struct Env {
-    tmp: tempfile::TempDir,
-    tree: PathBuf,
-    db: PathBuf,
-    ledger: PathBuf,
-}
-
-impl Env {
-    fn new() -> Env {
-        let tmp = tempfile::tempdir().unwrap();
-        let tree = tmp.path().join("tree");
-        std::fs::create_dir_all(&tree).unwrap();
-        Env {
-            db: tmp.path().join("out.db"),
-            ledger: tmp.path().join("ledger"),
-            tree,
-            tmp,
-        }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.tree.join(rel)
-    }
-
-    /// Writes `content` at `rel` under the tree, creating directories.
-    fn put(&self, rel: &str, content: impl AsRef<[u8]>) {
-        let path = self.path(rel);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).unwrap();
-        }
-        std::fs::write(path, content).unwrap();
-    }
-
-    fn url_arg(&self) -> String {
-        format!("sqlite://{}", self.db.display())
-    }
-
-    /// `weir sync TREE --into sqlite://DB --ledger LEDGER extra...`, from
-    /// the temporary directory.
-    fn sync(&self, extra: &[&str]) -> Output {
-        let into = self.url_arg();
-        let mut args = vec![
-            "sync",
-            self.tree.to_str().unwrap(),
-            "--into",
-            &into,
-            "--ledger",
-            self.ledger.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        cmd::run(self.tmp.path(), &args, None)
-    }
-
-    fn weir(&self, args: &[&str]) -> Output {
-        cmd::run(self.tmp.path(), args, None)
-    }
-
-    fn inspect(&self) -> Output {
-        self.weir(&["inspect", "--ledger", self.ledger.to_str().unwrap()])
-    }
-
-    /// What `documents` must hold for the files `keys` of the tree.
-    fn expected(&self, keys: &[&str]) -> BTreeMap<String, Doc> {
-        keys.iter()
-            .map(|k| (k.to_string(), doc_of(&std::fs::read(self.path(k)).unwrap())))
-            .collect()
-    }
-
-    async fn pool(&self) -> sqlx::SqlitePool {
-        sqlite_pool(&self.db).await
-    }
-
-    async fn docs(&self) -> BTreeMap<String, Doc> {
-        let pool = self.pool().await;
-        let docs = docs_sqlite(&pool).await;
-        pool.close().await;
-        docs
-    }
-
-    async fn chunks(&self) -> BTreeMap<String, Vec<(i64, String)>> {
-        let pool = self.pool().await;
-        let rows: Vec<(String, i64, String)> =
-            sqlx::query_as("SELECT path, chunk_index, text FROM chunks")
-                .fetch_all(&pool)
-                .await
-                .unwrap();
-        pool.close().await;
-        group(rows)
-    }
-
-    async fn modified(&self, key: &str) -> Option<String> {
-        let pool = self.pool().await;
-        let m: Option<String> = sqlx::query_scalar("SELECT modified FROM documents WHERE path = ?")
-            .bind(key)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
-        m
-    }
-}
-
-async fn sqlite_pool(db: &Path) -> sqlx::SqlitePool {
-    sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(db))
-        .await
-        .unwrap()
-}
-
-async fn docs_sqlite(pool: &sqlx::SqlitePool) -> BTreeMap<String, Doc> {
-    sqlx::query("SELECT path, size, fingerprint, line_count, content FROM documents")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| {
-            (
-                r.get::<String, _>(0),
-                Doc {
-                    size: r.get(1),
-                    fingerprint: r.get(2),
-                    line_count: r.get(3),
-                    content: r.get(4),
-                },
-            )
-        })
-        .collect()
-}
-
-/// Chunk rows grouped by path, in index order.
-fn group(rows: Vec<(String, i64, String)>) -> BTreeMap<String, Vec<(i64, String)>> {
-    let mut out: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
-    for (path, index, text) in rows {
-        out.entry(path).or_default().push((index, text));
-    }
-    for chunks in out.values_mut() {
-        chunks.sort();
-    }
-    out
-}
 
 /// `[(0, a), (1, b), ...]` for the chunk texts given.
 fn indexed(texts: &[&str]) -> Vec<(i64, String)> {
@@ -197,39 +33,9 @@ fn indexed(texts: &[&str]) -> Vec<(i64, String)> {
         .collect()
 }
 
+/// The keys of `map`, in order.
 fn keys<V>(map: &BTreeMap<String, V>) -> Vec<&str> {
     map.keys().map(String::as_str).collect()
-}
-
-/// Asserts exit code 0, showing the output otherwise; returns stdout.
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "weir failed ({:?}):\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-/// Asserts the exit code, showing the output otherwise; returns stderr.
-fn exits(out: &Output, code: i32) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stderr)
-}
-
-fn no_backtrace(stderr: &str) {
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
-        "{stderr}"
-    );
 }
 
 /// Sets a file's modification time (without following nothing else).
@@ -242,42 +48,20 @@ fn set_mtime(path: &Path, t: SystemTime) {
         .unwrap();
 }
 
+/// An hour before now.
 fn an_hour_ago() -> SystemTime {
     SystemTime::now() - Duration::from_secs(3600)
 }
 
-/// Polls `check` every 50 ms until it is true or `limit` passes.
-async fn within<F, Fut>(limit: Duration, mut check: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check().await {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    None
-}
-
-/// The count of documents, or None when the table is not there yet.
-async fn doc_count(db: &Path) -> Option<i64> {
-    if !db.exists() {
-        return None;
-    }
-    let pool = sqlite_pool(db).await;
-    let n = sqlx::query_scalar("SELECT count(*) FROM documents")
-        .fetch_one(&pool)
-        .await
-        .ok();
-    pool.close().await;
-    n
-}
-
+/// A paragraph of `bytes` times `tag`.
 fn paragraph(tag: char, bytes: usize) -> String {
     tag.to_string().repeat(bytes)
+}
+
+/// One paragraph of `bytes` bytes (see [`paragraph`]) per character of
+/// `tags`.
+fn paragraphs(tags: &str, bytes: usize) -> Vec<String> {
+    tags.chars().map(|c| paragraph(c, bytes)).collect()
 }
 
 /// Once things settle (a component that stopped declaring a state records
@@ -560,9 +344,7 @@ async fn a_database_and_ledger_inside_the_tree_named_relatively_are_never_synced
     ok(&env.weir(&args));
     let again = ok(&env.weir(&args));
     assert!(again.contains("2 unchanged files skipped"), "{again}");
-    let pool = sqlite_pool(&env.tree.join("out/x.db")).await;
-    let docs = docs_sqlite(&pool).await;
-    pool.close().await;
+    let docs = read_documents(&env.tree.join("out/x.db")).await;
     assert_eq!(keys(&docs), ["a.md", "out/keep.md"]);
     Ok(())
 }
@@ -596,7 +378,7 @@ async fn a_symlink_to_a_file_outside_the_tree_is_keyed_by_the_link_and_follows_i
 async fn a_file_that_shrinks_keeps_no_stale_chunk_rows() -> TestResult {
     let env = Env::new();
     // Five paragraphs of 1,500 bytes: no two fit in one 2,000-byte chunk.
-    let paras: Vec<String> = "abcde".chars().map(|c| paragraph(c, 1500)).collect();
+    let paras = paragraphs("abcde", 1500);
     env.put("big.md", paras.join("\n\n"));
     env.put("other.md", "other\n");
     ok(&env.sync(&[]));
@@ -752,7 +534,7 @@ async fn a_renamed_file_moves_its_document_and_chunks() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_summary_counts_a_removed_file_and_its_chunks_as_deleted_rows() -> TestResult {
     let env = Env::new();
-    let paras: Vec<String> = "xyz".chars().map(|c| paragraph(c, 1500)).collect();
+    let paras = paragraphs("xyz", 1500);
     env.put("three_chunks.md", paras.join("\n\n"));
     env.put("other.md", "other\n");
     ok(&env.sync(&[]));
@@ -895,15 +677,19 @@ async fn a_file_that_becomes_a_broken_link_fails_keeps_its_rows_and_recovers() -
     Ok(())
 }
 
+/// User and group nobody, who runs weir in the tests that need a file it
+/// cannot read.
+const NOBODY: u32 = 65534;
+
 /// Whether `uid` cannot read a mode-000 file (false when running as a user
 /// that reads anything).
 fn nobody_is_denied(dir: &Path) -> bool {
     let probe = dir.join("probe");
     std::fs::write(&probe, "x").unwrap();
-    std::fs::set_permissions(&probe, std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+    set_mode(&probe, 0o000).unwrap();
     let out = std::process::Command::new("cat")
         .arg(&probe)
-        .uid_gid(65534)
+        .uid_gid(NOBODY)
         .output();
     let _ = std::fs::remove_file(&probe);
     matches!(out, Ok(o) if !o.status.success())
@@ -920,65 +706,70 @@ impl UidGid for std::process::Command {
     }
 }
 
-/// Skips a test this machine cannot run, loudly; under `CI=true`, where
+/// Says a test this machine cannot run is skipped; under `CI=true`, where
 /// the machine is known to run it (as root), that is a failure.
-fn skipped(why: &str) -> TestResult {
+fn skipped(why: &str) {
     assert!(
         std::env::var_os("CI").is_none(),
         "cannot run under CI: {why}"
     );
     eprintln!("SKIPPED: {why}");
+}
+
+/// An `Env` for running weir as user nobody, whose temporary directory
+/// anyone may write in; `None` (after a message) unless the tests run as
+/// root and nobody cannot read a mode-000 file.
+fn nobody_env() -> Result<Option<Env>, Box<dyn std::error::Error>> {
+    if std::process::Command::new("id").arg("-u").output()?.stdout != b"0\n" {
+        skipped("needs root to run weir as user nobody");
+        return Ok(None);
+    }
+    let env = Env::new();
+    // Everything belongs to nobody, who runs weir.
+    set_mode(env.tmp.path(), 0o777)?;
+    if !nobody_is_denied(env.tmp.path()) {
+        skipped("user nobody reads a mode-000 file here");
+        return Ok(None);
+    }
+    Ok(Some(env))
+}
+
+/// Gives the whole tree of `env` to user nobody.
+fn give_tree_to_nobody(env: &Env) -> TestResult {
+    let chown = std::process::Command::new("chown")
+        .args(["-R", &format!("{NOBODY}:{NOBODY}")])
+        .arg(&env.tree)
+        .status()?;
+    assert!(chown.success());
     Ok(())
+}
+
+/// `env.sync(&[])` run as user nobody.
+fn sync_as_nobody(env: &Env) -> Output {
+    let into = env.url_arg();
+    let args = sync_args(&env.tree, &into, &env.ledger, &[]);
+    cmd::run(env.tmp.path(), &args, Some(NOBODY))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_file_fails_each_sync_and_lands_once_readable_again() -> TestResult {
-    if std::process::Command::new("id").arg("-u").output()?.stdout != b"0\n" {
-        return skipped("needs root to run weir as user nobody");
-    }
-    let env = Env::new();
-    // Everything belongs to nobody, who runs weir.
-    std::fs::set_permissions(
-        env.tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )?;
-    if !nobody_is_denied(env.tmp.path()) {
-        return skipped("user nobody reads a mode-000 file here");
-    }
+    let Some(env) = nobody_env()? else {
+        return Ok(());
+    };
     env.put("ok.md", "fine\n");
     env.put("secret.md", "secret\n\ntext\n");
-    let chown = std::process::Command::new("chown")
-        .args(["-R", "65534:65534"])
-        .arg(&env.tree)
-        .status()?;
-    assert!(chown.success());
-    std::fs::set_permissions(
-        env.path("secret.md"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o000),
-    )?;
-    let into = env.url_arg();
-    let args = [
-        "sync",
-        env.tree.to_str().unwrap(),
-        "--into",
-        &into,
-        "--ledger",
-        env.ledger.to_str().unwrap(),
-    ];
+    give_tree_to_nobody(&env)?;
+    set_mode(&env.path("secret.md"), 0o000)?;
     for _ in 0..2 {
-        let out = cmd::run(env.tmp.path(), &args, Some(65534));
+        let out = sync_as_nobody(&env);
         let stderr = exits(&out, 1);
         assert!(stderr.contains("failed: secret.md"), "{stderr}");
         no_backtrace(&stderr);
         assert_eq!(keys(&env.docs().await), ["ok.md"]);
     }
     // Readable again, with the same size and modification time.
-    std::fs::set_permissions(
-        env.path("secret.md"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o644),
-    )?;
-    let out = cmd::run(env.tmp.path(), &args, Some(65534));
-    ok(&out);
+    set_mode(&env.path("secret.md"), 0o644)?;
+    ok(&sync_as_nobody(&env));
     assert_eq!(env.docs().await, env.expected(&["ok.md", "secret.md"]));
     assert_eq!(
         env.chunks().await["secret.md"],
@@ -1021,9 +812,7 @@ async fn drop_yes_then_sync_again_recreates_every_row() -> TestResult {
     env.put("a.md", "alpha\n\nbeta\n");
     env.put("sub/b.md", "gamma\n");
     ok(&env.sync(&[]));
-    let into = env.url_arg();
-    let ledger = env.ledger.to_str().unwrap();
-    ok(&env.weir(&["drop", "--into", &into, "--ledger", ledger, "--yes"]));
+    ok(&env.drop_tables(&["--yes"]));
 
     let again = ok(&env.sync(&[]));
     assert!(again.contains("0 unchanged files skipped"), "{again}");
@@ -1043,28 +832,13 @@ async fn after_a_drop_the_ledger_can_sync_into_another_database() -> TestResult 
     let env = Env::new();
     env.put("a.md", "a\n");
     ok(&env.sync(&[]));
-    let into = env.url_arg();
-    let ledger = env.ledger.to_str().unwrap();
-    ok(&env.weir(&["drop", "--into", &into, "--ledger", ledger, "--yes"]));
+    ok(&env.drop_tables(&["--yes"]));
     let other = env.tmp.path().join("other.db");
-    let other_into = format!("sqlite://{}", other.display());
-    ok(&env.weir(&[
-        "sync",
-        env.tree.to_str().unwrap(),
-        "--into",
-        &other_into,
-        "--ledger",
-        ledger,
-    ]));
-    let pool = sqlite_pool(&other).await;
-    assert_eq!(keys(&docs_sqlite(&pool).await), ["a.md"]);
-    pool.close().await;
+    let other_into = sqlite_url(&other);
+    ok(&env.sync_into(&other_into, &[]));
+    assert_eq!(keys(&read_documents(&other).await), ["a.md"]);
     // The first database is no longer tracked: it has no tables left.
-    let pool = env.pool().await;
-    let tables: Vec<String> =
-        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table'")
-            .fetch_all(&pool)
-            .await?;
+    let tables = env.tables().await;
     assert!(tables.is_empty(), "{tables:?}");
     Ok(())
 }
@@ -1075,9 +849,8 @@ async fn drop_is_refused_for_a_database_the_ledger_does_not_track_and_leaves_it_
     let env = Env::new();
     env.put("a.md", "a\n");
     ok(&env.sync(&[]));
-    let ledger = env.ledger.to_str().unwrap();
-    let other = format!("sqlite://{}", env.tmp.path().join("other.db").display());
-    let out = env.weir(&["drop", "--into", &other, "--ledger", ledger, "--yes"]);
+    let other = sqlite_url(&env.tmp.path().join("other.db"));
+    let out = env.drop_tables_in(&other, &["--yes"]);
     let stderr = exits(&out, 2);
     assert!(stderr.contains("tracks what weir created in"), "{stderr}");
     no_backtrace(&stderr);
@@ -1139,28 +912,10 @@ async fn bad_input_not_covered_elsewhere_gets_a_sentence_and_exit_code_2() -> Te
 async fn a_ledger_held_by_a_live_sync_is_refused_by_another_sync_with_a_sentence() -> TestResult {
     let env = Env::new();
     env.put("a.md", "a\n");
-    let into = env.url_arg();
-    let mut live = cmd::spawn(
-        env.tmp.path(),
-        &[
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &into,
-            "--ledger",
-            env.ledger.to_str().unwrap(),
-            "--live",
-            "--debounce-ms",
-            "50",
-        ],
-        None,
-    );
-    let result = async {
-        let landed = within(Duration::from_secs(60), || async {
-            doc_count(&env.db).await == Some(1)
-        })
-        .await;
-        assert!(landed.is_some(), "the live sync's first run landed");
+    let live = env.spawn_live(50, &[]);
+    let (status, stderr) = while_live(live, async {
+        let landed = wait_for_documents(&env.db, 1).await;
+        assert!(landed, "the live sync's first run landed");
         let out = env.sync(&[]);
         let stderr = exits(&out, 2);
         no_backtrace(&stderr);
@@ -1174,10 +929,8 @@ async fn a_ledger_held_by_a_live_sync_is_refused_by_another_sync_with_a_sentence
             "{stderr}"
         );
         TestResult::Ok(())
-    }
-    .await;
-    let (status, stderr) = cmd::terminate(&mut live, Duration::from_secs(30));
-    result?;
+    })
+    .await?;
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stderr}");
     Ok(())
 }
@@ -1189,29 +942,11 @@ async fn live_mode_picks_up_a_new_subdirectory_a_rename_and_a_removed_directory(
     let env = Env::new();
     env.put("a.md", "a\n");
     env.put("gone/x.md", "x\n");
-    let into = env.url_arg();
-    let mut live = cmd::spawn(
-        env.tmp.path(),
-        &[
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &into,
-            "--ledger",
-            env.ledger.to_str().unwrap(),
-            "--live",
-            "--debounce-ms",
-            "100",
-        ],
-        None,
-    );
+    let live = env.spawn_live(100, &[]);
     let limit = Duration::from_secs(5);
-    let result = async {
-        let first = within(Duration::from_secs(60), || async {
-            doc_count(&env.db).await == Some(2)
-        })
-        .await;
-        assert!(first.is_some(), "the first run landed");
+    let (status, stderr) = while_live(live, async {
+        let first = wait_for_documents(&env.db, 2).await;
+        assert!(first, "the first run landed");
 
         env.put("new/deeper/n.md", "new\n\nfile\n");
         let t = within(limit, || async {
@@ -1247,10 +982,8 @@ async fn live_mode_picks_up_a_new_subdirectory_a_rename_and_a_removed_directory(
             ["new/a-renamed.md", "new/deeper/n.md"]
         );
         TestResult::Ok(())
-    }
-    .await;
-    let (status, stderr) = cmd::terminate(&mut live, Duration::from_secs(30));
-    result?;
+    })
+    .await?;
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stderr}");
     Ok(())
 }
@@ -1261,18 +994,15 @@ async fn live_mode_with_the_defaults_is_not_woken_by_its_own_database_writes() -
     env.put("a.md", "a\n");
     env.put("b.md", "b\n");
     // Defaults: weir.db and .weir/ inside the synced directory.
-    let mut live = cmd::spawn(
+    let live = cmd::spawn(
         &env.tree,
         &["sync", ".", "--live", "--debounce-ms", "50"],
         None,
     );
     let db = env.tree.join("weir.db");
-    let result = async {
-        let first = within(Duration::from_secs(60), || async {
-            doc_count(&db).await == Some(2)
-        })
-        .await;
-        assert!(first.is_some(), "the first run landed");
+    let (status, stderr) = while_live(live, async {
+        let first = wait_for_documents(&db, 2).await;
+        assert!(first, "the first run landed");
         env.put("c.md", "c\n");
         let t = within(Duration::from_secs(5), || async {
             doc_count(&db).await == Some(3)
@@ -1282,10 +1012,8 @@ async fn live_mode_with_the_defaults_is_not_woken_by_its_own_database_writes() -
         // Then nothing changes for a while.
         tokio::time::sleep(Duration::from_secs(2)).await;
         TestResult::Ok(())
-    }
-    .await;
-    let (status, stderr) = cmd::terminate(&mut live, Duration::from_secs(30));
-    result?;
+    })
+    .await?;
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stderr}");
     let changed: Vec<&str> = stderr.lines().filter(|l| l.contains("changed:")).collect();
     assert!(!changed.is_empty(), "no change was logged: {stderr}");
@@ -1300,138 +1028,22 @@ async fn live_mode_with_the_defaults_is_not_woken_by_its_own_database_writes() -
         "woken up {} times: {stderr}",
         changed.len()
     );
-    let pool = sqlite_pool(&db).await;
-    let docs = docs_sqlite(&pool).await;
-    pool.close().await;
-    assert_eq!(keys(&docs), ["a.md", "b.md", "c.md"]);
+    assert_eq!(keys(&read_documents(&db).await), ["a.md", "b.md", "c.md"]);
     Ok(())
 }
 
 // ----------------------------------------------------------- PostgreSQL
 
-/// A fresh PostgreSQL database for one test (dropped at the end).
-struct PgDb {
-    admin: sqlx::PgPool,
-    name: String,
-    url: String,
-}
-
-impl PgDb {
-    async fn create(test: &str) -> std::result::Result<Option<PgDb>, Box<dyn std::error::Error>> {
-        let Some((base, admin)) = pg::server(2).await? else {
-            return Ok(None);
-        };
-        let name = format!(
-            "weir_accept_{test}_{}_{}",
-            std::process::id(),
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)?
-                .subsec_nanos()
-        );
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&admin)
-            .await?;
-        let (prefix, _) = base.rsplit_once('/').ok_or("a database URL has a path")?;
-        let url = format!("{prefix}/{name}");
-        Ok(Some(PgDb { admin, name, url }))
-    }
-
-    async fn docs(&self) -> BTreeMap<String, Doc> {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&self.url)
-            .await
-            .unwrap();
-        let docs =
-            sqlx::query("SELECT path, size, fingerprint, line_count, content FROM documents")
-                .fetch_all(&pool)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|r| {
-                    (
-                        r.get::<String, _>(0),
-                        Doc {
-                            size: r.get(1),
-                            fingerprint: r.get(2),
-                            line_count: r.get(3),
-                            content: r.get(4),
-                        },
-                    )
-                })
-                .collect();
-        pool.close().await;
-        docs
-    }
-
-    async fn chunks(&self) -> BTreeMap<String, Vec<(i64, String)>> {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&self.url)
-            .await
-            .unwrap();
-        let rows: Vec<(String, i32, String)> =
-            sqlx::query_as("SELECT path, chunk_index, text FROM chunks")
-                .fetch_all(&pool)
-                .await
-                .unwrap();
-        pool.close().await;
-        group(
-            rows.into_iter()
-                .map(|(p, i, t)| (p, i64::from(i), t))
-                .collect(),
-        )
-    }
-
-    async fn tables(&self) -> Vec<String> {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&self.url)
-            .await
-            .unwrap();
-        let t = sqlx::query_scalar(
-            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1",
-        )
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        pool.close().await;
-        t
-    }
-
-    async fn drop(self) {
-        let _ = sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        ))
-        .execute(&self.admin)
-        .await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_shrinking_renaming_and_binary_files_leave_exact_tables() -> TestResult {
-    let Some(pg) = PgDb::create("shrink").await? else {
-        return Ok(());
-    };
-    let env = Env::new();
-    let sync = |env: &Env| {
-        env.weir(&[
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &pg.url,
-            "--ledger",
-            env.ledger.to_str().unwrap(),
-        ])
-    };
-    let outcome = async {
-        let paras: Vec<String> = "pqrs".chars().map(|c| paragraph(c, 1500)).collect();
+    PgDatabase::around("accept_shrink", async |pg| {
+        let env = Env::new();
+        let paras = paragraphs("pqrs", 1500);
         env.put("big.md", paras.join("\n\n"));
         env.put("old.md", "old\n\nname\n");
         env.put("t.txt", "text\n");
         env.put("ünï code.md", "ü\n");
-        ok(&sync(&env));
+        ok(&env.sync_into(&pg.url, &[]));
         assert_eq!(
             env.expected(&["big.md", "old.md", "t.txt", "ünï code.md"]),
             pg.docs().await
@@ -1441,7 +1053,7 @@ async fn postgres_shrinking_renaming_and_binary_files_leave_exact_tables() -> Te
         env.put("big.md", "tiny\n");
         std::fs::rename(env.path("old.md"), env.path("new.md"))?;
         env.put("t.txt", [0u8, 1, 2, 0xff]);
-        ok(&sync(&env));
+        ok(&env.sync_into(&pg.url, &[]));
         assert_eq!(
             pg.docs().await,
             env.expected(&["big.md", "new.md", "t.txt", "ünï code.md"])
@@ -1451,43 +1063,27 @@ async fn postgres_shrinking_renaming_and_binary_files_leave_exact_tables() -> Te
         assert_eq!(chunks["big.md"], indexed(&["tiny"]));
         assert_eq!(chunks["new.md"], indexed(&["old\n\nname"]));
         TestResult::Ok(())
-    }
-    .await;
-    pg.drop().await;
-    outcome
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_drop_yes_deletes_both_tables_and_a_new_sync_recreates_them() -> TestResult {
-    let Some(pg) = PgDb::create("drop").await? else {
-        return Ok(());
-    };
-    let env = Env::new();
-    let ledger = env.ledger.to_str().unwrap().to_string();
-    let outcome = async {
+    PgDatabase::around("accept_drop", async |pg| {
+        let env = Env::new();
         env.put("a.md", "a\n\nb\n");
         env.put("c/d.md", "d\n");
-        let sync = [
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &pg.url,
-            "--ledger",
-            &ledger,
-        ];
-        ok(&env.weir(&sync));
+        ok(&env.sync_into(&pg.url, &[]));
         assert_eq!(pg.tables().await, ["chunks", "documents"]);
-        ok(&env.weir(&["drop", "--into", &pg.url, "--ledger", &ledger, "--yes"]));
+        ok(&env.drop_tables_in(&pg.url, &["--yes"]));
         assert!(pg.tables().await.is_empty(), "{:?}", pg.tables().await);
-        let again = ok(&env.weir(&sync));
+        let again = ok(&env.sync_into(&pg.url, &[]));
         assert!(again.contains("0 unchanged files skipped"), "{again}");
         assert_eq!(pg.docs().await, env.expected(&["a.md", "c/d.md"]));
         assert_eq!(pg.chunks().await["a.md"], indexed(&["a\n\nb"]));
         TestResult::Ok(())
-    }
-    .await;
-    pg.drop().await;
-    outcome
+    })
+    .await
 }
 
 // ----------------------------------------------------------- more cases
@@ -1570,9 +1166,7 @@ async fn drop_also_forgets_failed_files_and_the_next_sync_retries_them() -> Test
     env.put("good.md", "good\n");
     std::os::unix::fs::symlink("nowhere", env.path("bad.md"))?;
     exits(&env.sync(&[]), 1);
-    let into = env.url_arg();
-    let ledger = env.ledger.to_str().unwrap();
-    ok(&env.weir(&["drop", "--into", &into, "--ledger", ledger, "--yes"]));
+    ok(&env.drop_tables(&["--yes"]));
     let inspect = ok(&env.inspect());
     assert!(inspect.contains("target states: 0"), "{inspect}");
     assert!(inspect.contains("failed components: 0"), "{inspect}");
@@ -1585,49 +1179,22 @@ async fn drop_also_forgets_failed_files_and_the_next_sync_retries_them() -> Test
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unlistable_directory_keeps_its_rows_and_the_next_sync_converges() -> TestResult {
-    if std::process::Command::new("id").arg("-u").output()?.stdout != b"0\n" {
-        return skipped("needs root to run weir as user nobody");
-    }
-    let env = Env::new();
-    std::fs::set_permissions(
-        env.tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )?;
-    if !nobody_is_denied(env.tmp.path()) {
-        return skipped("user nobody reads a mode-000 file here");
-    }
+    let Some(env) = nobody_env()? else {
+        return Ok(());
+    };
     env.put("a.md", "a\n");
     env.put("locked/x.md", "x\n\ny\n");
     env.put("locked/deeper/z.md", "z\n");
     env.put("gone.md", "gone soon\n");
-    let chown = std::process::Command::new("chown")
-        .args(["-R", "65534:65534"])
-        .arg(&env.tree)
-        .status()?;
-    assert!(chown.success());
-    let into = env.url_arg();
-    let args = [
-        "sync",
-        env.tree.to_str().unwrap(),
-        "--into",
-        &into,
-        "--ledger",
-        env.ledger.to_str().unwrap(),
-    ];
-    ok(&cmd::run(env.tmp.path(), &args, Some(65534)));
+    give_tree_to_nobody(&env)?;
+    ok(&sync_as_nobody(&env));
     let before_chunks = env.chunks().await;
 
-    std::fs::set_permissions(
-        env.path("locked"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o000),
-    )?;
+    set_mode(&env.path("locked"), 0o000)?;
     std::fs::remove_file(env.path("gone.md"))?;
     env.put("a.md", "a changed\n");
-    let out = cmd::run(env.tmp.path(), &args, Some(65534));
-    std::fs::set_permissions(
-        env.path("locked"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )?;
+    let out = sync_as_nobody(&env);
+    set_mode(&env.path("locked"), 0o755)?;
     let stderr = exits(&out, 1);
     no_backtrace(&stderr);
     assert!(stderr.contains("locked"), "{stderr}");
@@ -1641,7 +1208,7 @@ async fn an_unlistable_directory_keeps_its_rows_and_the_next_sync_converges() ->
         before_chunks["locked/x.md"]
     );
 
-    ok(&cmd::run(env.tmp.path(), &args, Some(65534)));
+    ok(&sync_as_nobody(&env));
     assert_eq!(
         env.docs().await,
         env.expected(&["a.md", "locked/deeper/z.md", "locked/x.md"])
@@ -1658,30 +1225,10 @@ async fn live_mode_retries_a_failing_file_once_it_is_fixed_and_stops_on_sigint()
     let env = Env::new();
     env.put("a.md", "a\n");
     std::os::unix::fs::symlink("nowhere", env.path("bad.md"))?;
-    let into = env.url_arg();
-    let mut live = cmd::spawn(
-        env.tmp.path(),
-        &[
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &into,
-            "--ledger",
-            env.ledger.to_str().unwrap(),
-            "--live",
-            "--debounce-ms",
-            "100",
-            "--include",
-            "*.md",
-        ],
-        None,
-    );
+    let mut live = env.spawn_live(100, &["--include", "*.md"]);
     let result = async {
-        let first = within(Duration::from_secs(60), || async {
-            doc_count(&env.db).await == Some(1)
-        })
-        .await;
-        assert!(first.is_some(), "the first run landed");
+        let first = wait_for_documents(&env.db, 1).await;
+        assert!(first, "the first run landed");
         // A file the include glob does not select is never synced.
         env.put("ignored.txt", "not selected\n");
         std::fs::remove_file(env.path("bad.md"))?;
@@ -1714,45 +1261,31 @@ async fn live_mode_retries_a_failing_file_once_it_is_fixed_and_stops_on_sigint()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_failing_file_fails_alone_and_is_retried() -> TestResult {
-    let Some(pg) = PgDb::create("failing").await? else {
-        return Ok(());
-    };
-    let env = Env::new();
-    let ledger = env.ledger.to_str().unwrap().to_string();
-    let outcome = async {
+    PgDatabase::around("accept_failing", async |pg| {
+        let env = Env::new();
         env.put("a.md", "a\n");
         env.put("b/c.md", "c\n\nd\n");
         std::os::unix::fs::symlink("nowhere", env.path("bad.md"))?;
-        let sync = [
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &pg.url,
-            "--ledger",
-            &ledger,
-        ];
-        let stderr = exits(&env.weir(&sync), 1);
+        let stderr = exits(&env.sync_into(&pg.url, &[]), 1);
         assert!(stderr.contains("failed: bad.md"), "{stderr}");
         assert_eq!(pg.docs().await, env.expected(&["a.md", "b/c.md"]));
         let inspect = ok(&env.inspect());
         assert!(inspect.contains("failed components: 1"), "{inspect}");
         std::fs::remove_file(env.path("bad.md"))?;
         env.put("bad.md", "fixed\n");
-        let out = ok(&env.weir(&sync));
+        let out = ok(&env.sync_into(&pg.url, &[]));
         assert!(out.contains("2 unchanged files skipped"), "{out}");
         assert_eq!(pg.docs().await, env.expected(&["a.md", "b/c.md", "bad.md"]));
         assert_eq!(pg.chunks().await["b/c.md"], indexed(&["c\n\nd"]));
         TestResult::Ok(())
-    }
-    .await;
-    pg.drop().await;
-    outcome
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_emptied_keeps_its_document_and_loses_its_chunks() -> TestResult {
     let env = Env::new();
-    let paras: Vec<String> = "mn".chars().map(|c| paragraph(c, 1500)).collect();
+    let paras = paragraphs("mn", 1500);
     env.put("e.md", paras.join("\n\n"));
     ok(&env.sync(&[]));
     assert_eq!(env.chunks().await["e.md"].len(), 2);
@@ -1795,33 +1328,20 @@ async fn a_database_and_ledger_with_spaces_and_unicode_in_their_paths_work() -> 
     let dir = env.tmp.path().join("my dir é");
     std::fs::create_dir(&dir)?;
     let db = dir.join("wéir data.db");
-    let into = format!("sqlite://{}", db.display());
+    let into = sqlite_url(&db);
     let ledger = dir.join("lédger dir");
-    let args = [
-        "sync",
-        env.tree.to_str().unwrap(),
-        "--into",
-        &into,
-        "--ledger",
-        ledger.to_str().unwrap(),
-    ];
+    let args = sync_args(&env.tree, &into, &ledger, &[]);
     ok(&env.weir(&args));
     let again = ok(&env.weir(&args));
     assert!(again.contains("1 unchanged files skipped"), "{again}");
-    let pool = sqlite_pool(&db).await;
-    assert_eq!(keys(&docs_sqlite(&pool).await), ["a.md"]);
-    pool.close().await;
+    assert_eq!(keys(&read_documents(&db).await), ["a.md"]);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_passwords_never_show_and_a_new_password_is_the_same_database() -> TestResult {
-    let Some(pg) = PgDb::create("password").await? else {
-        return Ok(());
-    };
-    let env = Env::new();
-    let ledger = env.ledger.to_str().unwrap().to_string();
-    let outcome = async {
+    PgDatabase::around("accept_password", async |pg| {
+        let env = Env::new();
         env.put("a.md", "a\n");
         // Trust authentication ignores the password.
         let with = |password: &str| pg.url.replacen("://", &format!("://x:{password}@"), 1);
@@ -1833,14 +1353,7 @@ async fn postgres_passwords_never_show_and_a_new_password_is_the_same_database()
         } else {
             with("hunter2")
         };
-        let out = env.weir(&[
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &url,
-            "--ledger",
-            &ledger,
-        ]);
+        let out = env.sync_into(&url, &[]);
         let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
         ok(&out);
         assert!(!all.contains("hunter2"), "{all}");
@@ -1858,33 +1371,18 @@ async fn postgres_passwords_never_show_and_a_new_password_is_the_same_database()
             }
         }
         let other = url.replace("hunter2", "sw0rdfish");
-        let again = env.weir(&[
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &other,
-            "--ledger",
-            &ledger,
-        ]);
+        let again = env.sync_into(&other, &[]);
         let out = ok(&again);
         assert!(out.contains("1 unchanged files skipped"), "{out}");
         // A failed connection does not show it either.
         let bad = url.replace(":5432/", ":1/");
-        let failed = env.weir(&[
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &bad,
-            "--ledger",
-            "other-ledger",
-        ]);
+        let other_ledger = Path::new("other-ledger");
+        let failed = env.weir(&sync_args(&env.tree, &bad, other_ledger, &[]));
         let stderr = exits(&failed, 2);
         assert!(!stderr.contains("hunter2"), "{stderr}");
         TestResult::Ok(())
-    }
-    .await;
-    pg.drop().await;
-    outcome
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1892,35 +1390,15 @@ async fn live_mode_does_not_delete_every_row_when_the_watched_directory_disappea
     let env = Env::new();
     env.put("a.md", "a\n");
     env.put("b.md", "b\n");
-    let into = env.url_arg();
-    let mut live = cmd::spawn(
-        env.tmp.path(),
-        &[
-            "sync",
-            env.tree.to_str().unwrap(),
-            "--into",
-            &into,
-            "--ledger",
-            env.ledger.to_str().unwrap(),
-            "--live",
-            "--debounce-ms",
-            "100",
-        ],
-        None,
-    );
-    let result = async {
-        let first = within(Duration::from_secs(60), || async {
-            doc_count(&env.db).await == Some(2)
-        })
-        .await;
-        assert!(first.is_some(), "the first run landed");
+    let live = env.spawn_live(100, &[]);
+    let (status, stderr) = while_live(live, async {
+        let first = wait_for_documents(&env.db, 2).await;
+        assert!(first, "the first run landed");
         std::fs::remove_dir_all(&env.tree)?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         TestResult::Ok(())
-    }
-    .await;
-    let (status, stderr) = cmd::terminate(&mut live, Duration::from_secs(30));
-    result?;
+    })
+    .await?;
     no_backtrace(&stderr);
     assert!(status.is_some(), "it stopped: {stderr}");
     // A missing directory is an error for `weir sync` (exit code 2), not an

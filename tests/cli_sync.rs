@@ -4,35 +4,25 @@
 // Test support code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cli;
 mod cmd;
 mod pg;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use cli::{
+    chunks_sqlite, doc_count, doc_of, documents_sqlite, no_backtrace, ok, set_mode, sqlite_pool,
+    sqlite_url, wait_for_documents, while_live, within, Doc, Env, PgDatabase, TestResult,
+};
 use cmd::text;
-use sqlx::Row as _;
 use weir::Fingerprint;
-
-type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
 /// Runs `weir args...` in `cwd` and returns its output (see `cmd::run`).
 fn weir(cwd: &Path, args: &[&str]) -> Output {
     cmd::run(cwd, args, None)
-}
-
-/// Asserts a successful run, showing its output otherwise.
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "weir failed ({:?}):\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
 }
 
 /// Writes a tree of text files (with paragraphs), one binary file and one
@@ -57,35 +47,12 @@ fn generate_tree(root: &Path, files: usize) {
     std::fs::write(root.join("empty.txt"), "").unwrap();
 }
 
-/// A temporary directory holding a generated tree of `files` text files
-/// (plus a binary and an empty one), and the paths of a database and a
-/// ledger beside it.
-struct Setup {
-    tmp: tempfile::TempDir,
-    tree: PathBuf,
-    db: PathBuf,
-    ledger: PathBuf,
-}
-
-fn setup(files: usize) -> std::io::Result<Setup> {
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    generate_tree(&tree, files);
-    Ok(Setup {
-        db: tmp.path().join("out.db"),
-        ledger: tmp.path().join("ledger"),
-        tree,
-        tmp,
-    })
-}
-
-/// A `documents` row.
-#[derive(Debug, PartialEq, Eq)]
-struct Doc {
-    size: i64,
-    fingerprint: String,
-    line_count: Option<i64>,
-    content: Option<String>,
+/// An [`Env`] whose tree holds `files` generated text files (plus a binary
+/// and an empty one).
+fn setup(files: usize) -> Env {
+    let env = Env::new();
+    generate_tree(&env.tree, files);
+    env
 }
 
 /// What `documents` must hold for the files under `root` (relative paths
@@ -111,81 +78,24 @@ fn expected_documents(root: &Path, skip: &[&str]) -> BTreeMap<String, Doc> {
                 stack.push(path);
                 continue;
             }
-            let bytes = std::fs::read(&path).unwrap();
-            let content = std::str::from_utf8(&bytes)
-                .ok()
-                .filter(|t| !t.contains('\0'))
-                .map(str::to_string);
-            out.insert(
-                rel,
-                Doc {
-                    size: bytes.len() as i64,
-                    fingerprint: Fingerprint::from_bytes(&bytes).to_string(),
-                    line_count: content.as_ref().map(|c| c.lines().count() as i64),
-                    content,
-                },
-            );
+            out.insert(rel, doc_of(&std::fs::read(&path).unwrap()));
         }
     }
     out
 }
 
-async fn sqlite_pool(db: &Path) -> sqlx::SqlitePool {
-    sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(db))
-        .await
-        .unwrap()
-}
-
-/// The `documents` table.
-async fn documents_sqlite(pool: &sqlx::SqlitePool) -> BTreeMap<String, Doc> {
-    sqlx::query("SELECT path, size, fingerprint, line_count, content FROM documents")
-        .fetch_all(pool)
-        .await
-        .unwrap()
+/// The texts of `chunks` (see `cli::chunks_by_path`), path by path, their
+/// indexes checked contiguous from 0.
+fn texts(chunks: BTreeMap<String, Vec<(i64, String)>>) -> BTreeMap<String, Vec<String>> {
+    chunks
         .into_iter()
-        .map(|r| {
-            (
-                r.get::<String, _>(0),
-                Doc {
-                    size: r.get(1),
-                    fingerprint: r.get(2),
-                    line_count: r.get(3),
-                    content: r.get(4),
-                },
-            )
-        })
-        .collect()
-}
-
-/// The `chunks` table: path -> chunks in index order (indexes checked
-/// contiguous from 0).
-fn group_chunks(rows: Vec<(String, i64, String)>) -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
-    for (path, index, text) in rows {
-        out.entry(path).or_default().push((index, text));
-    }
-    out.into_iter()
-        .map(|(path, mut chunks)| {
-            chunks.sort();
+        .map(|(path, chunks)| {
             for (i, (index, _)) in chunks.iter().enumerate() {
                 assert_eq!(*index, i as i64, "chunk indexes of {path} are contiguous");
             }
             (path, chunks.into_iter().map(|(_, t)| t).collect())
         })
         .collect()
-}
-
-async fn chunks_sqlite(pool: &sqlx::SqlitePool) -> BTreeMap<String, Vec<String>> {
-    let rows = sqlx::query("SELECT path, chunk_index, text FROM chunks")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    group_chunks(rows)
 }
 
 /// Chunks must cover each text document's paragraphs, in order, and
@@ -225,55 +135,34 @@ fn check_chunks(docs: &BTreeMap<String, Doc>, chunks: &BTreeMap<String, Vec<Stri
     }
 }
 
-/// Runs `weir sync` of `tree` into the SQLite file `db` with `ledger`,
-/// from `cwd`.
-fn sync_sqlite(cwd: &Path, tree: &Path, db: &Path, ledger: &Path) -> Output {
-    weir(
-        cwd,
-        &[
-            "sync",
-            tree.to_str().unwrap(),
-            "--into",
-            &format!("sqlite://{}", db.display()),
-            "--ledger",
-            ledger.to_str().unwrap(),
-        ],
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_writes_one_document_and_its_chunks_per_file_and_a_resync_matches_the_tree_exactly(
 ) -> TestResult {
-    let Setup {
-        tmp,
-        tree,
-        db,
-        ledger,
-    } = setup(30)?;
+    let env = setup(30);
 
-    let first = ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    let first = ok(&env.sync(&[]));
     assert!(first.contains("synced 32 files"), "{first}");
-    let pool = sqlite_pool(&db).await;
+    let pool = env.pool().await;
     let docs = documents_sqlite(&pool).await;
-    assert_eq!(docs, expected_documents(&tree, &[]));
-    check_chunks(&docs, &chunks_sqlite(&pool).await);
+    assert_eq!(docs, expected_documents(&env.tree, &[]));
+    check_chunks(&docs, &texts(chunks_sqlite(&pool).await));
 
     // Change one file, add one, delete one (a long one with chunks).
-    std::fs::write(tree.join("dir0/sub0/file0.md"), "rewritten\n\nentirely\n")?;
-    std::fs::write(tree.join("new.md"), "a new file\n")?;
-    std::fs::remove_file(tree.join("dir0/sub1/file3.md"))?;
-    let second = ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    std::fs::write(env.path("dir0/sub0/file0.md"), "rewritten\n\nentirely\n")?;
+    std::fs::write(env.path("new.md"), "a new file\n")?;
+    std::fs::remove_file(env.path("dir0/sub1/file3.md"))?;
+    let second = ok(&env.sync(&[]));
     assert!(second.contains("synced 32 files"), "{second}");
     assert!(second.contains("30 unchanged files skipped"), "{second}");
     let docs = documents_sqlite(&pool).await;
-    assert_eq!(docs, expected_documents(&tree, &[]));
-    let chunks = chunks_sqlite(&pool).await;
+    assert_eq!(docs, expected_documents(&env.tree, &[]));
+    let chunks = texts(chunks_sqlite(&pool).await);
     check_chunks(&docs, &chunks);
     assert!(!chunks.contains_key("dir0/sub1/file3.md"));
     assert_eq!(chunks["dir0/sub0/file0.md"], vec!["rewritten\n\nentirely"]);
 
     // Nothing changed: every file is skipped.
-    let third = ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    let third = ok(&env.sync(&[]));
     assert!(third.contains("32 unchanged files skipped"), "{third}");
     assert!(third.contains("0 created, 0 updated, 0 deleted"), "{third}");
     Ok(())
@@ -311,36 +200,28 @@ async fn the_defaults_sync_the_current_directory_into_weir_db_without_syncing_we
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_that_cannot_be_read_fails_alone_and_is_listed_with_a_non_zero_exit() -> TestResult {
-    let Setup {
-        tmp,
-        tree,
-        db,
-        ledger,
-    } = setup(4)?;
+    let env = setup(4);
     // A link to nothing cannot be read, even by root.
-    std::os::unix::fs::symlink("missing-target", tree.join("broken.md"))?;
+    std::os::unix::fs::symlink("missing-target", env.path("broken.md"))?;
 
-    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
+    let out = env.sync(&[]);
     assert_eq!(out.status.code(), Some(1), "stderr: {}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("failed: broken.md"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(text(&out.stdout).contains("1 failed"));
-    let pool = sqlite_pool(&db).await;
+    let pool = env.pool().await;
     let docs = documents_sqlite(&pool).await;
     assert_eq!(docs.len(), 6, "every other file landed: {:?}", docs.keys());
 
-    let inspect = ok(&weir(
-        tmp.path(),
-        &["inspect", "--ledger", ledger.to_str().unwrap()],
-    ));
+    let inspect = ok(&env.inspect());
     assert!(inspect.contains("failed components: 1"), "{inspect}");
     assert!(inspect.contains("broken.md"), "{inspect}");
 
     // Fixed: the next sync runs only it, and exits 0.
-    std::fs::remove_file(tree.join("broken.md"))?;
-    std::fs::write(tree.join("broken.md"), "fixed\n")?;
-    let fixed = ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    std::fs::remove_file(env.path("broken.md"))?;
+    std::fs::write(env.path("broken.md"), "fixed\n")?;
+    let fixed = ok(&env.sync(&[]));
     assert!(fixed.contains("6 unchanged files skipped"), "{fixed}");
     assert_eq!(documents_sqlite(&pool).await.len(), 7);
     Ok(())
@@ -393,10 +274,7 @@ fn bad_input_gets_a_sentence_and_exit_code_2_never_a_backtrace() -> TestResult {
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
-        assert!(
-            !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
-            "{stderr}"
-        );
+        no_backtrace(&stderr);
     }
     let left: Vec<_> = std::fs::read_dir(tmp.path().join("tree"))?.collect();
     assert!(left.is_empty(), "{left:?}");
@@ -406,18 +284,11 @@ fn bad_input_gets_a_sentence_and_exit_code_2_never_a_backtrace() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_in_use_or_tied_to_another_database_is_refused_with_what_to_do() -> TestResult {
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    generate_tree(&tree, 2);
-    let ledger = tmp.path().join("ledger");
-    ok(&sync_sqlite(
-        tmp.path(),
-        &tree,
-        &tmp.path().join("a.db"),
-        &ledger,
-    ));
+    let env = setup(2);
+    let a = sqlite_url(&env.tmp.path().join("a.db"));
+    ok(&env.sync_into(&a, &[]));
 
-    let other = sync_sqlite(tmp.path(), &tree, &tmp.path().join("b.db"), &ledger);
+    let other = env.sync_into(&sqlite_url(&env.tmp.path().join("b.db")), &[]);
     assert_eq!(other.status.code(), Some(2));
     assert!(
         text(&other.stderr).contains("tracks what weir created in"),
@@ -426,10 +297,10 @@ async fn a_ledger_in_use_or_tied_to_another_database_is_refused_with_what_to_do(
     );
 
     let held = weir::App::builder("holder")
-        .ledger_path(&ledger)
+        .ledger_path(&env.ledger)
         .build()
         .await?;
-    let locked = sync_sqlite(tmp.path(), &tree, &tmp.path().join("a.db"), &ledger);
+    let locked = env.sync_into(&a, &[]);
     assert_eq!(locked.status.code(), Some(2));
     assert!(
         text(&locked.stderr).contains("already open"),
@@ -442,94 +313,32 @@ async fn a_ledger_in_use_or_tied_to_another_database_is_refused_with_what_to_do(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_deletes_the_tables_after_confirmation_and_forgets_them() -> TestResult {
-    let Setup {
-        tmp,
-        tree,
-        db,
-        ledger,
-    } = setup(3)?;
-    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
-    let into = format!("sqlite://{}", db.display());
-    let ledger_arg = ledger.to_str().unwrap();
-
-    let refused = weir(
-        tmp.path(),
-        &["drop", "--into", &into, "--ledger", ledger_arg],
-    );
+    let env = setup(3);
+    ok(&env.sync(&[]));
+    let refused = env.drop_tables(&[]);
     assert_eq!(refused.status.code(), Some(2));
     assert!(text(&refused.stderr).contains("--yes"));
 
-    ok(&weir(
-        tmp.path(),
-        &["drop", "--into", &into, "--ledger", ledger_arg, "--yes"],
-    ));
-    let pool = sqlite_pool(&db).await;
-    let tables: Vec<String> =
-        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table'")
-            .fetch_all(&pool)
-            .await?;
+    ok(&env.drop_tables(&["--yes"]));
+    let tables = env.tables().await;
     assert!(tables.is_empty(), "{tables:?}");
-    let inspect = ok(&weir(tmp.path(), &["inspect", "--ledger", ledger_arg]));
+    let inspect = ok(&env.inspect());
     assert!(inspect.contains("target states: 0"), "{inspect}");
     Ok(())
-}
-
-/// Polls `check` every 20 ms until it returns true or `limit` passes;
-/// returns how long it took.
-async fn within<F, Fut>(limit: Duration, mut check: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check().await {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_mode_picks_up_a_change_and_a_deletion_within_two_seconds_and_stops_on_sigterm(
 ) -> TestResult {
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    let db = tmp.path().join("out.db");
-    generate_tree(&tree, 6);
-    let ledger = tmp.path().join("ledger");
-    let mut child = cmd::spawn(
-        tmp.path(),
-        &[
-            "sync",
-            tree.to_str().unwrap(),
-            "--into",
-            &format!("sqlite://{}", db.display()),
-            "--ledger",
-            ledger.to_str().unwrap(),
-            "--live",
-            "--debounce-ms",
-            "100",
-        ],
-        None,
-    );
-    let result = async {
-        let first = within(Duration::from_secs(60), || async {
-            db.exists() && {
-                let pool = sqlite_pool(&db).await;
-                let n: std::result::Result<i64, _> =
-                    sqlx::query_scalar("SELECT count(*) FROM documents")
-                        .fetch_one(&pool)
-                        .await;
-                n.ok() == Some(8)
-            }
-        })
-        .await;
-        assert!(first.is_some(), "the first sync landed");
-        let pool = sqlite_pool(&db).await;
+    let env = setup(6);
+    let child = env.spawn_live(100, &[]);
+    // Then SIGTERM stops it gracefully, with exit code 0.
+    let (status, stderr) = while_live(child, async {
+        let first = wait_for_documents(&env.db, 8).await;
+        assert!(first, "the first sync landed");
+        let pool = env.pool().await;
 
-        std::fs::write(tree.join("dir0/sub0/file0.md"), "changed live\n")?;
+        std::fs::write(env.path("dir0/sub0/file0.md"), "changed live\n")?;
         let changed = within(Duration::from_secs(2), || async {
             let content: Option<String> = sqlx::query_scalar(
                 "SELECT content FROM documents WHERE path = 'dir0/sub0/file0.md'",
@@ -544,7 +353,7 @@ async fn live_mode_picks_up_a_change_and_a_deletion_within_two_seconds_and_stops
         eprintln!("live change landed after {changed:?}");
         assert!(changed.is_some(), "the change landed within 2 s");
 
-        std::fs::remove_file(tree.join("dir1/sub1/file1.md"))?;
+        std::fs::remove_file(env.path("dir1/sub1/file1.md"))?;
         let deleted = within(Duration::from_secs(2), || async {
             let n: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM documents WHERE path = 'dir1/sub1/file1.md'",
@@ -558,144 +367,42 @@ async fn live_mode_picks_up_a_change_and_a_deletion_within_two_seconds_and_stops
         eprintln!("live deletion landed after {deleted:?}");
         assert!(deleted.is_some(), "the deletion landed within 2 s");
         TestResult::Ok(())
-    }
-    .await;
-
-    // SIGTERM stops it gracefully, with exit code 0.
-    let (status, stderr) = cmd::terminate(&mut child, Duration::from_secs(30));
-    result?;
+    })
+    .await?;
     let status = status.expect("weir --live stops within 30 s of SIGTERM");
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert!(stderr.contains("stopped"), "{stderr}");
     Ok(())
 }
 
-/// A fresh PostgreSQL database for one test, dropped at the end; `None`
-/// (after a loud message) when there is no server and `CI` is not `true`.
-struct PgDatabase {
-    admin: sqlx::PgPool,
-    name: String,
-    url: String,
-}
-
-impl PgDatabase {
-    async fn create(
-        test: &str,
-    ) -> std::result::Result<Option<PgDatabase>, Box<dyn std::error::Error>> {
-        let Some((base, admin)) = pg::server(2).await? else {
-            return Ok(None);
-        };
-        let name = format!(
-            "weir_{test}_{}_{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)?
-                .subsec_nanos()
-        );
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&admin)
-            .await?;
-        let (prefix, _) = base.rsplit_once('/').ok_or("a database URL has a path")?;
-        let url = format!("{prefix}/{name}");
-        Ok(Some(PgDatabase { admin, name, url }))
-    }
-
-    async fn drop(self) {
-        let _ = sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        ))
-        .execute(&self.admin)
-        .await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_into_postgres_matches_the_tree_after_changes() -> TestResult {
-    let Some(pg) = PgDatabase::create("cli_sync").await? else {
-        return Ok(());
-    };
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    let ledger = tmp.path().join("ledger");
-    generate_tree(&tree, 12);
-    let sync = || {
-        weir(
-            tmp.path(),
-            &[
-                "sync",
-                tree.to_str().unwrap(),
-                "--into",
-                &pg.url,
-                "--ledger",
-                ledger.to_str().unwrap(),
-            ],
-        )
-    };
-    let outcome = async {
+    PgDatabase::around("cli_sync", async |pg| {
+        let env = setup(12);
+        let sync = || env.sync_into(&pg.url, &[]);
         ok(&sync());
-        std::fs::write(tree.join("dir0/sub0/file0.md"), "new text\n")?;
-        std::fs::remove_file(tree.join("dir2/sub0/file2.md"))?;
-        std::fs::write(tree.join("added.md"), "added\n\nhere\n")?;
+        std::fs::write(env.path("dir0/sub0/file0.md"), "new text\n")?;
+        std::fs::remove_file(env.path("dir2/sub0/file2.md"))?;
+        std::fs::write(env.path("added.md"), "added\n\nhere\n")?;
         let second = ok(&sync());
         assert!(second.contains("12 unchanged files skipped"), "{second}");
 
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&pg.url)
-            .await?;
-        let docs: BTreeMap<String, Doc> =
-            sqlx::query("SELECT path, size, fingerprint, line_count, content FROM documents")
-                .fetch_all(&pool)
-                .await?
-                .into_iter()
-                .map(|r| {
-                    (
-                        r.get::<String, _>(0),
-                        Doc {
-                            size: r.get(1),
-                            fingerprint: r.get(2),
-                            line_count: r.get(3),
-                            content: r.get(4),
-                        },
-                    )
-                })
-                .collect();
-        assert_eq!(docs, expected_documents(&tree, &[]));
-        let rows: Vec<(String, i32, String)> =
-            sqlx::query_as("SELECT path, chunk_index, text FROM chunks")
-                .fetch_all(&pool)
-                .await?;
-        let chunks = group_chunks(
-            rows.into_iter()
-                .map(|(p, i, t)| (p, i64::from(i), t))
-                .collect(),
-        );
-        check_chunks(&docs, &chunks);
-        pool.close().await;
+        let docs = pg.docs().await;
+        assert_eq!(docs, expected_documents(&env.tree, &[]));
+        check_chunks(&docs, &texts(pg.chunks().await));
         TestResult::Ok(())
-    }
-    .await;
-    pg.drop().await;
-    outcome
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_over_the_content_limit_is_recorded_without_its_content() -> TestResult {
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    let db = tmp.path().join("out.db");
-    std::fs::create_dir_all(&tree)?;
+    let env = Env::new();
     let big = "line of text\n".repeat(5 * 1024 * 1024 / 13 + 1);
-    std::fs::write(tree.join("big.txt"), &big)?;
-    std::fs::write(tree.join("small.txt"), "small\n")?;
-    ok(&sync_sqlite(
-        tmp.path(),
-        &tree,
-        &db,
-        &tmp.path().join("ledger"),
-    ));
-    let pool = sqlite_pool(&db).await;
+    env.put("big.txt", &big);
+    env.put("small.txt", "small\n");
+    ok(&env.sync(&[]));
+    let pool = env.pool().await;
     let docs = documents_sqlite(&pool).await;
     let row = &docs["big.txt"];
     assert_eq!(row.size, big.len() as i64);
@@ -705,7 +412,7 @@ async fn a_file_over_the_content_limit_is_recorded_without_its_content() -> Test
     );
     assert_eq!((row.content.as_deref(), row.line_count), (None, None));
     assert_eq!(docs["small.txt"].content.as_deref(), Some("small\n"));
-    let chunks = chunks_sqlite(&pool).await;
+    let chunks = texts(chunks_sqlite(&pool).await);
     assert!(!chunks.contains_key("big.txt"));
     Ok(())
 }
@@ -780,35 +487,30 @@ async fn a_directory_that_cannot_be_read_keeps_the_rows_of_the_files_under_it() 
         let probe = tempfile::tempdir()?;
         let dir = probe.path().join("locked");
         std::fs::create_dir(&dir)?;
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o000))?;
+        set_mode(&dir, 0o000)?;
         if std::fs::read_dir(&dir).is_ok() {
             eprintln!("SKIPPED: running as root, which can list a directory with mode 000");
             return Ok(());
         }
     }
-    let Setup {
-        tmp,
-        tree,
-        db,
-        ledger,
-    } = setup(6)?;
-    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
-    let locked = tree.join("dir1");
-    std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o000))?;
-    std::fs::write(tree.join("dir0/sub0/file0.md"), "changed\n")?;
-    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
-    std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let env = setup(6);
+    ok(&env.sync(&[]));
+    let locked = env.path("dir1");
+    set_mode(&locked, 0o000)?;
+    std::fs::write(env.path("dir0/sub0/file0.md"), "changed\n")?;
+    let out = env.sync(&[]);
+    set_mode(&locked, 0o755)?;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("could not be read"),
         "{}",
         text(&out.stderr)
     );
-    let pool = sqlite_pool(&db).await;
+    let pool = env.pool().await;
     let docs = documents_sqlite(&pool).await;
     assert_eq!(
         docs,
-        expected_documents(&tree, &[]),
+        expected_documents(&env.tree, &[]),
         "nothing under dir1 was deleted"
     );
     Ok(())
@@ -817,34 +519,11 @@ async fn a_directory_that_cannot_be_read_keeps_the_rows_of_the_files_under_it() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_sync_commits_what_finished_and_the_next_sync_does_the_rest() -> TestResult
 {
-    let Setup {
-        tmp,
-        tree,
-        db,
-        ledger,
-    } = setup(4000)?;
-    let mut child = cmd::spawn(
-        tmp.path(),
-        &[
-            "sync",
-            tree.to_str().unwrap(),
-            "--into",
-            &format!("sqlite://{}", db.display()),
-            "--ledger",
-            ledger.to_str().unwrap(),
-        ],
-        None,
-    );
+    let env = setup(4000);
+    let mut child = env.spawn_sync(&[]);
     // Signal once some rows have landed.
     let landed = within(Duration::from_secs(60), || async {
-        db.exists() && {
-            let pool = sqlite_pool(&db).await;
-            let n: std::result::Result<i64, _> =
-                sqlx::query_scalar("SELECT count(*) FROM documents")
-                    .fetch_one(&pool)
-                    .await;
-            n.is_ok_and(|n| n > 0)
-        }
+        doc_count(&env.db).await.is_some_and(|n| n > 0)
     })
     .await;
     assert!(landed.is_some(), "rows started to land");
@@ -853,10 +532,7 @@ async fn sigterm_during_a_sync_commits_what_finished_and_the_next_sync_does_the_
     match status.code() {
         Some(130) => {
             assert!(stderr.contains("interrupted"), "{stderr}");
-            let pool = sqlite_pool(&db).await;
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM documents")
-                .fetch_one(&pool)
-                .await?;
+            let n = doc_count(&env.db).await.ok_or("a documents table")?;
             assert!(n > 0 && n < 4002, "part of the files landed: {n}");
         }
         // On a fast machine the sync may finish before the signal lands.
@@ -866,33 +542,28 @@ async fn sigterm_during_a_sync_commits_what_finished_and_the_next_sync_does_the_
         other => panic!("unexpected exit {other:?}: {stderr}"),
     }
     // The next sync does the rest, and the table equals the tree.
-    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
-    let pool = sqlite_pool(&db).await;
+    ok(&env.sync(&[]));
+    let pool = env.pool().await;
     assert_eq!(
         documents_sqlite(&pool).await,
-        expected_documents(&tree, &[])
+        expected_documents(&env.tree, &[])
     );
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_deleted_between_syncs_is_filled_again_by_the_next_sync() -> TestResult {
-    let Setup {
-        tmp,
-        tree,
-        db,
-        ledger,
-    } = setup(6)?;
-    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
+    let env = setup(6);
+    ok(&env.sync(&[]));
     for suffix in ["", "-wal", "-shm"] {
-        let mut file = db.clone().into_os_string();
+        let mut file = env.db.clone().into_os_string();
         file.push(suffix);
         let _ = std::fs::remove_file(PathBuf::from(file));
     }
 
     // Every file is unchanged, but the rows they declared are gone with
     // the database: skipping them would leave it without tables.
-    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
+    let out = env.sync(&[]);
     let stdout = ok(&out);
     assert!(stdout.contains("0 unchanged files skipped"), "{stdout}");
     assert!(
@@ -900,14 +571,14 @@ async fn a_database_deleted_between_syncs_is_filled_again_by_the_next_sync() -> 
         "{}",
         text(&out.stderr)
     );
-    let pool = sqlite_pool(&db).await;
+    let pool = env.pool().await;
     let docs = documents_sqlite(&pool).await;
-    assert_eq!(docs, expected_documents(&tree, &[]));
-    check_chunks(&docs, &chunks_sqlite(&pool).await);
+    assert_eq!(docs, expected_documents(&env.tree, &[]));
+    check_chunks(&docs, &texts(chunks_sqlite(&pool).await));
     pool.close().await;
 
     // Then syncs skip unchanged files again, without the note.
-    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
+    let out = env.sync(&[]);
     assert!(ok(&out).contains("8 unchanged files skipped"));
     assert!(
         !text(&out.stderr).contains("any more"),
@@ -920,33 +591,11 @@ async fn a_database_deleted_between_syncs_is_filled_again_by_the_next_sync() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_dropped_by_hand_in_postgres_stops_the_sync_with_what_to_do_and_drop_then_sync_rebuild_it(
 ) -> TestResult {
-    let Some(pg) = PgDatabase::create("cli_lost_table").await? else {
-        return Ok(());
-    };
-    let tmp = tempfile::tempdir()?;
-    let tree = tmp.path().join("tree");
-    let ledger = tmp.path().join("ledger");
-    generate_tree(&tree, 5);
-    let ledger_arg = ledger.to_str().unwrap();
-    let sync = || {
-        weir(
-            tmp.path(),
-            &[
-                "sync",
-                tree.to_str().unwrap(),
-                "--into",
-                &pg.url,
-                "--ledger",
-                ledger_arg,
-            ],
-        )
-    };
-    let outcome = async {
+    PgDatabase::around("cli_lost_table", async |pg| {
+        let env = setup(5);
+        let sync = || env.sync_into(&pg.url, &[]);
         ok(&sync());
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&pg.url)
-            .await?;
+        let pool = pg.pool().await;
         // A view named like the table is not the table.
         sqlx::query("DROP TABLE chunks").execute(&pool).await?;
         sqlx::query("CREATE VIEW chunks AS SELECT path FROM documents")
@@ -971,37 +620,27 @@ async fn a_table_dropped_by_hand_in_postgres_stops_the_sync_with_what_to_do_and_
 
         // What it says to do works.
         sqlx::query("DROP VIEW chunks").execute(&pool).await?;
-        ok(&weir(
-            tmp.path(),
-            &["drop", "--yes", "--into", &pg.url, "--ledger", ledger_arg],
-        ));
+        ok(&env.drop_tables_in(&pg.url, &["--yes"]));
         assert!(ok(&sync()).contains("0 unchanged files skipped"));
         assert_eq!(count("documents").await?, 7);
         assert!(count("chunks").await? >= 5);
         pool.close().await;
         TestResult::Ok(())
-    }
-    .await;
-    pg.drop().await;
-    outcome
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_first_sync_that_failed_to_create_the_tables_the_next_one_writes_everything(
 ) -> TestResult {
-    let Setup {
-        tmp,
-        tree,
-        db,
-        ledger,
-    } = setup(2)?;
+    let env = setup(2);
     // The first sync fails to create `documents` (an index has its name),
     // after the ledger was tied to the database.
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
         .max_connections(1)
         .connect_with(
             sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(&db)
+                .filename(&env.db)
                 .create_if_missing(true),
         )
         .await?;
@@ -1011,44 +650,27 @@ async fn after_a_first_sync_that_failed_to_create_the_tables_the_next_one_writes
     sqlx::query("CREATE INDEX documents ON other (a)")
         .execute(&pool)
         .await?;
-    let out = sync_sqlite(tmp.path(), &tree, &db, &ledger);
+    let out = env.sync(&[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(ledger.join("weir-target").is_file());
+    assert!(env.ledger.join("weir-target").is_file());
     sqlx::query("DROP INDEX documents").execute(&pool).await?;
     pool.close().await;
 
-    ok(&sync_sqlite(tmp.path(), &tree, &db, &ledger));
-    let pool = sqlite_pool(&db).await;
+    ok(&env.sync(&[]));
+    let pool = env.pool().await;
     let docs = documents_sqlite(&pool).await;
-    assert_eq!(docs, expected_documents(&tree, &[]));
-    check_chunks(&docs, &chunks_sqlite(&pool).await);
+    assert_eq!(docs, expected_documents(&env.tree, &[]));
+    check_chunks(&docs, &texts(chunks_sqlite(&pool).await));
     pool.close().await;
     Ok(())
 }
 
 #[test]
 fn a_metrics_address_in_use_is_a_sentence_and_exit_code_2_not_a_panic() -> TestResult {
-    let Setup {
-        tmp,
-        tree,
-        db,
-        ledger,
-    } = setup(2)?;
+    let env = setup(2);
     let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = taken.local_addr()?.to_string();
-    let out = weir(
-        tmp.path(),
-        &[
-            "sync",
-            tree.to_str().unwrap(),
-            "--into",
-            &format!("sqlite://{}", db.display()),
-            "--ledger",
-            ledger.to_str().unwrap(),
-            "--metrics",
-            &addr,
-        ],
-    );
+    let out = env.sync(&["--metrics", &addr]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
