@@ -346,57 +346,76 @@ impl App {
         Ok((done.stats, done.failures))
     }
 
+    /// Runs an update as a task of its own. Dropping the returned future (a
+    /// timeout, a `select!`) does not cut the run short with actions in
+    /// flight and nothing committed, which would let them land after a
+    /// later run and leave the ledger wrong: the run finishes in the
+    /// background, and the next run starts once it has.
     async fn execute_inner<F, Fut, T>(&self, f: F, mode: Mode) -> Result<Executed<T>>
     where
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let engine = Arc::clone(&self.engine);
-        let _one_at_a_time = engine.run_lock.lock().await;
-        let started = Instant::now();
-        let run = Run::new(
-            Arc::clone(&engine),
-            mode == Mode::Preview,
-            mode == Mode::Drop,
-        );
-        let root = ComponentState::new(Arc::clone(&run), ComponentPath::root());
-        run.activity.enter();
-        let result = run_component(root, f).await;
-        let cleanup = finish_run(&run).await;
-        run.release_sinks();
-        for shard in &engine.shards {
-            shard.do_send(EndRun { run_id: run.id });
-        }
-        cleanup?;
-        let failures = std::mem::take(&mut *lock(&run.failures));
-        let c = &run.counters;
-        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        let stats = UpdateStats {
-            created: load(&c.created),
-            updated: load(&c.updated),
-            deleted: load(&c.deleted),
-            unchanged: load(&c.unchanged),
-            failed_components: failures.len() as u64,
-            elapsed: started.elapsed(),
-            components: load(&c.components),
-            memoized: load(&c.memoized),
-        };
-        let preview = std::mem::take(&mut *lock(&run.preview_actions));
-        let outcome = if failures.is_empty() && result.is_ok() {
-            "ok"
-        } else {
-            "failed"
-        };
-        metrics::counter!(crate::metrics::UPDATE_RUNS, "outcome" => outcome).increment(1);
-        metrics::histogram!(crate::metrics::UPDATE_DURATION).record(stats.elapsed.as_secs_f64());
-        Ok(Executed {
-            result,
-            stats,
-            preview,
-            failures,
-        })
+        let run = execute_run(Arc::clone(&self.engine), f, mode);
+        self.engine
+            .user
+            .spawn(run)
+            .await
+            .map_err(|e| Error::Shutdown(format!("the run's task ended abnormally: {e}")))?
     }
+}
+
+/// One update, from taking the run lock to its stats.
+async fn execute_run<F, Fut, T>(engine: Arc<Engine>, f: F, mode: Mode) -> Result<Executed<T>>
+where
+    F: FnOnce(Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let _one_at_a_time = engine.run_lock.lock().await;
+    let started = Instant::now();
+    let run = Run::new(
+        Arc::clone(&engine),
+        mode == Mode::Preview,
+        mode == Mode::Drop,
+    );
+    let root = ComponentState::new(Arc::clone(&run), ComponentPath::root());
+    run.activity.enter();
+    let result = run_component(root, f).await;
+    let cleanup = finish_run(&run).await;
+    run.release_sinks();
+    for shard in &engine.shards {
+        shard.do_send(EndRun { run_id: run.id });
+    }
+    cleanup?;
+    let failures = std::mem::take(&mut *lock(&run.failures));
+    let c = &run.counters;
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let stats = UpdateStats {
+        created: load(&c.created),
+        updated: load(&c.updated),
+        deleted: load(&c.deleted),
+        unchanged: load(&c.unchanged),
+        failed_components: failures.len() as u64,
+        elapsed: started.elapsed(),
+        components: load(&c.components),
+        memoized: load(&c.memoized),
+    };
+    let preview = std::mem::take(&mut *lock(&run.preview_actions));
+    let outcome = if failures.is_empty() && result.is_ok() {
+        "ok"
+    } else {
+        "failed"
+    };
+    metrics::counter!(crate::metrics::UPDATE_RUNS, "outcome" => outcome).increment(1);
+    metrics::histogram!(crate::metrics::UPDATE_DURATION).record(stats.elapsed.as_secs_f64());
+    Ok(Executed {
+        result,
+        stats,
+        preview,
+        failures,
+    })
 }
 
 /// What a ledger holds (see [`App::inspect`]).

@@ -154,6 +154,9 @@ impl Engine {
         if let Some(mut actor) = actor {
             actor.stop();
         }
+        // Nothing writes the ledger any more: another App may open it,
+        // even while a run cut short still holds a clone of it.
+        self.ledger.release_lock();
     }
 }
 

@@ -139,7 +139,10 @@ pub(crate) struct Ledger {
     seq_file: Arc<PathBuf>,
     /// The intent journal (`weir.intents`).
     journal: Arc<std::sync::Mutex<Journal>>,
-    _lock: Arc<File>,
+    /// The open `weir.lock`, whose lock is the App's hold on the ledger;
+    /// taken (and so released) when the App stops, even while a run it
+    /// left behind still holds a clone of the ledger.
+    lock: Arc<std::sync::Mutex<Option<File>>>,
 }
 
 fn container_key(container: &[u8], component: &[u8]) -> Vec<u8> {
@@ -244,6 +247,18 @@ impl Ledger {
         self.journal
             .lock()
             .map_err(|_| Error::msg("the intent journal's lock is poisoned"))
+    }
+
+    /// Releases the ledger's lock file, so that another App may open the
+    /// ledger: called once the App's ledger actor, its only writer, has
+    /// stopped. sled's own lock lasts while clones of the ledger do; opening
+    /// waits for it a little (see `Ledger::open`).
+    pub(crate) fn release_lock(&self) {
+        let file = match self.lock.lock() {
+            Ok(mut file) => file.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        drop(file);
     }
 
     pub(crate) fn dir(&self) -> &str {

@@ -124,7 +124,7 @@ impl Ledger {
             seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             seq_file: Arc::new(dir.join(SEQ_FILE)),
             journal: Arc::new(std::sync::Mutex::new(journal)),
-            _lock: Arc::new(lock),
+            lock: Arc::new(std::sync::Mutex::new(Some(lock))),
         };
         let flushed_seq = ledger.read_seq_file();
         let display = Arc::clone(&ledger.dir);
