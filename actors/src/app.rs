@@ -28,7 +28,15 @@ pub const DEFAULT_LEDGER_DIR: &str = ".weir";
 ///
 /// Build one with [`App::builder`], then call [`App::update`] (or
 /// [`App::run`]) with the root component's code. Dropping the `App` stops
-/// its threads and releases its ledger before `drop` returns.
+/// its threads, cancels a run still going in the background, and releases
+/// its ledger: another `App` can open it at once.
+///
+/// A run is a task of its own: dropping the future of [`App::run`] (a
+/// timeout, a `select!`) does not cut it short with actions in flight; it
+/// finishes in the background, and the App's next run starts once it has.
+/// So a run stuck in user code holds the next ones back: bound sink calls
+/// with [`RetryPolicy::call_timeout`](crate::RetryPolicy::call_timeout),
+/// or drop the `App`.
 ///
 /// ```
 /// use weir_actors::{App, Result};
@@ -357,12 +365,18 @@ impl App {
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let run = execute_run(Arc::clone(&self.engine), f, mode);
-        self.engine
+        let run = self
+            .engine
             .user
-            .spawn(run)
-            .await
-            .map_err(|e| Error::Shutdown(format!("the run's task ended abnormally: {e}")))?
+            .spawn(execute_run(Arc::clone(&self.engine), f, mode));
+        self.engine.tasks.track(&run);
+        match run.await {
+            Ok(done) => done,
+            // An engine bug's panic goes on as if the run had not been a
+            // task of its own (user code's panics are caught per component).
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(Error::Shutdown(format!("the run was cancelled: {e}"))),
+        }
     }
 }
 

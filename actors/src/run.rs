@@ -144,6 +144,7 @@ impl Run {
         let env = SinkEnv {
             ledger: self.engine.ledger_handle.clone(),
             user: self.engine.user.clone(),
+            tasks: self.engine.tasks.clone(),
             batch: self.engine.config.batch,
             retry: self.engine.config.retry,
             activity: Arc::clone(&self.activity),

@@ -411,3 +411,36 @@ async fn a_ledger_path_that_is_a_regular_file_is_refused_with_an_error_naming_it
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_dropped_while_a_cancelled_run_waits_on_slow_code_reopens_at_once() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ext = Ext::new();
+    {
+        let app = open(dir.path()).await?;
+        let handler = ext.handler();
+        let stuck = app.run(move |ctx| async move {
+            let p = register_root_target_states_provider(&ctx, KV, handler)?;
+            ctx.mount("slow", move |c| async move {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                declare_target_state(&c, p.target_state("x", "late".to_string()))
+            })
+            .await
+        });
+        assert!(tokio::time::timeout(Duration::from_millis(100), stuck)
+            .await
+            .is_err());
+        // Dropped while the run's component sleeps for a minute: the App
+        // cancels the run rather than wait for it.
+    }
+    let started = std::time::Instant::now();
+    let app = open(dir.path()).await?;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "reopening took {:?}",
+        started.elapsed()
+    );
+    run_flat(&app, &ext, rows(&[("x", "v1")])).await?;
+    assert_eq!(ext.store(), rows(&[("x", "v1")]).into_iter().collect());
+    Ok(())
+}

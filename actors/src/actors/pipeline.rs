@@ -38,6 +38,49 @@ struct ActixParts {
     thread: JoinHandle<()>,
 }
 
+/// The tasks an App spawned on the user's runtime for its runs (the runs
+/// themselves, their components, their sink calls): aborted when the App
+/// stops, so that a run left behind (its future was dropped) neither
+/// outlives the App nor keeps its ledger open.
+#[derive(Clone, Default)]
+pub(crate) struct Tasks(Arc<Mutex<TaskList>>);
+
+#[derive(Default)]
+struct TaskList {
+    handles: Vec<tokio::task::AbortHandle>,
+    /// The length at which finished tasks are dropped from the list next.
+    prune_at: usize,
+}
+
+/// The fewest tasks kept before finished ones are dropped from the list.
+const TASKS_PRUNED_FROM: usize = 1024;
+
+impl Tasks {
+    /// Keeps `task` to abort when the App stops.
+    pub(crate) fn track<T>(&self, task: &tokio::task::JoinHandle<T>) {
+        let mut list = self.lock();
+        if list.handles.len() >= list.prune_at.max(TASKS_PRUNED_FROM) {
+            list.handles.retain(|h| !h.is_finished());
+            list.prune_at = 2 * list.handles.len();
+        }
+        list.handles.push(task.abort_handle());
+    }
+
+    /// Aborts every task still running.
+    pub(crate) fn abort_all(&self) {
+        let handles = std::mem::take(&mut self.lock().handles);
+        for handle in handles {
+            handle.abort();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TaskList> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// The running engine of one `App`.
 pub(crate) struct Engine {
     pub ledger: Ledger,
@@ -45,6 +88,8 @@ pub(crate) struct Engine {
     pub shards: Vec<Addr<ReconcilerActor>>,
     pub sink_arbiter: ArbiterHandle,
     pub user: tokio::runtime::Handle,
+    /// What runs spawned on `user`, to abort when the engine stops.
+    pub tasks: Tasks,
     pub config: EngineConfig,
     pub keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
     pub next_run: AtomicU64,
@@ -112,6 +157,7 @@ impl Engine {
             shards,
             sink_arbiter,
             user,
+            tasks: Tasks::default(),
             config,
             keys,
             next_run: AtomicU64::new(1),
@@ -154,8 +200,11 @@ impl Engine {
         if let Some(mut actor) = actor {
             actor.stop();
         }
-        // Nothing writes the ledger any more: another App may open it,
-        // even while a run cut short still holds a clone of it.
+        // A run left behind (its future was dropped) can no longer commit:
+        // its tasks are aborted, so that they let go of the ledger. Nothing
+        // writes the ledger any more: another App may open it, even before
+        // those tasks are dropped.
+        self.tasks.abort_all();
         self.ledger.release_lock();
     }
 }

@@ -117,11 +117,13 @@ fn key(prefix: u8, rest: &[u8]) -> Vec<u8> {
     k
 }
 
-/// An open ledger. Cheap to clone; the lock is released when the last clone
-/// is dropped.
+/// An open ledger. Cheap to clone; the lock file is released when the App
+/// stops ([`Ledger::release_lock`]) or the last clone is dropped, and
+/// sled's own lock when the last clone is dropped.
 #[derive(Clone)]
 pub(crate) struct Ledger {
-    // Field order matters: sled closes before the lock file is released.
+    // Field order matters: when the last clone goes, sled closes before
+    // the lock file is released.
     tree: sled::Db,
     /// Large `c` values (see the module's docs).
     entries: sled::Tree,

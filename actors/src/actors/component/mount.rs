@@ -130,6 +130,7 @@ where
     let had_slot = parent.release_slot();
     parent.run.activity.enter();
     let joined = parent.run.engine.user.spawn(run_component(child, f));
+    parent.run.engine.tasks.track(&joined);
     parent.run.activity.leave();
     let joined = joined.await;
     parent.resume(had_slot).await;
@@ -219,17 +220,16 @@ where
         run.activity.enter();
         let path = child.path.clone();
         let memo = memo.clone();
-        handles.push((
-            path,
-            run.engine.user.spawn(async move {
-                if let Some(memo_fn) = memo {
-                    if memoized(&child, &*memo_fn, &item) {
-                        return Ok(());
-                    }
+        let task = run.engine.user.spawn(async move {
+            if let Some(memo_fn) = memo {
+                if memoized(&child, &*memo_fn, &item) {
+                    return Ok(());
                 }
-                run_component(child, move |ctx| f(ctx, item)).await
-            }),
-        ));
+            }
+            run_component(child, move |ctx| f(ctx, item)).await
+        });
+        run.engine.tasks.track(&task);
+        handles.push((path, task));
     }
     if parent_active {
         run.activity.leave();

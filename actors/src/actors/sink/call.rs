@@ -27,6 +27,7 @@ pub(super) async fn call_sink(
     // The user's function runs on the user's runtime, inside the task, so
     // that even a panic before it returns a future is caught there.
     let mut handle = env.user.spawn(async move { (core.apply)(actions).await });
+    env.tasks.track(&handle);
     let joined = match env.retry.call_timeout {
         Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
             Ok(j) => j,

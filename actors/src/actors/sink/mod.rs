@@ -61,6 +61,8 @@ struct Staged {
 pub(crate) struct SinkEnv {
     pub ledger: LedgerHandle,
     pub user: tokio::runtime::Handle,
+    /// Where the sink calls spawned on `user` are kept, to abort.
+    pub tasks: crate::actors::pipeline::Tasks,
     pub batch: BatchPolicy,
     pub retry: RetryPolicy,
     pub activity: Arc<Activity>,
