@@ -65,7 +65,7 @@ impl SinkGroups {
 
     /// Sends every group to its sink actor, to be acknowledged to `waiter`.
     pub(crate) fn dispatch(self, run: &Run, waiter: &UnitWaiter) {
-        waiter.expect(self.total);
+        waiter.add_pending(self.total);
         for group in self.groups.into_values() {
             run.sink(&group.core).send(ApplyActions {
                 unit: waiter.unit(group.provider, group.label),

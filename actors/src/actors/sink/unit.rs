@@ -42,7 +42,7 @@ impl UnitWaiter {
     }
 
     /// Counts `n` more actions to wait for, before they are dispatched.
-    pub(super) fn expect(&self, n: usize) {
+    pub(super) fn add_pending(&self, n: usize) {
         self.0.pending.fetch_add(n, Ordering::SeqCst);
     }
 
