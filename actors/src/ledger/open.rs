@@ -128,20 +128,21 @@ impl Ledger {
         };
         let flushed_seq = ledger.read_seq_file();
         let display = Arc::clone(&ledger.dir);
-        let checked = (|| {
-            ledger.check_format(existed, flushed_seq.is_some())?;
-            ledger.check_seq(flushed_seq)?;
-            ledger.load_packs()?;
-            ledger.load_deltas()?;
-            ledger.build_index()?;
-            ledger.recover(pending)
-        })();
-        match checked {
-            Ok(()) => Ok(ledger),
-            Err(Error::Io(e)) => Err(named_io(e, &display)),
-            Err(Error::Storage(e)) => Err(storage(e, &display)),
-            Err(e) => Err(e),
-        }
+        let named = |result: Result<()>| {
+            result.map_err(|e| match e {
+                Error::Io(e) => named_io(e, &display),
+                Error::Storage(e) => storage(e, &display),
+                other => other,
+            })
+        };
+        named(ledger.check_format(existed, flushed_seq.is_some()))?;
+        // Its write of `weir.seq` names the ledger already.
+        ledger.check_seq(flushed_seq)?;
+        named(ledger.load_packs())?;
+        named(ledger.load_deltas())?;
+        named(ledger.build_index())?;
+        named(ledger.recover(pending))?;
+        Ok(ledger)
     }
 
     /// The commit count in `weir.seq`; `None` when there is none (a new
@@ -156,7 +157,7 @@ impl Ledger {
     /// Refuses a store that lost commits `weir.seq` saw flushed, then
     /// records the store's count.
     fn check_seq(&self, flushed: Option<u64>) -> Result<()> {
-        let stored = match self.tree.get(SEQ_KEY)? {
+        let stored = match self.tree.get(SEQ_KEY).map_err(|e| storage(e, &self.dir))? {
             Some(v) => u64::from_be_bytes(
                 v.as_ref()
                     .try_into()
