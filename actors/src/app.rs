@@ -307,6 +307,12 @@ impl App {
         Ok((c, s, self.engine.ledger.size_on_disk()))
     }
 
+    /// Whether `dir` holds a ledger, without creating one there (as
+    /// building an `App` on it would): for tools that only read one.
+    pub fn ledger_exists(dir: impl AsRef<std::path::Path>) -> bool {
+        Ledger::exists(dir.as_ref())
+    }
+
     /// A report of what the ledger holds: target states by provider,
     /// failed components with their causes, size and format version.
     ///

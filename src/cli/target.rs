@@ -254,13 +254,6 @@ fn pg_error(url: &str, e: &sqlx::Error) -> Error {
     ))
 }
 
-/// Whether `dir` holds a ledger (its lock file and its store), rather than
-/// being any directory: `inspect` and `drop` must not create one where
-/// there is none.
-pub fn is_ledger(dir: &Path) -> bool {
-    dir.join("weir.lock").is_file() && dir.join("sled").is_dir()
-}
-
 /// The file in the ledger directory that names the database it tracks.
 fn marker(ledger: &Path) -> PathBuf {
     ledger.join("weir-target")

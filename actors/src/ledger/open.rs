@@ -44,7 +44,18 @@ fn storage(e: sled::Error, dir: &str) -> Error {
     }
 }
 
+/// The file whose lock is an App's hold on the ledger.
+const LOCK_FILE: &str = "weir.lock";
+/// The directory of the sled store.
+const STORE_DIR: &str = "sled";
+
 impl Ledger {
+    /// Whether `dir` holds a ledger (its lock file and its store), without
+    /// creating one.
+    pub(crate) fn exists(dir: &Path) -> bool {
+        dir.join(LOCK_FILE).is_file() && dir.join(STORE_DIR).is_dir()
+    }
+
     /// Opens (or creates) the ledger in `dir`.
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Ledger> {
         let display: Arc<str> = Arc::from(dir.display().to_string());
@@ -59,7 +70,7 @@ impl Ledger {
             .create(true)
             .truncate(false)
             .write(true)
-            .open(dir.join("weir.lock"))
+            .open(dir.join(LOCK_FILE))
             .map_err(io)?;
         match lock.try_lock() {
             Ok(()) => {}
@@ -70,7 +81,7 @@ impl Ledger {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
-        let sled_dir: PathBuf = dir.join("sled");
+        let sled_dir: PathBuf = dir.join(STORE_DIR);
         let existed = sled_dir.exists();
         let config = sled::Config::new()
             .path(&sled_dir)

@@ -578,3 +578,14 @@ fn container_keys_split_back_into_container_and_component() {
     );
     assert_eq!(split_container_key(b"ab"), None);
 }
+
+#[test]
+fn a_ledger_exists_once_opened_and_not_in_any_other_directory() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    assert!(!Ledger::exists(dir.path()));
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    assert!(Ledger::exists(dir.path()));
+    drop(ledger);
+    assert!(Ledger::exists(dir.path()));
+    Ok(())
+}
