@@ -281,6 +281,32 @@ async fn an_unchanged_run_writes_no_row() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_table_dropped_by_hand_stops_the_next_run_with_what_to_do_and_is_not_recreated_empty(
+) -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("dropped");
+    let rig = Rig::new(pool, &[&t]).await?;
+    let rows = vec![doc("a", "1"), doc("b", "2")];
+    sync_docs(&rig, &t, docs_schema()?, rows.clone()).await?;
+    rig.exec(&format!("DROP TABLE \"{t}\"")).await?;
+
+    for run in 0..2 {
+        let err = match sync_docs(&rig, &t, docs_schema()?, rows.clone()).await {
+            Ok(stats) => panic!("run {run} should have failed: {stats:?}"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(&t), "run {run}: {err}");
+        assert!(err.contains("restore it"), "run {run}: {err}");
+        assert!(err.contains("weir drop"), "run {run}: {err}");
+        assert!(
+            !rig.exists(&t).await?,
+            "run {run} created an empty table under rows recorded as written"
+        );
+    }
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn declare_table_target_creates_the_table_when_the_component_commits() -> Result<()> {
     let pool = server_or_skip!();
     let t = unique("declared");

@@ -235,8 +235,9 @@ async fn an_unchanged_rerun_writes_no_row() -> Result<()> {
     .await?;
 
     let stats = sync_docs(&f, rows).await?;
-    // The table answers (a container always does), but an answer that
-    // only refreshes it is neither applied nor counted as an update.
+    // The table answers (a container always does): its refresh reaches
+    // the table sink, which only checks that the table is there; it
+    // counts as unchanged, and no row is written.
     assert_eq!(
         (stats.created, stats.updated, stats.deleted, stats.unchanged),
         (0, 0, 0, 51),
@@ -247,6 +248,38 @@ async fn an_unchanged_rerun_writes_no_row() -> Result<()> {
         .await?;
     assert_eq!(writes, 0);
     assert_eq!(rowids(f.pool.clone()).await?, before);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_dropped_by_hand_stops_the_next_run_with_what_to_do_and_is_not_recreated_empty(
+) -> Result<()> {
+    let f = fixture().await?;
+    sync_docs(&f, vec![doc("a", "x", None), doc("b", "y", Some(1))]).await?;
+    sqlx::query("DROP TABLE docs").execute(&f.pool).await?;
+
+    for run in 0..2 {
+        let err = err_or(
+            sync_docs(&f, vec![doc("a", "x", None), doc("b", "y", Some(1))]).await,
+            "a run whose table was dropped by hand",
+        )?;
+        let text = err.to_string();
+        assert!(text.contains("docs"), "run {run}: {text}");
+        assert!(text.contains("restore it"), "run {run}: {text}");
+        assert!(text.contains("weir drop"), "run {run}: {text}");
+        assert!(
+            !table_exists(&f.pool, "docs").await?,
+            "run {run} created an empty table under rows recorded as written"
+        );
+    }
+    // Restoring the table by hand lets the next run go on.
+    sqlx::query(
+        "CREATE TABLE docs (id TEXT NOT NULL, title TEXT NOT NULL, n INTEGER, PRIMARY KEY (id))",
+    )
+    .execute(&f.pool)
+    .await?;
+    sync_docs(&f, vec![doc("a", "x", None), doc("b", "z", Some(1))]).await?;
+    assert_eq!(read_docs(&f.pool).await?, expected(&[("b", "z", Some(1))]));
     Ok(())
 }
 

@@ -240,29 +240,87 @@ async fn a_mounted_container_is_ensured_before_its_rows_are_created_through_the_
 }
 
 #[tokio::test]
-async fn an_unchanged_container_is_refreshed_without_a_sink_call_and_counts_as_unchanged(
+async fn an_unchanged_containers_refresh_reaches_its_sink_on_every_run_and_counts_as_unchanged(
 ) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let app = app(dir.path()).await?;
     let rig = TableRig::new();
     sync_table(&app, &rig, "g1", None, &[("a", "1")]).await?;
-    rig.clear();
 
-    sync_table(&app, &rig, "g1", None, &[("a", "1"), ("b", "2")]).await?;
-
-    // The child handler still comes from the factory, from the action the
-    // container answered with, but that action is not applied.
-    assert_eq!(rig.factory_calls.load(Ordering::SeqCst), 1);
-    assert!(
-        rig.table_log.entries().is_empty(),
-        "{:?}",
-        rig.table_log.entries()
-    );
-    assert_eq!(rig.row_log.entries(), strings(&["create b=2"]));
-    // A changed container is still applied.
+    for run in 0..2 {
+        rig.clear();
+        let handler = rig.handler(None);
+        let stats = bounded(app.run(move |ctx| async move {
+            let table = register_root_target_states_provider(&ctx, "test/table", handler)?;
+            let child: TargetStateProvider<String> =
+                mount_target(&ctx, table.target_state("docs", spec("g1"))).await?;
+            declare_into(&ctx, &child, owned(&[("a", "1")]))
+        }))
+        .await?;
+        // The child handler comes from the factory, from the action the
+        // container answered with, and that action reaches the sink.
+        assert_eq!(rig.factory_calls.load(Ordering::SeqCst), 1, "run {run}");
+        assert_eq!(
+            rig.table_log.entries(),
+            strings(&["ensure docs"]),
+            "run {run}"
+        );
+        assert_eq!(rig.row_log.call_count(), 0, "run {run}: no row action");
+        // The refresh counts as unchanged, not as an update.
+        assert_eq!(
+            (stats.created, stats.updated, stats.deleted, stats.unchanged),
+            (0, 0, 0, 2),
+            "run {run}: {stats:?}"
+        );
+    }
+    // A changed container is applied too, and its new row created.
     rig.clear();
     sync_table(&app, &rig, "g2", None, &[("a", "1"), ("b", "2")]).await?;
     assert_eq!(rig.table_log.entries(), strings(&["ensure docs"]));
+    assert_eq!(rig.row_log.entries(), strings(&["create b=2"]));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_refresh_fails_its_component_and_leaves_the_containers_records_as_they_were(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let rig = TableRig::new();
+    sync_table(&app, &rig, "g1", None, &[("a", "1")]).await?;
+
+    // A table sink that fails every call: the refresh fails.
+    let rows = row_sink(Log::default(), Store::default(), Timeline::default());
+    let failing = TableHandler::new(
+        TargetActionSink::from_async_fn_with_child_handler(
+            |_: Vec<TargetAction<TableAction>>| async {
+                Err(Error::permanent("the table is gone"))
+            },
+            move |_: &TableAction| {
+                Ok(ChildTargetDef::new::<String, _>(RowHandler::new(
+                    rows.clone(),
+                )))
+            },
+        ),
+        None,
+    );
+    let err = bounded(app.run(move |ctx| async move {
+        let table = register_root_target_states_provider(&ctx, "test/table", failing)?;
+        let _: TargetStateProvider<String> =
+            mount_target(&ctx, table.target_state("docs", spec("g1"))).await?;
+        Ok(())
+    }))
+    .await
+    .err()
+    .ok_or_else(|| Error::msg("a failed refresh must fail the run"))?;
+    assert!(err.to_string().contains("the table is gone"), "{err}");
+
+    // The container is not taken for maybe missing: the next run
+    // refreshes it and writes no row again.
+    rig.clear();
+    sync_table(&app, &rig, "g1", None, &[("a", "1")]).await?;
+    assert_eq!(rig.table_log.entries(), strings(&["ensure docs"]));
+    assert_eq!(rig.row_log.call_count(), 0, "{:?}", rig.row_log.entries());
     Ok(())
 }
 

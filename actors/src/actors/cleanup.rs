@@ -126,6 +126,7 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
                 },
                 key: key.clone(),
                 intent: (!orphan.entry.may_be_missing).then(|| delete_intent(orphan)),
+                refresh: false,
             };
             groups.add(&out.sink, &provider.path.name, &provider.path.root, planned);
         }

@@ -112,7 +112,10 @@ pub(crate) fn plan_change(
     }
     let mut ddl = Vec::new();
     if prev_may_be_missing {
+        // Created if it is missing: its rows may be missing too, so they
+        // are written again.
         ddl.push(create_table(table, new)?);
+        invalidation = worse(invalidation, Some(TargetChildInvalidation::Lossy));
     }
     for column in &drop {
         ddl.push(drop_column(table, column));

@@ -27,6 +27,7 @@ pub(crate) async fn apply_tables(
     pool: PgPool,
     actions: Vec<TargetAction<TableAction>>,
 ) -> Result<()> {
+    check_tables_exist(&pool, &actions).await?;
     let statements: Vec<(String, String)> = actions
         .into_iter()
         .flat_map(|a| {
@@ -47,6 +48,34 @@ pub(crate) async fn apply_tables(
             .map_err(|e| map_error(e, &table, "changing the table", &[]))?;
     }
     tx.commit().await?;
+    Ok(())
+}
+
+/// Checks that each table declared with no DDL to run (a refresh of an
+/// unchanged table, or one the user owns) is still there: its rows are
+/// recorded as present, so a table dropped by hand is an error saying what
+/// to do, never an empty table created in its place.
+async fn check_tables_exist(pool: &PgPool, actions: &[TargetAction<TableAction>]) -> Result<()> {
+    for action in actions {
+        // A first declaration has no rows recorded yet.
+        let TargetAction::Update(t) = action else {
+            continue;
+        };
+        if !t.ddl.is_empty() {
+            continue;
+        }
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(crate::sql::quote_identifier(&t.table))
+            .fetch_one(pool)
+            .await
+            .map_err(|e| map_error(e, &t.table, "checking that the table exists", &[]))?;
+        if !exists {
+            return Err(Error::permanent(format!(
+                "postgres database has no table {}, though it is declared and weir tracks it (dropped by hand? a table declared as the user's is never created by weir): restore it, or delete what weir tracks of it (`weir drop`, or App::drop_state) and run again",
+                t.table
+            )));
+        }
+    }
     Ok(())
 }
 

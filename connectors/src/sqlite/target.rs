@@ -116,6 +116,13 @@ fn plan(
     let same = changes.iter().all(|c| matches!(c, SchemaChange::Same));
     if same && !prev_may_be_missing {
         (TableDdl::Nothing, None)
+    } else if prev_may_be_missing {
+        // A table that may be missing is created if it is: its rows may
+        // be missing too, so they are written again.
+        (
+            TableDdl::Ensure,
+            invalidation.or(Some(TargetChildInvalidation::Lossy)),
+        )
     } else {
         (TableDdl::Ensure, invalidation)
     }
@@ -361,7 +368,10 @@ mod tests {
         let old = schema(&["id"])?;
         let prev = vec![MutualTrackingRecord::new(old.clone(), ManagedBy::System)];
         assert_eq!(plan(&old, &prev, false), (TableDdl::Nothing, None));
-        assert_eq!(plan(&old, &prev, true), (TableDdl::Ensure, None));
+        assert_eq!(
+            plan(&old, &prev, true),
+            (TableDdl::Ensure, Some(TargetChildInvalidation::Lossy))
+        );
         assert_eq!(plan(&old, &[], false), (TableDdl::Ensure, None));
         assert_eq!(
             plan(&schema(&["n"])?, &prev, false),

@@ -117,9 +117,10 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             let typed = r.output.as_mut().and_then(|o| o.typed.take());
             let r = &*r;
             let Some(out) = &r.output else { continue };
-            if is_refresh(state, d, r) {
-                continue;
-            }
+            // A container's refresh is applied like any action: its sink
+            // is called on every run that returns one (it needs no intent:
+            // its records do not change, and it counts as unchanged).
+            let refresh = is_refresh(state, d, r);
             let planned = PlannedAction {
                 action: EncodedAction {
                     kind: out.kind,
@@ -128,6 +129,7 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                 },
                 key: d.key.clone(),
                 intent: intent_for(state, d, r),
+                refresh,
             };
             groups.add(
                 &out.sink,
@@ -135,7 +137,9 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
                 &d.provider.path.root,
                 planned,
             );
-            attempted.push(i);
+            if !refresh {
+                attempted.push(i);
+            }
             if groups.len() >= batch {
                 let left = wave.len() - n - 1;
                 std::mem::replace(&mut groups, SinkGroups::with_room(room(left)))

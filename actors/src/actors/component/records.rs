@@ -224,9 +224,12 @@ impl<'a> NewEntry<'a> {
 
 /// Whether a container's action only refreshes it: an update whose record
 /// is the one committed, with no child invalidation, by its owner. A
-/// container's handler must answer with an action on every run (its child
-/// handler is built from it); such an answer is not applied and counts as
-/// unchanged, as a `None` from a leaf would.
+/// container's handler answers with an action on every run (its child
+/// handler is built from it). Such an answer is applied (its sink may
+/// check that the container is still there), but it needs no intent,
+/// writes no record, counts as unchanged (as a `None` from a leaf would),
+/// and is left out of a preview. When it fails, the component fails and
+/// the container's records stay as they were: a refresh changes none.
 pub(super) fn is_refresh(state: &ComponentState, d: &Declaration, r: &Reconciled) -> bool {
     let (Some(out), Some(prev)) = (&r.output, &r.prev) else {
         return false;

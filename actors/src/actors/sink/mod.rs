@@ -440,7 +440,7 @@ impl SinkActor {
             Ok(()) => {
                 let mut kinds = [0u64; 3];
                 for part in &batch.parts {
-                    for a in &part.actions {
+                    for a in part.actions.iter().filter(|a| !a.refresh) {
                         kinds[a.action.kind as usize] += 1;
                     }
                 }

@@ -16,6 +16,9 @@ pub(crate) struct PlannedAction {
     /// The record to persist as possible before the action is applied;
     /// `None` when the possible records do not change.
     pub intent: Option<Intent>,
+    /// A container's refresh: an update that changes no record. It is
+    /// applied, but not counted as an action.
+    pub refresh: bool,
 }
 
 /// Waits for the acknowledgements of a unit's actions (one component's
