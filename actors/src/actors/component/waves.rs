@@ -283,8 +283,9 @@ pub(super) async fn reconcile_waves(
 
 /// Builds a container's child handler from its action and resolves the
 /// child provider. Returns the generation given to the children: the
-/// stored one, moved on by the action's invalidation, or by a destructive
-/// change of the container above that took this container's records.
+/// stored one, moved on by the action's invalidation, by a destructive
+/// change of the container above that took this container's records, or
+/// (lossy) by anything that left this container maybe missing.
 fn resolve_child(
     run: &Run,
     d: &Declaration,
@@ -326,10 +327,19 @@ fn resolve_child(
         .prev
         .as_ref()
         .is_some_and(|p| p.gen < outer.destructive_floor);
-    let invalidation = if wiped {
-        Some(TargetChildInvalidation::Destructive)
-    } else {
-        out.child_invalidation
+    // One that may be missing (a lossy change above it, or an action of
+    // it that failed or was cut short) may have lost its children too:
+    // they are reconciled as maybe missing, at any depth.
+    let missing = r
+        .prev
+        .as_ref()
+        .is_some_and(|p| p.may_be_missing || p.gen < outer.current);
+    let invalidation = match (wiped, missing, out.child_invalidation) {
+        (true, _, _) | (_, _, Some(TargetChildInvalidation::Destructive)) => {
+            Some(TargetChildInvalidation::Destructive)
+        }
+        (false, true, _) => Some(TargetChildInvalidation::Lossy),
+        (false, false, own) => own,
     };
     let gen = match invalidation {
         Some(TargetChildInvalidation::Destructive) => ChildGeneration {
