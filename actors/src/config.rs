@@ -49,7 +49,10 @@ impl Default for BatchPolicy {
 /// along component boundaries and each half is tried again at once; a call
 /// carrying one component's actions is retried after an exponential backoff
 /// with jitter, up to `max_attempts` calls in all, unless the error is
-/// permanent ([`Error::is_retriable`](crate::Error::is_retriable) is false).
+/// permanent ([`Error::is_retriable`](crate::Error::is_retriable) is false):
+/// then it is made once. While a component waits for its backoff, other
+/// components' calls to the same sink go on; only calls on the same keys
+/// wait, so that one key's actions are applied in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Calls of one component's actions before it fails (at least 1).

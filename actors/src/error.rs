@@ -244,16 +244,39 @@ fn sqlx_is_retriable(e: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => {
-            // Serialization failures and deadlocks are worth retrying;
-            // constraint violations and other data errors are not.
-            matches!(
-                db.code().as_deref(),
-                Some("40001" | "40P01" | "57P01" | "57P02" | "57P03")
-            )
-        }
+        sqlx::Error::Database(db) => db.code().as_deref().is_some_and(sqlstate_is_transient),
         _ => false,
     }
+}
+
+/// Whether a database error's code (a PostgreSQL SQLSTATE, or SQLite's
+/// numeric result code) names a failure that retrying may fix: a lost
+/// connection, a timeout, a serialization failure, a deadlock, too many
+/// connections, a busy database. Constraint violations, bad values and
+/// schema mismatches (undefined tables or columns, wrong types) are
+/// permanent: the same statement fails the same way.
+#[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+pub(crate) fn sqlstate_is_transient(code: &str) -> bool {
+    // A SQLSTATE has five characters; SQLite's codes (extended ones
+    // included) have at most four digits.
+    if code.len() < 5 {
+        // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_PROTOCOL.
+        return code
+            .parse::<i32>()
+            .is_ok_and(|sqlite| matches!(sqlite & 0xff, 5 | 6 | 10 | 15));
+    }
+    // Class 08: connection exception; 40001 serialization failure; 40P01
+    // deadlock; 53300 too many connections (and the rest of class 53,
+    // insufficient resources); 57014 cancelled (statement timeout); 57P0x
+    // the server shutting down or restarting; 55P03 lock not available
+    // (lock timeout); 58xxx system errors (i/o).
+    code.starts_with("08")
+        || code.starts_with("53")
+        || code.starts_with("58")
+        || matches!(
+            code,
+            "40001" | "40P01" | "57014" | "57P01" | "57P02" | "57P03" | "57P05" | "55P03"
+        )
 }
 
 #[cfg(test)]
@@ -265,6 +288,30 @@ mod tests {
         assert!(Error::msg("boom").is_retriable());
         assert!(!Error::permanent("bad row").is_retriable());
         assert_eq!(Error::permanent("x").kind(), ErrorKind::Permanent);
+    }
+
+    #[test]
+    fn database_codes_of_lost_connections_timeouts_and_conflicts_are_transient() {
+        for code in [
+            "08006", "08001", "40001", "40P01", "53300", "57014", "57P01", "55P03", "58030", "5",
+            "517", "6", "10",
+        ] {
+            assert!(sqlstate_is_transient(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn database_codes_of_constraints_bad_values_and_schema_mismatches_are_permanent() {
+        // Unique, foreign key, not null and check violations; invalid
+        // text, numeric overflow; undefined table and column, datatype
+        // mismatch; SQLite's constraint, mismatch and "no such table"
+        // (a generic error).
+        for code in [
+            "23505", "23503", "23502", "23514", "22P02", "22003", "42P01", "42703", "42804",
+            "2067", "19", "20", "1",
+        ] {
+            assert!(!sqlstate_is_transient(code), "{code}");
+        }
     }
 
     #[test]

@@ -108,20 +108,24 @@ pub(crate) struct SinkActor {
     queued: Arc<AtomicUsize>,
     pending: VecDeque<Part>,
     pending_actions: usize,
-    /// Halves of split batches, run before new ones. (A part due for a
-    /// retry keeps its call slot until it is called again.)
+    /// Halves of split batches, and parts whose retry is due, run before
+    /// new ones.
     ready: VecDeque<Batch>,
     /// The next new batch, whose intents are being written while the
     /// batch before it is applied.
     staged: Option<Staged>,
     /// Calls running now.
     in_flight: usize,
-    /// The keys of the actions of the calls running now (hashed, with how
-    /// many calls carry each), kept when calls may overlap. Calls started
-    /// one at a time record none: calls are running and none is recorded
-    /// exactly when the one running was started alone (a batch is never
-    /// empty).
+    /// The keys (hashed, with how many holders each) of the calls running
+    /// now, when calls may overlap, and of the parts waiting for their
+    /// retry's backoff: no other call on them starts meanwhile, so one
+    /// key's actions are applied in order. A part waiting for its backoff
+    /// holds only its keys, not a call slot: other components' batches go
+    /// on.
     busy: FxHashMap<u64, u32>,
+    /// Calls running that were started alone (with no keys recorded):
+    /// nothing starts beside them.
+    alone: usize,
     /// The next batch could not start beside the calls running now: wait
     /// for one of them to end before trying again.
     blocked: bool,
@@ -143,6 +147,7 @@ impl SinkActor {
             staged: None,
             in_flight: 0,
             busy: FxHashMap::default(),
+            alone: 0,
             blocked: false,
             linger_expired: false,
             linger_armed: false,
@@ -161,49 +166,78 @@ impl SinkActor {
 
     /// Reserves the keys of `batch` for a call that starts now, if it may:
     /// below the sink's concurrency, and sharing no key with a call already
-    /// running or waiting for its retry (so one key's actions are applied
-    /// in order). Returns the hashed keys to release when the call is over
-    /// (none when calls run one at a time).
+    /// running or a part waiting for its retry (so one key's actions are
+    /// applied in order). Returns the hashed keys to release when the call
+    /// is over: none when the call runs alone (calls one at a time).
     fn claim(&mut self, batch: &Batch) -> Option<Vec<u64>> {
         let limit = self.concurrency();
-        if self.in_flight >= limit {
-            return None;
-        }
-        if limit == 1 {
-            return Some(Vec::new());
-        }
-        if self.in_flight > 0 && self.busy.is_empty() {
-            // The call running was started alone (the concurrency was
+        if self.in_flight >= limit || self.alone > 0 {
+            // Full, or a call started alone runs (the concurrency was
             // raised since): nothing joins it.
             return None;
         }
-        let keys: Vec<u64> = batch
-            .parts
-            .iter()
-            .flat_map(|p| p.actions.iter())
-            .map(|a| FxBuildHasher.hash_one(&a.key))
-            .collect();
+        if limit == 1 && self.busy.is_empty() {
+            self.alone += 1;
+            return Some(Vec::new());
+        }
+        let keys = keys_of(&batch.parts);
         if keys.iter().any(|k| self.busy.contains_key(k)) {
             return None;
         }
-        for &k in &keys {
-            *self.busy.entry(k).or_insert(0) += 1;
+        if limit == 1 {
+            self.alone += 1;
+            return Some(Vec::new());
         }
+        self.reserve(&keys);
         Some(keys)
     }
 
-    /// Ends a call: frees its slot and its keys.
-    fn release(&mut self, keys: Vec<u64>) {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        self.blocked = false;
+    fn reserve(&mut self, keys: &[u64]) {
+        for &k in keys {
+            *self.busy.entry(k).or_insert(0) += 1;
+        }
+    }
+
+    fn unreserve(&mut self, keys: &[u64]) {
         for k in keys {
-            if let std::collections::hash_map::Entry::Occupied(mut e) = self.busy.entry(k) {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.busy.entry(*k) {
                 *e.get_mut() -= 1;
                 if *e.get() == 0 {
                     e.remove();
                 }
             }
         }
+    }
+
+    /// Ends a call: frees its slot and its keys.
+    fn release(&mut self, keys: Vec<u64>) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.blocked = false;
+        if keys.is_empty() {
+            self.alone = self.alone.saturating_sub(1);
+        }
+        self.unreserve(&keys);
+    }
+
+    /// Ends the call of a part that will be retried after `delay`: its
+    /// slot is free at once for other batches, its keys stay reserved
+    /// until the retry is due, and it then goes first in line.
+    fn wait_for_retry(
+        &mut self,
+        part: Batch,
+        claimed: Vec<u64>,
+        delay: Duration,
+        ctx: &mut Context<Self>,
+    ) {
+        self.release(claimed);
+        let keys = keys_of(&part.parts);
+        self.reserve(&keys);
+        ctx.run_later(delay, move |act, ctx| {
+            act.unreserve(&keys);
+            act.blocked = false;
+            act.ready.push_front(part);
+            act.maybe_flush(ctx);
+        });
     }
 
     /// Moves batches along the pipeline: a new batch is staged (its
@@ -395,11 +429,7 @@ impl SinkActor {
         };
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             match act.finish(batch, res) {
-                // A part waiting for its retry keeps its call slot and its
-                // keys, so that no later call overtakes it.
-                Some((part, delay)) => {
-                    ctx.run_later(delay, move |act, ctx| act.call(part, claimed, ctx));
-                }
+                Some((part, delay)) => act.wait_for_retry(part, claimed, delay, ctx),
                 None => act.release(claimed),
             }
             act.maybe_flush(ctx);
@@ -496,6 +526,15 @@ impl SinkActor {
         );
         None
     }
+}
+
+/// The hashed keys of the actions of `parts`.
+fn keys_of(parts: &[Part]) -> Vec<u64> {
+    parts
+        .iter()
+        .flat_map(|p| p.actions.iter())
+        .map(|a| FxBuildHasher.hash_one(&a.key))
+        .collect()
 }
 
 impl Actor for SinkActor {
