@@ -7,6 +7,7 @@
 //! uses tables of its own (test name + a unique suffix), so tests run in
 //! parallel, and drops them at the end.
 
+mod keys;
 mod pg;
 
 use std::collections::BTreeMap;
@@ -24,6 +25,8 @@ use weir::connectors::postgres::{
 use weir::connectors::sql::{ColumnType, TableSchema};
 use weir::prelude::*;
 use weir::statediff::ManagedBy;
+
+use keys::{KeyCase, KeyedRow};
 
 // ---------------------------------------------------------------------------
 // Support
@@ -1260,4 +1263,155 @@ async fn a_unique_violation_fails_only_the_component_whose_row_collides() -> Res
         .collect();
     assert_eq!(rows, want);
     rig.finish().await
+}
+
+// ---------------------------------------------------------------------------
+// Keys of every type
+// ---------------------------------------------------------------------------
+
+/// Each row of `table` (a key case's) by its `v`: its key as a row
+/// literal and the transaction that last wrote it, in `v` order.
+async fn keyed_rows(
+    rig: &Rig,
+    table: &str,
+    case: &KeyCase,
+) -> Result<Vec<(String, String, String)>> {
+    let key: Vec<String> = (0..case.types.len()).map(|i| format!("k{i}")).collect();
+    let sql = format!(
+        "SELECT v, ROW({})::text, xmin::text FROM \"{table}\" ORDER BY v COLLATE \"C\"",
+        key.join(", ")
+    );
+    Ok(sqlx::query_as(&sql).fetch_all(&rig.pool).await?)
+}
+
+async fn sync_keyed(
+    rig: &Rig,
+    table: &str,
+    case: &KeyCase,
+    rows: Vec<KeyedRow>,
+) -> Result<UpdateStats> {
+    let (table, schema) = (table.to_string(), case.schema()?);
+    rig.run(move |ctx| async move {
+        let t = mount_table_target(&ctx, &db(), &table, schema).await?;
+        for row in &rows {
+            t.declare_row(&ctx, row)?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+fn vs(rows: &[(String, String, String)]) -> Vec<String> {
+    rows.iter().map(|(v, _, _)| v.clone()).collect()
+}
+
+/// Declares the rows of `case`, then all of them again with other values
+/// and their JSON members in another order (one update each, in place),
+/// then every other one (the rest deleted, the kept ones untouched), then
+/// none, checking the table itself after each run.
+async fn check_key_case(pool: &PgPool, case: &KeyCase) -> Result<()> {
+    let t = unique("keys");
+    let rig = Rig::new(pool.clone(), &[&t]).await?;
+    let result = check_key_case_in(&rig, &t, case).await;
+    rig.finish().await?;
+    result
+}
+
+async fn check_key_case_in(rig: &Rig, t: &str, case: &KeyCase) -> Result<()> {
+    let n = case.keys.len() as u64;
+    let all = |_| true;
+
+    let stats = sync_keyed(rig, t, case, case.rows("first", false, all)).await?;
+    let rows = keyed_rows(rig, t, case).await?;
+    if stats.created != n + 1 || vs(&rows) != case.values("first", all) {
+        return Err(Error::msg(format!(
+            "the first run wrote {rows:?} ({stats:?})"
+        )));
+    }
+    let first = rows;
+
+    let stats = sync_keyed(rig, t, case, case.rows("second", true, all)).await?;
+    let rows = keyed_rows(rig, t, case).await?;
+    if (stats.created, stats.deleted) != (0, 0) || vs(&rows) != case.values("second", all) {
+        return Err(Error::msg(format!(
+            "updating every row (keys respelled) left {rows:?} ({stats:?})"
+        )));
+    }
+    let same_keys = rows
+        .iter()
+        .zip(&first)
+        .all(|((_, key, _), (_, key0, _))| key == key0);
+    if !same_keys {
+        return Err(Error::msg(format!(
+            "updates changed the rows' keys: {first:?} became {rows:?}"
+        )));
+    }
+    let updated = rows;
+
+    let stats = sync_keyed(rig, t, case, case.rows("second", false, keys::kept)).await?;
+    let rows = keyed_rows(rig, t, case).await?;
+    let kept = case.values("second", keys::kept);
+    let dropped = case.keys.len() - kept.len();
+    let untouched: Vec<_> = updated
+        .into_iter()
+        .filter(|(v, _, _)| kept.contains(v))
+        .collect();
+    if stats.deleted != dropped as u64 || rows != untouched {
+        return Err(Error::msg(format!(
+            "deleting every other row left {rows:?}, not {untouched:?} ({stats:?})"
+        )));
+    }
+
+    let stats = sync_keyed(rig, t, case, Vec::new()).await?;
+    let rows = keyed_rows(rig, t, case).await?;
+    if !rows.is_empty() {
+        return Err(Error::msg(format!(
+            "deleting every row left {rows:?} ({stats:?})"
+        )));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_keyed_by_every_column_type_are_updated_in_place_and_deleted_when_no_longer_declared(
+) -> Result<()> {
+    let pool = server_or_skip!();
+    let mut failures = Vec::new();
+    for case in keys::cases() {
+        if let Err(e) = check_key_case(&pool, &case).await {
+            failures.push(format!("key {}: {e}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_of_arrays_of_arrays_is_refused_naming_the_table_and_the_column() -> Result<()> {
+    let pool = server_or_skip!();
+    for case in keys::nested_array_cases() {
+        let t = unique("nested");
+        let rig = Rig::new(pool.clone(), &[&t]).await?;
+        let result = sync_keyed(&rig, &t, &case, case.rows("first", false, |_| true)).await;
+        let exists = rig.exists(&t).await?;
+        rig.finish().await?;
+        let text = match result {
+            Ok(stats) => {
+                return Err(Error::msg(format!(
+                    "key {}: the table was accepted ({stats:?})",
+                    case.name
+                )))
+            }
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            text.contains(&format!(
+                "table {t}, column k0: arrays of arrays are not supported"
+            )),
+            "key {}: {text}",
+            case.name
+        );
+        assert!(!exists, "key {}: the table was created", case.name);
+    }
+    Ok(())
 }

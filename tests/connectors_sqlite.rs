@@ -13,6 +13,10 @@ use weir::connectors::sqlite::{self, TableOptions};
 use weir::prelude::*;
 use weir::statediff::ManagedBy;
 
+mod keys;
+
+use keys::KeyCase;
+
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
@@ -1463,5 +1467,99 @@ async fn a_database_locked_by_another_writer_is_waited_for_and_the_rows_land() -
             ("theirs", "x", None)
         ])
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Keys of every type
+// ---------------------------------------------------------------------------
+
+/// Each row of `docs` (a key case's table) by its `v`: its rowid and its
+/// key columns as SQL literals (`quote`), in `v` order.
+async fn keyed_rows(pool: &SqlitePool, case: &KeyCase) -> Result<Vec<(String, i64, String)>> {
+    let key: Vec<String> = (0..case.types.len())
+        .map(|i| format!("quote(k{i})"))
+        .collect();
+    let sql = format!(
+        "SELECT v, rowid, {} FROM docs ORDER BY v",
+        key.join(" || ' | ' || ")
+    );
+    Ok(sqlx::query_as(&sql).fetch_all(pool).await?)
+}
+
+fn vs(rows: &[(String, i64, String)]) -> Vec<String> {
+    rows.iter().map(|(v, _, _)| v.clone()).collect()
+}
+
+/// Declares the rows of `case`, then all of them again with other values
+/// and their JSON members in another order (one update each, in place),
+/// then every other one (the rest deleted, the kept ones untouched), then
+/// none, checking the table itself after each run.
+async fn check_key_case(case: &KeyCase) -> Result<()> {
+    let f = fixture().await?;
+    let n = case.keys.len() as u64;
+    let all = |_| true;
+
+    let stats = sync_rows(&f, case.schema()?, case.rows("first", false, all)).await?;
+    let rows = keyed_rows(&f.pool, case).await?;
+    if stats.created != n + 1 || vs(&rows) != case.values("first", all) {
+        return Err(Error::msg(format!(
+            "the first run wrote {rows:?} ({stats:?})"
+        )));
+    }
+    let first = rows;
+
+    let stats = sync_rows(&f, case.schema()?, case.rows("second", true, all)).await?;
+    let rows = keyed_rows(&f.pool, case).await?;
+    if (stats.created, stats.deleted) != (0, 0) || vs(&rows) != case.values("second", all) {
+        return Err(Error::msg(format!(
+            "updating every row (keys respelled) left {rows:?} ({stats:?})"
+        )));
+    }
+    let same_rows = rows
+        .iter()
+        .zip(&first)
+        .all(|((_, id, key), (_, id0, key0))| id == id0 && key == key0);
+    if !same_rows {
+        return Err(Error::msg(format!(
+            "updates replaced rows or changed their keys: {first:?} became {rows:?}"
+        )));
+    }
+    let updated = rows;
+
+    let stats = sync_rows(&f, case.schema()?, case.rows("second", false, keys::kept)).await?;
+    let rows = keyed_rows(&f.pool, case).await?;
+    let kept = case.values("second", keys::kept);
+    let dropped = case.keys.len() - kept.len();
+    let untouched: Vec<_> = updated
+        .into_iter()
+        .filter(|(v, _, _)| kept.contains(v))
+        .collect();
+    if stats.deleted != dropped as u64 || rows != untouched {
+        return Err(Error::msg(format!(
+            "deleting every other row left {rows:?}, not {untouched:?} ({stats:?})"
+        )));
+    }
+
+    let stats = sync_rows(&f, case.schema()?, Vec::<keys::KeyedRow>::new()).await?;
+    let rows = keyed_rows(&f.pool, case).await?;
+    if !rows.is_empty() {
+        return Err(Error::msg(format!(
+            "deleting every row left {rows:?} ({stats:?})"
+        )));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_keyed_by_every_column_type_are_updated_in_place_and_deleted_when_no_longer_declared(
+) -> Result<()> {
+    let mut failures = Vec::new();
+    for case in keys::cases().iter().chain(&keys::nested_array_cases()) {
+        if let Err(e) = check_key_case(case).await {
+            failures.push(format!("key {}: {e}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
 }

@@ -244,17 +244,25 @@ impl SqliteRowHandler {
     }
 }
 
-/// A primary key value back as a column value of type `ty`, for deletes.
-fn key_part(part: &StableKey, ty: &ColumnType) -> SqlValue {
-    match part {
+/// A primary key value back as the value of type `ty` the upsert bound
+/// (the inverse of [`SqlValue::to_key`]), for deletes. A JSON document is
+/// parsed back from its text: bound alone it is that text again, and inside
+/// an array it is written as the document, not as a string holding it.
+fn key_part(part: &StableKey, ty: &ColumnType) -> Result<SqlValue> {
+    Ok(match part {
         StableKey::Null => SqlValue::Null,
         StableKey::Bool(b) => SqlValue::Bool(*b),
         StableKey::Int(i) => SqlValue::Int(*i),
         StableKey::Str(s) | StableKey::Symbol(s) => match ty {
-            ColumnType::Real | ColumnType::Double => s
-                .parse::<f64>()
-                .map(SqlValue::Float)
-                .unwrap_or_else(|_| SqlValue::Text(s.to_string())),
+            ColumnType::Real | ColumnType::Double => {
+                SqlValue::Float(s.parse::<f64>().map_err(|e| {
+                    Error::permanent(format!("key part {part} is not a number: {e}"))
+                })?)
+            }
+            ColumnType::Json => SqlValue::Json(
+                serde_json::from_str(s)
+                    .map_err(|e| Error::permanent(format!("key part {part} is not JSON: {e}")))?,
+            ),
             _ => SqlValue::Text(s.to_string()),
         },
         StableKey::Bytes(b) => SqlValue::Bytes(b.to_vec()),
@@ -264,9 +272,14 @@ fn key_part(part: &StableKey, ty: &ColumnType) -> SqlValue {
                 ColumnType::Array(inner) => inner.as_ref(),
                 other => other,
             };
-            SqlValue::Array(items.iter().map(|i| key_part(i, inner)).collect())
+            SqlValue::Array(
+                items
+                    .iter()
+                    .map(|i| key_part(i, inner))
+                    .collect::<Result<_>>()?,
+            )
         }
-    }
+    })
 }
 
 /// The primary key values of a row key made by [`Row::key`](crate::sql::Row::key).
@@ -277,12 +290,12 @@ pub(crate) fn key_values(key: &StableKey, schema: &TableSchema) -> Result<Vec<Sq
         .filter_map(|k| schema.column(k).map(|c| &c.ty))
         .collect();
     match (types.as_slice(), key) {
-        ([ty], part) => Ok(vec![key_part(part, ty)]),
-        (types, StableKey::Array(parts)) if parts.len() == types.len() => Ok(parts
+        ([ty], part) => Ok(vec![key_part(part, ty)?]),
+        (types, StableKey::Array(parts)) if parts.len() == types.len() => parts
             .iter()
             .zip(types)
             .map(|(p, ty)| key_part(p, ty))
-            .collect()),
+            .collect(),
         _ => Err(Error::permanent(format!(
             "row key {key} does not match the primary key ({})",
             schema.primary_key().join(", ")
@@ -359,6 +372,98 @@ mod tests {
         assert_eq!(
             key_values(&row.key(&single), &single)?,
             vec![SqlValue::Int(3)]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_delete_binds_each_key_type_as_the_upsert_bound_it() -> Result<()> {
+        use super::super::types::bound;
+        use crate::sql::value::key_of;
+        use ColumnType as T;
+        use SqlValue as V;
+
+        let at = chrono::DateTime::parse_from_rfc3339("1969-12-31T23:59:59.123456789+02:00")
+            .map_err(|e| Error::msg(e.to_string()))?
+            .with_timezone(&chrono::Utc);
+        // 212.91890726713459 parses back to another float unless JSON
+        // numbers are parsed exactly.
+        let doc = serde_json::json!({"b": [1, 212.918_907_267_134_59, null], "a": {"é": "x"}});
+        let array = |ty: T| T::Array(Box::new(ty));
+        let cases = vec![
+            (T::Text, V::Text("é\u{1F600} ' \"".into())),
+            (T::SmallInt, V::Int(-1)),
+            (T::Integer, V::Int(i64::from(i32::MIN))),
+            (T::BigInt, V::Int(i64::MIN)),
+            (T::Real, V::Float(f64::from(0.1_f32))),
+            (T::Double, V::Float(-0.0)),
+            (T::Double, V::Float(212.918_907_267_134_59)),
+            (T::Boolean, V::Bool(true)),
+            (T::Bytes, V::Bytes(vec![0, 0, 1])),
+            (T::Json, V::Json(doc.clone())),
+            (T::Json, V::Json(serde_json::json!("text"))),
+            (T::Timestamp, V::Timestamp(at)),
+            (T::Uuid, V::Uuid(uuid::Uuid::from_u128(u128::MAX))),
+            (array(T::Text), V::Array(vec![V::Text("a".into()), V::Null])),
+            (
+                array(T::Double),
+                V::Array(vec![V::Float(-0.0), V::Float(1e300)]),
+            ),
+            (array(T::Boolean), V::Array(vec![V::Bool(false)])),
+            (
+                array(T::Bytes),
+                V::Array(vec![V::Bytes(vec![0]), V::Bytes(vec![])]),
+            ),
+            (
+                array(T::Json),
+                V::Array(vec![
+                    V::Json(doc.clone()),
+                    V::Null,
+                    V::Json(serde_json::json!("s")),
+                ]),
+            ),
+            (array(T::Timestamp), V::Array(vec![V::Timestamp(at)])),
+            (array(T::Uuid), V::Array(vec![V::Uuid(uuid::Uuid::nil())])),
+            (array(T::BigInt), V::Array(vec![])),
+            (
+                array(array(T::Json)),
+                V::Array(vec![
+                    V::Array(vec![V::Json(doc), V::Null]),
+                    V::Array(vec![]),
+                ]),
+            ),
+        ];
+        let mut all = TableSchema::builder();
+        let mut names = Vec::new();
+        for (i, (ty, value)) in cases.iter().enumerate() {
+            let schema = TableSchema::builder()
+                .column("k", ty.clone())
+                .column("v", T::Text)
+                .primary_key(["k"])
+                .build()?;
+            let row = Row {
+                values: vec![value.clone(), V::Text("v".into())],
+            };
+            let deleted = key_values(&row.key(&schema), &schema)?;
+            assert_eq!(
+                deleted.iter().map(bound).collect::<Vec<_>>(),
+                vec![bound(value)],
+                "{ty:?}"
+            );
+            // Its call groups the delete with the row's upsert, by key.
+            assert_eq!(key_of(&deleted), row.key(&schema), "{ty:?}");
+            let name = format!("k{i}");
+            all = all.column(&name, ty.clone());
+            names.push(name);
+        }
+        let all = all.primary_key(&names).build()?;
+        let row = Row {
+            values: cases.into_iter().map(|(_, v)| v).collect(),
+        };
+        let deleted = key_values(&row.key(&all), &all)?;
+        assert_eq!(
+            deleted.iter().map(bound).collect::<Vec<_>>(),
+            row.values.iter().map(bound).collect::<Vec<_>>()
         );
         Ok(())
     }

@@ -4,6 +4,8 @@
 //! INTEGER, floats REAL, bytes BLOB, and everything else TEXT: JSON
 //! documents and arrays as JSON, timestamps as RFC 3339, UUIDs hyphenated.
 
+use std::borrow::Cow;
+
 use sqlx::error::BoxDynError;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::Arguments as _;
@@ -26,19 +28,46 @@ pub(super) fn sql_type(ty: &ColumnType) -> &'static str {
     }
 }
 
+/// A value as it is bound, and stored: SQLite's storage classes.
+#[derive(Debug, PartialEq)]
+pub(super) enum Bound<'a> {
+    /// NULL.
+    Null,
+    /// INTEGER (booleans as 0 and 1).
+    Integer(i64),
+    /// REAL.
+    Real(f64),
+    /// TEXT, borrowed when the value is text.
+    Text(Cow<'a, str>),
+    /// BLOB.
+    Blob(&'a [u8]),
+}
+
+/// How `value` is bound (see the module's documentation).
+pub(super) fn bound(value: &SqlValue) -> Bound<'_> {
+    match value {
+        SqlValue::Null => Bound::Null,
+        SqlValue::Bool(b) => Bound::Integer(i64::from(*b)),
+        SqlValue::Int(i) => Bound::Integer(*i),
+        SqlValue::Float(f) => Bound::Real(*f),
+        SqlValue::Text(s) => Bound::Text(Cow::Borrowed(s)),
+        SqlValue::Bytes(b) => Bound::Blob(b),
+        other => Bound::Text(Cow::Owned(text_of(other))),
+    }
+}
+
 /// Adds one value to a statement's arguments, borrowing text and bytes.
 pub(super) fn bind<'q>(
     args: &mut SqliteArguments<'q>,
     value: &'q SqlValue,
 ) -> std::result::Result<(), BoxDynError> {
-    match value {
-        SqlValue::Null => args.add(None::<i64>),
-        SqlValue::Bool(b) => args.add(i64::from(*b)),
-        SqlValue::Int(i) => args.add(*i),
-        SqlValue::Float(f) => args.add(*f),
-        SqlValue::Text(s) => args.add(s.as_str()),
-        SqlValue::Bytes(b) => args.add(b.as_slice()),
-        other => args.add(text_of(other)),
+    match bound(value) {
+        Bound::Null => args.add(None::<i64>),
+        Bound::Integer(i) => args.add(i),
+        Bound::Real(f) => args.add(f),
+        Bound::Text(Cow::Borrowed(s)) => args.add(s),
+        Bound::Text(Cow::Owned(s)) => args.add(s),
+        Bound::Blob(b) => args.add(b),
     }
 }
 
