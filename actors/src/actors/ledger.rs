@@ -125,24 +125,7 @@ impl Drop for LedgerActor {
 fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
     let mut next_intent_id: u64 = 1;
     while let Ok(first) = rx.recv() {
-        let mut msgs = vec![first];
-        while msgs.len() < MAX_GROUP {
-            match rx.try_recv() {
-                Ok(m) => msgs.push(m),
-                Err(_) => break,
-            }
-        }
-        // Under load (a long queue), wait a moment for more, so that one
-        // flush serves more commits; a lone commit is written at once.
-        if msgs.len() >= BUSY_GROUP {
-            let deadline = std::time::Instant::now() + GROUP_WINDOW;
-            while msgs.len() < MAX_GROUP {
-                match rx.recv_deadline(deadline) {
-                    Ok(m) => msgs.push(m),
-                    Err(_) => break,
-                }
-            }
-        }
+        let msgs = gather(first, &rx);
         let group_started = std::time::Instant::now();
         let mut shutdown = false;
         let mut intent_replies = Vec::new();
@@ -159,18 +142,8 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
                 LedgerMsg::Shutdown => shutdown = true,
             }
         }
-        // One sled batch for all commits of the group.
-        let mut ops = Vec::new();
-        let mut replies = Vec::with_capacity(commits.len());
-        for (mut list, reply) in commits {
-            ops.append(&mut list);
-            replies.push(reply);
-        }
-        let applied = if ops.is_empty() {
-            Ok(())
-        } else {
-            ledger.apply(ops)
-        };
+        let (lists, replies): (Vec<_>, Vec<_>) = commits.into_iter().unzip();
+        let applied = apply_group(&ledger, lists);
         crate::fault::point(crate::fault::LEDGER_GROUP_COMMIT);
         // Intents alone live in the journal: the store has nothing new.
         let flushed = if replies.is_empty() {
@@ -181,13 +154,15 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
         metrics::counter!(crate::metrics::LEDGER_COMMITS).increment(1);
         metrics::histogram!(crate::metrics::LEDGER_COMMIT_DURATION)
             .record(group_started.elapsed().as_secs_f64());
-        for reply in replies.into_iter().flatten() {
-            let res = match (&applied, &flushed) {
+        for (reply, applied) in replies.into_iter().zip(applied) {
+            let res = match (applied, &flushed) {
                 (Err(e), _) => Err(Error::msg(format!("ledger write failed: {e}"))),
                 (_, Err(e)) => Err(Error::msg(format!("ledger flush failed: {e}"))),
                 _ => Ok(()),
             };
-            let _ = reply.send(res);
+            if let Some(reply) = reply {
+                let _ = reply.send(res);
+            }
         }
         for (reply, res) in intent_replies {
             let res = match (&flushed, res) {
@@ -201,4 +176,61 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
         }
     }
     let _ = ledger.flush();
+}
+
+/// The messages of one group: `first`, everything queued behind it and,
+/// under load (a long queue), what comes within a short window, so that
+/// one flush serves more commits. A lone commit is written at once.
+fn gather(first: LedgerMsg, rx: &Receiver<LedgerMsg>) -> Vec<LedgerMsg> {
+    let mut msgs = vec![first];
+    while msgs.len() < MAX_GROUP {
+        match rx.try_recv() {
+            Ok(m) => msgs.push(m),
+            Err(_) => break,
+        }
+    }
+    if msgs.len() >= BUSY_GROUP {
+        let deadline = std::time::Instant::now() + GROUP_WINDOW;
+        while msgs.len() < MAX_GROUP {
+            match rx.recv_deadline(deadline) {
+                Ok(m) => msgs.push(m),
+                Err(_) => break,
+            }
+        }
+    }
+    msgs
+}
+
+/// Applies a group's commits as one sled batch; if that fails, applies
+/// each commit on its own (a failed batch writes nothing), so that one
+/// commit's failing op fails only that commit. One result per commit, in
+/// order.
+///
+/// A lone commit is applied as it is; a group's ops are copied first, to
+/// have them for the fallback (group commits carry many small components'
+/// ops: a large component's commit usually comes alone).
+pub(crate) fn apply_group(ledger: &Ledger, mut commits: Vec<Vec<LedgerOp>>) -> Vec<Result<()>> {
+    let count = commits.len();
+    if count <= 1 {
+        let ops = commits.pop().unwrap_or_default();
+        return vec![if ops.is_empty() {
+            Ok(())
+        } else {
+            ledger.apply(ops)
+        }];
+    }
+    let all: Vec<LedgerOp> = commits.iter().flatten().cloned().collect();
+    if all.is_empty() || ledger.apply(all).is_ok() {
+        return (0..count).map(|_| Ok(())).collect();
+    }
+    commits
+        .into_iter()
+        .map(|ops| {
+            if ops.is_empty() {
+                Ok(())
+            } else {
+                ledger.apply(ops)
+            }
+        })
+        .collect()
 }

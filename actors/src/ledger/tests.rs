@@ -589,3 +589,24 @@ fn a_ledger_exists_once_opened_and_not_in_any_other_directory() -> Result<()> {
     assert!(Ledger::exists(dir.path()));
     Ok(())
 }
+
+#[test]
+fn a_commit_whose_op_fails_fails_alone_and_the_others_of_its_group_land() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    // A damaged entry: editing it fails to decode it.
+    ledger
+        .tree
+        .insert(key(P_COMPONENT, b"damaged"), &b"\xc1\xc1\xc1"[..])?;
+    let group = vec![
+        vec![fresh("first", "a")],
+        vec![remove("damaged", "x")],
+        vec![fresh("last", "b")],
+    ];
+    let results = crate::actors::ledger::apply_group(&ledger, group);
+    assert!(results[0].is_ok(), "{results:?}");
+    assert!(results[1].is_err(), "{results:?}");
+    assert!(results[2].is_ok(), "{results:?}");
+    assert!(has(&ledger, "first") && has(&ledger, "last"));
+    Ok(())
+}
