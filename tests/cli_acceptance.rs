@@ -1450,3 +1450,35 @@ async fn modification_times_before_1970_and_after_2100_are_recorded_exactly() ->
     assert_settles(&env, 2);
     Ok(())
 }
+
+#[test]
+fn inspect_drop_and_sync_refuse_a_directory_with_weir_lock_and_sled_that_is_not_a_ledger(
+) -> TestResult {
+    let env = Env::new();
+    env.put("a.md", "a\n");
+    let dir = env.tmp.path().join("looks-like-a-ledger");
+    std::fs::create_dir_all(dir.join("sled"))?;
+    std::fs::write(dir.join("weir.lock"), "")?;
+    let shown = dir.to_str().unwrap();
+    let db = env.url_arg();
+    for args in [
+        vec!["inspect", "--ledger", shown],
+        vec!["drop", "--yes", "--into", &db, "--ledger", shown],
+        vec!["sync", "tree", "--into", &db, "--ledger", shown],
+    ] {
+        let out = env.weir(&args);
+        let stderr = exits(&out, 2);
+        no_backtrace(&stderr);
+        assert!(
+            stderr.contains(&format!("{shown} is not a weir ledger")),
+            "{args:?}: {stderr}"
+        );
+    }
+    let mut entries: Vec<String> = std::fs::read_dir(&dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    entries.sort();
+    assert_eq!(entries, ["sled", "weir.lock"]);
+    assert_eq!(std::fs::read_dir(dir.join("sled"))?.count(), 0);
+    Ok(())
+}
