@@ -13,7 +13,9 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use weir::connectors::localfs::{walk_dir, DirWatcher, FingerprintCache, SourceFile, WalkOptions};
+use weir::connectors::localfs::{
+    walk_dir, DirWatcher, FingerprintCache, SourceFile, WalkOptions, FINGERPRINT_CACHE_RACY_WINDOW,
+};
 use weir::prelude::*;
 
 // ---------------------------------------------------------------------------
@@ -69,6 +71,27 @@ fn set_modified(path: &Path, time: SystemTime) -> TestResult {
         .write(true)
         .open(path)?
         .set_modified(time)?;
+    Ok(())
+}
+
+/// Waits until the status-change times of the files at `paths` are older
+/// than the fingerprint cache's racy window, so that their fingerprints may
+/// be cached (setting a modification time back changes the status-change
+/// time, which no call sets back).
+fn wait_out_the_racy_window(paths: &[&Path]) -> TestResult {
+    use std::os::unix::fs::MetadataExt;
+    for path in paths {
+        let meta = fs::metadata(path)?;
+        let changed = SystemTime::UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(meta.ctime())?,
+                u32::try_from(meta.ctime_nsec())?,
+            );
+        let settled = changed + FINGERPRINT_CACHE_RACY_WINDOW + Duration::from_millis(10);
+        if let Ok(left) = settled.duration_since(SystemTime::now()) {
+            std::thread::sleep(left);
+        }
+    }
     Ok(())
 }
 
@@ -567,6 +590,7 @@ fn a_fingerprint_cache_keeps_fingerprints_but_not_for_a_file_rewritten_in_place(
     let path = root.join("a.txt");
     let an_hour_ago = SystemTime::now() - Duration::from_secs(3600);
     set_modified(&path, an_hour_ago)?;
+    wait_out_the_racy_window(&[&path])?;
     let cache = FingerprintCache::new();
     let options = WalkOptions::new().fingerprint_cache(cache.clone());
 
@@ -613,6 +637,7 @@ fn files_swapped_by_renames_keeping_size_and_time_are_read_again() -> TestResult
         put(root, key, text)?;
         set_modified(&root.join(key), an_hour_ago)?;
     }
+    wait_out_the_racy_window(&[&root.join("a.md"), &root.join("b.md")])?;
     let cache = FingerprintCache::new();
     let options = WalkOptions::new().fingerprint_cache(cache.clone());
     for file in walk_dir(root, &options)? {
@@ -646,6 +671,7 @@ fn a_fingerprint_cache_forgets_files_a_later_walk_no_longer_finds() -> TestResul
         put(root, key, key)?;
         set_modified(&root.join(key), an_hour_ago)?;
     }
+    wait_out_the_racy_window(&[&root.join("a.txt"), &root.join("b.txt")])?;
     let cache = FingerprintCache::new();
     let options = WalkOptions::new().fingerprint_cache(cache.clone());
     for file in walk_dir(root, &options)? {
@@ -674,6 +700,44 @@ fn a_fingerprint_cache_skips_files_modified_just_now() -> TestResult {
         Fingerprint::from_bytes(b"fresh")
     );
     assert!(cache.is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_file_rewritten_within_the_racy_window_with_its_size_and_time_kept_is_read_again() -> TestResult
+{
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path();
+    let path = root.join("a.txt");
+    let an_hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    put(root, "a.txt", "aaaa")?;
+    // An old modification time, a status-change time of just now.
+    set_modified(&path, an_hour_ago)?;
+    let cache = FingerprintCache::new();
+    let options = WalkOptions::new().fingerprint_cache(cache.clone());
+
+    let first = walk_dir(root, &options)?;
+    assert_eq!(
+        item(&first, "a.txt")?.fingerprint()?,
+        Fingerprint::from_bytes(b"aaaa")
+    );
+    // A rewrite within the same tick of the clock would keep the status
+    // change time too: the fingerprint must not be kept.
+    assert!(cache.is_empty(), "{cache:?}");
+
+    put(root, "a.txt", "bbbb")?;
+    set_modified(&path, an_hour_ago)?;
+    let second = walk_dir(root, &options)?;
+    assert_eq!(
+        item(&second, "a.txt")?.fingerprint()?,
+        Fingerprint::from_bytes(b"bbbb")
+    );
+
+    // Once both times are older than the window, it is kept.
+    wait_out_the_racy_window(&[&path])?;
+    let third = walk_dir(root, &options)?;
+    item(&third, "a.txt")?.fingerprint()?;
+    assert_eq!(cache.len(), 1);
     Ok(())
 }
 
