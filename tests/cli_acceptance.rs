@@ -1228,6 +1228,45 @@ async fn an_unlistable_directory_keeps_its_rows_and_the_next_sync_converges() ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_mode_applies_a_gitignore_written_in_a_subdirectory_at_once() -> TestResult {
+    let env = Env::new();
+    env.put("a.md", "a\n");
+    env.put("sub/b.md", "b\n");
+    env.put("sub/c.md", "c\n");
+    // The include glob does not select the ignore file itself.
+    let live = env.spawn_live(100, &["--include", "*.md"]);
+    let (status, stderr) = while_live(live, async {
+        let first = wait_for_documents(&env.db, 3).await;
+        assert!(first, "the first run landed");
+
+        env.put("sub/.gitignore", "b.md\n");
+        let t = within(Duration::from_secs(5), || async {
+            !env.docs().await.contains_key("sub/b.md")
+        })
+        .await;
+        assert!(
+            t.is_some(),
+            "the file the new ignore file ignores was deleted"
+        );
+
+        // A change to a file it ignores syncs nothing; the others sync.
+        env.put("sub/b.md", "b changed\n");
+        env.put("sub/c.md", "c changed\n");
+        let t = within(Duration::from_secs(5), || async {
+            env.chunks().await.get("sub/c.md") == Some(&indexed(&["c changed"]))
+        })
+        .await;
+        assert!(t.is_some(), "the other file's change landed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(env.docs().await, env.expected(&["a.md", "sub/c.md"]));
+        TestResult::Ok(())
+    })
+    .await?;
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{stderr}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_mode_retries_a_failing_file_once_it_is_fixed_and_stops_on_sigint() -> TestResult {
     let env = Env::new();
     env.put("a.md", "a\n");

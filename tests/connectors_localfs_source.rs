@@ -818,6 +818,54 @@ async fn the_watcher_drops_changes_under_excluded_paths() -> TestResult {
 }
 
 #[tokio::test]
+async fn the_watcher_drops_changes_to_what_a_gitignore_in_a_subdirectory_ignores() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path();
+    put(root, "sub/.gitignore", "*.log\nbuild/\n")?;
+    let mut watcher = DirWatcher::new(root, &WalkOptions::new())?;
+
+    put(root, "sub/a.log", "ignored")?;
+    put(root, "sub/build/out.md", "in an ignored directory")?;
+    put(root, "sub/deeper/c.log", "ignored below too")?;
+    put(root, "top.log", "not ignored above sub/")?;
+    put(root, "sub/marker.md", "m")?;
+    let mut seen = wait_for(&mut watcher, "sub/marker.md").await?;
+    // A directory created is reported as its selected files: none here.
+    seen.remove("sub/deeper");
+
+    assert_eq!(
+        seen,
+        BTreeSet::from(["sub/marker.md".to_owned(), "top.log".to_owned()])
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_change_to_a_gitignore_in_a_subdirectory_is_reported_and_applies_to_later_events(
+) -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path();
+    fs::create_dir(root.join("sub"))?;
+    // The globs do not select the ignore file: its change is reported all
+    // the same, since it changes what a walk selects.
+    let options = WalkOptions::new().include("*.md");
+    let mut watcher = DirWatcher::new(root, &options)?;
+
+    put(root, "sub/.gitignore", "draft.md\n")?;
+    wait_for(&mut watcher, "sub/.gitignore").await?;
+    put(root, "sub/draft.md", "ignored now")?;
+    put(root, "sub/final.md", "f")?;
+    let seen = wait_for(&mut watcher, "sub/final.md").await?;
+    assert!(!seen.contains("sub/draft.md"), "{seen:?}");
+
+    put(root, "sub/.gitignore", "")?;
+    wait_for(&mut watcher, "sub/.gitignore").await?;
+    put(root, "sub/draft.md", "not ignored any more")?;
+    wait_for(&mut watcher, "sub/draft.md").await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn the_watcher_debounces_a_burst_into_one_sorted_batch_and_keeps_it_across_cancellation(
 ) -> TestResult {
     let tmp = tempfile::tempdir()?;
