@@ -13,7 +13,9 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use weir::connectors::localfs::{walk_dir, DirWatcher, FingerprintCache, SourceFile, WalkOptions};
+use weir::connectors::localfs::{
+    walk_dir, DirWatcher, FingerprintCache, SourceFile, WalkOptions, FINGERPRINT_CACHE_RACY_WINDOW,
+};
 use weir::prelude::*;
 
 // ---------------------------------------------------------------------------
@@ -69,6 +71,27 @@ fn set_modified(path: &Path, time: SystemTime) -> TestResult {
         .write(true)
         .open(path)?
         .set_modified(time)?;
+    Ok(())
+}
+
+/// Waits until the status-change times of the files at `paths` are older
+/// than the fingerprint cache's racy window, so that their fingerprints may
+/// be cached (setting a modification time back changes the status-change
+/// time, which no call sets back).
+fn wait_out_the_racy_window(paths: &[&Path]) -> TestResult {
+    use std::os::unix::fs::MetadataExt;
+    for path in paths {
+        let meta = fs::metadata(path)?;
+        let changed = SystemTime::UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(meta.ctime())?,
+                u32::try_from(meta.ctime_nsec())?,
+            );
+        let settled = changed + FINGERPRINT_CACHE_RACY_WINDOW + Duration::from_millis(10);
+        if let Ok(left) = settled.duration_since(SystemTime::now()) {
+            std::thread::sleep(left);
+        }
+    }
     Ok(())
 }
 
@@ -567,6 +590,7 @@ fn a_fingerprint_cache_keeps_fingerprints_but_not_for_a_file_rewritten_in_place(
     let path = root.join("a.txt");
     let an_hour_ago = SystemTime::now() - Duration::from_secs(3600);
     set_modified(&path, an_hour_ago)?;
+    wait_out_the_racy_window(&[&path])?;
     let cache = FingerprintCache::new();
     let options = WalkOptions::new().fingerprint_cache(cache.clone());
 
@@ -613,6 +637,7 @@ fn files_swapped_by_renames_keeping_size_and_time_are_read_again() -> TestResult
         put(root, key, text)?;
         set_modified(&root.join(key), an_hour_ago)?;
     }
+    wait_out_the_racy_window(&[&root.join("a.md"), &root.join("b.md")])?;
     let cache = FingerprintCache::new();
     let options = WalkOptions::new().fingerprint_cache(cache.clone());
     for file in walk_dir(root, &options)? {
@@ -646,6 +671,7 @@ fn a_fingerprint_cache_forgets_files_a_later_walk_no_longer_finds() -> TestResul
         put(root, key, key)?;
         set_modified(&root.join(key), an_hour_ago)?;
     }
+    wait_out_the_racy_window(&[&root.join("a.txt"), &root.join("b.txt")])?;
     let cache = FingerprintCache::new();
     let options = WalkOptions::new().fingerprint_cache(cache.clone());
     for file in walk_dir(root, &options)? {
@@ -674,6 +700,44 @@ fn a_fingerprint_cache_skips_files_modified_just_now() -> TestResult {
         Fingerprint::from_bytes(b"fresh")
     );
     assert!(cache.is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_file_rewritten_within_the_racy_window_with_its_size_and_time_kept_is_read_again() -> TestResult
+{
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path();
+    let path = root.join("a.txt");
+    let an_hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    put(root, "a.txt", "aaaa")?;
+    // An old modification time, a status-change time of just now.
+    set_modified(&path, an_hour_ago)?;
+    let cache = FingerprintCache::new();
+    let options = WalkOptions::new().fingerprint_cache(cache.clone());
+
+    let first = walk_dir(root, &options)?;
+    assert_eq!(
+        item(&first, "a.txt")?.fingerprint()?,
+        Fingerprint::from_bytes(b"aaaa")
+    );
+    // A rewrite within the same tick of the clock would keep the status
+    // change time too: the fingerprint must not be kept.
+    assert!(cache.is_empty(), "{cache:?}");
+
+    put(root, "a.txt", "bbbb")?;
+    set_modified(&path, an_hour_ago)?;
+    let second = walk_dir(root, &options)?;
+    assert_eq!(
+        item(&second, "a.txt")?.fingerprint()?,
+        Fingerprint::from_bytes(b"bbbb")
+    );
+
+    // Once both times are older than the window, it is kept.
+    wait_out_the_racy_window(&[&path])?;
+    let third = walk_dir(root, &options)?;
+    item(&third, "a.txt")?.fingerprint()?;
+    assert_eq!(cache.len(), 1);
     Ok(())
 }
 
@@ -750,6 +814,54 @@ async fn the_watcher_drops_changes_under_excluded_paths() -> TestResult {
     let seen = wait_for(&mut watcher, "marker.md").await?;
 
     assert_eq!(seen, BTreeSet::from(["marker.md".to_owned()]));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_watcher_drops_changes_to_what_a_gitignore_in_a_subdirectory_ignores() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path();
+    put(root, "sub/.gitignore", "*.log\nbuild/\n")?;
+    let mut watcher = DirWatcher::new(root, &WalkOptions::new())?;
+
+    put(root, "sub/a.log", "ignored")?;
+    put(root, "sub/build/out.md", "in an ignored directory")?;
+    put(root, "sub/deeper/c.log", "ignored below too")?;
+    put(root, "top.log", "not ignored above sub/")?;
+    put(root, "sub/marker.md", "m")?;
+    let mut seen = wait_for(&mut watcher, "sub/marker.md").await?;
+    // A directory created is reported as its selected files: none here.
+    seen.remove("sub/deeper");
+
+    assert_eq!(
+        seen,
+        BTreeSet::from(["sub/marker.md".to_owned(), "top.log".to_owned()])
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_change_to_a_gitignore_in_a_subdirectory_is_reported_and_applies_to_later_events(
+) -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path();
+    fs::create_dir(root.join("sub"))?;
+    // The globs do not select the ignore file: its change is reported all
+    // the same, since it changes what a walk selects.
+    let options = WalkOptions::new().include("*.md");
+    let mut watcher = DirWatcher::new(root, &options)?;
+
+    put(root, "sub/.gitignore", "draft.md\n")?;
+    wait_for(&mut watcher, "sub/.gitignore").await?;
+    put(root, "sub/draft.md", "ignored now")?;
+    put(root, "sub/final.md", "f")?;
+    let seen = wait_for(&mut watcher, "sub/final.md").await?;
+    assert!(!seen.contains("sub/draft.md"), "{seen:?}");
+
+    put(root, "sub/.gitignore", "")?;
+    wait_for(&mut watcher, "sub/.gitignore").await?;
+    put(root, "sub/draft.md", "not ignored any more")?;
+    wait_for(&mut watcher, "sub/draft.md").await?;
     Ok(())
 }
 

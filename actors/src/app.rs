@@ -154,7 +154,10 @@ impl AppBuilder {
     /// # Errors
     /// When called outside a tokio runtime, when a setting is out of range,
     /// or when the ledger cannot be opened: it is locked by another `App` or
-    /// process, of an unknown format version, or corrupt.
+    /// process, of an unknown format version, or corrupt, or the directory
+    /// holds a `sled/` store that is not a weir ledger (a usage error naming
+    /// it; a missing or empty directory, or one holding other files,
+    /// becomes a new ledger).
     pub async fn build(self) -> Result<App> {
         crate::metrics::describe_once();
         let user = tokio::runtime::Handle::try_current()
@@ -309,7 +312,14 @@ impl App {
 
     /// Whether `dir` holds a ledger, without creating one there (as
     /// building an `App` on it would): for tools that only read one.
-    pub fn ledger_exists(dir: impl AsRef<std::path::Path>) -> bool {
+    /// `Ok(false)` when it holds none (it is missing, empty, or holds other
+    /// files).
+    ///
+    /// # Errors
+    /// A usage error naming the directory when it holds a `sled/` store
+    /// that is not a weir ledger (building an `App` on it fails the same
+    /// way).
+    pub fn ledger_exists(dir: impl AsRef<std::path::Path>) -> Result<bool> {
         Ledger::exists(dir.as_ref())
     }
 

@@ -10,7 +10,7 @@ use super::{DropArgs, EXIT_OK};
 pub async fn run(args: DropArgs) -> Result<u8> {
     let db = Database::parse(&args.into.into)?;
     let ledger = &args.ledger.ledger;
-    if !App::ledger_exists(ledger) {
+    if !App::ledger_exists(ledger)? {
         return Err(Error::msg(format!(
             "no ledger at {}: nothing to drop (pass --ledger if it is elsewhere)",
             ledger.display()

@@ -8,7 +8,7 @@ use super::{InspectArgs, EXIT_OK};
 pub async fn run(args: InspectArgs) -> Result<u8> {
     let ledger = &args.ledger.ledger;
     // `inspect` and `drop` must not create a ledger where there is none.
-    if !App::ledger_exists(ledger) {
+    if !App::ledger_exists(ledger)? {
         return Err(Error::msg(format!(
             "no ledger at {}: run `weir sync DIR` first, or pass --ledger",
             ledger.display()

@@ -1,13 +1,15 @@
 //! The main job: each file is one component declaring its row in
 //! `documents` and its chunks in `chunks`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde::Serialize;
+use tokio::sync::Semaphore;
 use weir::connectors::localfs::SourceFile;
 use weir::connectors::sql::{ColumnType, TableSchema};
 use weir::connectors::{postgres, sqlite};
-use weir::{Ctx, Error, Fingerprint, Result};
+use weir::{Ctx, Error, Fingerprint, Result, ShutdownHandle};
 
 use super::chunk::{chunk_text, MAX_CHUNK_BYTES};
 use super::progress::Progress;
@@ -141,12 +143,32 @@ pub fn register(ctx: &Ctx, db: &Database) -> Result<()> {
     }
 }
 
+/// A file of the walk, with its fingerprint when it could be computed.
+struct Listed {
+    file: SourceFile,
+    fingerprint: Option<Fingerprint>,
+}
+
+/// How many files are read at once: reads wait on the disk more than on
+/// the processor, so twice the cores, and at least four.
+fn concurrent_reads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get() * 2)
+        .max(4)
+}
+
 /// The root component: the tables, then one memoized component per file.
+///
+/// Files are read and fingerprinted on tokio's blocking threads, a few at
+/// a time ([`concurrent_reads`]), never on the threads that run async
+/// tasks: a slow file (a network mount, a named pipe put in a file's
+/// place) then holds up only its own component.
 pub async fn sync_files(
     ctx: Ctx,
     db: Database,
     files: Vec<SourceFile>,
     progress: Progress,
+    stop: ShutdownHandle,
 ) -> Result<()> {
     let tables = Tables::mount(&ctx, &db).await?;
     let tables_memo: Arc<str> = Arc::from(tables.memo_key());
@@ -155,26 +177,33 @@ pub async fn sync_files(
         .filter(|f| f.is_unlisted_dir())
         .map(|f| format!("{} ({})", f.key(), f.error().unwrap_or_default()))
         .collect();
-    let checked = progress.clone();
+    // The memo keys need the fingerprints: computed first, so that
+    // computing a memo key reads nothing.
+    let files = fingerprint_all(files, &progress, &stop).await?;
+    let reads = Arc::new(Semaphore::new(concurrent_reads()));
     ctx.mount_each_memo(
         files,
-        |file| file.key().to_string(),
-        move |file: &SourceFile| {
-            checked.checked();
-            let modified = file.modified().map(rfc3339);
+        |listed| listed.file.key().to_string(),
+        move |listed: &Listed| {
+            let file = &listed.file;
+            // None: the component runs, and meets the problem itself.
+            let fingerprint = listed
+                .fingerprint
+                .ok_or_else(|| Error::msg(format!("`{}` has no fingerprint", file.key())))?;
             Ok((
-                file.fingerprint()?,
+                fingerprint,
                 file.size(),
-                modified,
+                file.modified().map(rfc3339),
                 LOGIC_VERSION,
                 tables_memo.to_string(),
             ))
         },
-        move |ctx, file| {
+        move |ctx, listed| {
             let tables = tables.clone();
             let progress = progress.clone();
+            let reads = Arc::clone(&reads);
             async move {
-                let result = sync_file(&ctx, &tables, &file);
+                let result = sync_file(&ctx, &tables, listed, &reads).await;
                 progress.processed(result.is_ok());
                 result
             }
@@ -198,52 +227,253 @@ pub async fn sync_files(
     )))
 }
 
-/// Declares one file's document row and chunk rows.
-fn sync_file(ctx: &Ctx, tables: &Tables, file: &SourceFile) -> Result<()> {
-    if file.size() > MAX_CONTENT_BYTES {
-        return tables.document(
-            ctx,
-            &Document {
-                path: file.key(),
-                size: i64::try_from(file.size()).unwrap_or(i64::MAX),
-                fingerprint: file.fingerprint()?.to_string(),
-                modified: file.modified().map(rfc3339),
-                line_count: None,
-                content: None,
-            },
-        );
+/// Fingerprints the files on [`concurrent_reads`] blocking threads (a file
+/// whose size and time the fingerprint cache knows is not read), until a
+/// shutdown is requested: the files left then have no fingerprint, and the
+/// run, interrupted, starts none of them.
+async fn fingerprint_all(
+    files: Vec<SourceFile>,
+    progress: &Progress,
+    stop: &ShutdownHandle,
+) -> Result<Vec<Listed>> {
+    let files: Arc<[SourceFile]> = files.into();
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..concurrent_reads().min(files.len()))
+        .map(|_| {
+            let files = Arc::clone(&files);
+            let next = Arc::clone(&next);
+            let progress = progress.clone();
+            let stop = stop.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut done = Vec::new();
+                while !stop.is_requested() {
+                    let at = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(file) = files.get(at) else {
+                        break;
+                    };
+                    if file.error().is_none() {
+                        done.push((at, file.fingerprint().ok()));
+                    }
+                    progress.checked();
+                }
+                done
+            })
+        })
+        .collect();
+    let mut fingerprints: Vec<Option<Fingerprint>> = vec![None; files.len()];
+    for worker in workers {
+        let done = worker
+            .await
+            .map_err(|e| Error::msg(format!("fingerprinting the files stopped: {e}")))?;
+        for (at, fingerprint) in done {
+            if let Some(slot) = fingerprints.get_mut(at) {
+                *slot = fingerprint;
+            }
+        }
     }
-    let bytes = file.read()?;
-    // Text with NUL bytes is binary in all but name.
-    let text = std::str::from_utf8(&bytes)
-        .ok()
-        .filter(|t| !t.contains('\0'));
+    Ok(files
+        .iter()
+        .cloned()
+        .zip(fingerprints)
+        .map(|(file, fingerprint)| Listed { file, fingerprint })
+        .collect())
+}
+
+/// What a file's rows hold, read from it on a blocking thread.
+struct Content {
+    size: u64,
+    fingerprint: Fingerprint,
+    /// The text of a UTF-8 file without NUL bytes, not over
+    /// [`MAX_CONTENT_BYTES`].
+    text: Option<String>,
+    chunks: Vec<String>,
+}
+
+impl Content {
+    /// Reads the file (this blocks): its bytes, or for a file over
+    /// [`MAX_CONTENT_BYTES`] only its fingerprint.
+    fn read(listed: &Listed) -> Result<Content> {
+        let file = &listed.file;
+        if file.size() > MAX_CONTENT_BYTES {
+            let fingerprint = match listed.fingerprint {
+                Some(fingerprint) => fingerprint,
+                None => file.fingerprint()?,
+            };
+            return Ok(Content {
+                size: file.size(),
+                fingerprint,
+                text: None,
+                chunks: Vec::new(),
+            });
+        }
+        let bytes = file.read()?;
+        let fingerprint = Fingerprint::from_bytes(&bytes);
+        let size = bytes.len() as u64;
+        // Text with NUL bytes is binary in all but name.
+        let text = String::from_utf8(bytes).ok().filter(|t| !t.contains('\0'));
+        let chunks = text
+            .as_deref()
+            .map(|t| chunk_text(t, MAX_CHUNK_BYTES))
+            .unwrap_or_default();
+        Ok(Content {
+            size,
+            fingerprint,
+            text,
+            chunks,
+        })
+    }
+}
+
+/// Declares one file's document row and chunk rows, reading the file on a
+/// blocking thread (one of `reads`' permits held meanwhile).
+async fn sync_file(ctx: &Ctx, tables: &Tables, listed: Listed, reads: &Semaphore) -> Result<()> {
+    let key = listed.file.key().to_string();
+    let modified = listed.file.modified().map(rfc3339);
+    let content = {
+        let _permit = reads
+            .acquire()
+            .await
+            .map_err(|e| Error::msg(format!("cannot read file `{key}`: {e}")))?;
+        tokio::task::spawn_blocking(move || Content::read(&listed))
+            .await
+            .map_err(|e| Error::msg(format!("reading file `{key}` stopped: {e}")))??
+    };
     tables.document(
         ctx,
         &Document {
-            path: file.key(),
-            size: i64::try_from(bytes.len()).unwrap_or(i64::MAX),
-            fingerprint: Fingerprint::from_bytes(&bytes).to_string(),
-            modified: file.modified().map(rfc3339),
-            line_count: text.map(|t| i64::try_from(t.lines().count()).unwrap_or(i64::MAX)),
-            content: text,
+            path: &key,
+            size: i64::try_from(content.size).unwrap_or(i64::MAX),
+            fingerprint: content.fingerprint.to_string(),
+            modified,
+            line_count: content
+                .text
+                .as_deref()
+                .map(|t| i64::try_from(t.lines().count()).unwrap_or(i64::MAX)),
+            content: content.text.as_deref(),
         },
     )?;
-    if let Some(text) = text {
-        for (i, chunk) in chunk_text(text, MAX_CHUNK_BYTES).iter().enumerate() {
-            tables.chunk(
-                ctx,
-                &Chunk {
-                    path: file.key(),
-                    chunk_index: i32::try_from(i).unwrap_or(i32::MAX),
-                    text: chunk,
-                },
-            )?;
-        }
+    for (i, chunk) in content.chunks.iter().enumerate() {
+        tables.chunk(
+            ctx,
+            &Chunk {
+                path: &key,
+                chunk_index: i32::try_from(i).unwrap_or(i32::MAX),
+                text: chunk,
+            },
+        )?;
     }
     Ok(())
 }
 
 fn rfc3339(t: std::time::SystemTime) -> String {
     chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use crate::cli::target::SQLITE;
+
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::path::Path;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use weir::connectors::localfs::{walk_dir, WalkOptions};
+    use weir::App;
+
+    /// How long the pipe's writer waits for the runtime to answer before it
+    /// counts the runtime as stalled (and writes all the same, so that the
+    /// test ends): only a stalled runtime ever takes this long.
+    const STALL_LIMIT: Duration = Duration::from_secs(10);
+
+    /// Serves the named pipe at `fifo` until `done`: each time a reader has
+    /// it open, asks the runtime through `ask`, waits for the answer on
+    /// `answered`, then writes a line and closes it. Returns how many times
+    /// the runtime did not answer within [`STALL_LIMIT`].
+    fn serve(
+        fifo: &Path,
+        done: &AtomicBool,
+        ask: &tokio::sync::mpsc::UnboundedSender<()>,
+        answered: &mpsc::Receiver<()>,
+    ) -> usize {
+        let mut stalls = 0;
+        while !done.load(Ordering::SeqCst) {
+            // Opening a pipe for writing without blocking succeeds only
+            // while a reader has it open: the reader now waits for data.
+            let opened = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fifo);
+            let Ok(mut pipe) = opened else {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            let _ = ask.send(());
+            if answered.recv_timeout(STALL_LIMIT).is_err() {
+                stalls += 1;
+            }
+            let _ = pipe.write_all(b"from the pipe\n");
+        }
+        stalls
+    }
+
+    #[test]
+    fn a_file_read_that_blocks_leaves_the_runtime_thread_free_for_other_tasks(
+    ) -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let tree = tmp.path().join("tree");
+        std::fs::create_dir(&tree)?;
+        let fifo = tree.join("slow.md");
+        std::fs::write(&fifo, "a file when walked\n")?;
+        let files = walk_dir(&tree, &WalkOptions::new())?;
+        // Then a named pipe: opening and reading it wait for a writer.
+        std::fs::remove_file(&fifo)?;
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status()?;
+        assert!(made.success(), "mkfifo failed");
+
+        // One thread runs every async task: a read on it stalls them all,
+        // the task that answers the pipe's writer included.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (ask, mut asked) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (answer, answered) = mpsc::channel::<()>();
+        let done = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (fifo, done) = (fifo.clone(), Arc::clone(&done));
+            std::thread::spawn(move || serve(&fifo, &done, &ask, &answered))
+        };
+        let db = tmp.path().join("out.db");
+        let ledger = tmp.path().join("ledger");
+        let synced = runtime.block_on(async move {
+            let responder = tokio::spawn(async move {
+                while asked.recv().await.is_some() {
+                    let _ = answer.send(());
+                }
+            });
+            let pool = sqlite::connect(&db).await?;
+            let app = App::builder("weir")
+                .ledger_path(ledger)
+                .provide_key(&SQLITE.sqlite(), pool)
+                .build()
+                .await?;
+            let stop = app.shutdown_handle();
+            let database = Database::Sqlite(db);
+            let progress = Progress::new(files.len() as u64);
+            let stats = app
+                .run(move |ctx| sync_files(ctx, database, files, progress, stop))
+                .await;
+            responder.abort();
+            stats
+        });
+        done.store(true, Ordering::SeqCst);
+        let stalls = writer.join().map_err(|_| "the pipe's writer panicked")?;
+        let stats = synced?;
+        assert_eq!(stalls, 0, "reading the pipe stalled the runtime's thread");
+        assert_eq!(stats.failed_components, 0, "{stats:?}");
+        Ok(())
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use weir::connectors::localfs::{self, DirWatcher, FingerprintCache, SourceFile, WalkOptions};
@@ -52,12 +52,14 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     // Files whose size and time did not change are not read again to be
     // fingerprinted: their fingerprints are kept next to the ledger.
     let cache_file = args.ledger.ledger.join(FINGERPRINT_CACHE_FILE);
-    let cache = FingerprintCache::load(&cache_file);
-    let options = options.fingerprint_cache(cache.clone());
-    let saver = CacheSaver {
-        cache,
-        file: cache_file,
+    let cache = {
+        let file = cache_file.clone();
+        tokio::task::spawn_blocking(move || FingerprintCache::load(file))
+            .await
+            .unwrap_or_default()
     };
+    let options = options.fingerprint_cache(cache.clone());
+    let saver = CacheSaver::new(cache, cache_file);
     // The walk checks the globs before the ledger or the database is
     // touched; its list serves the first run.
     let files = walk(&root, &options).await?;
@@ -69,14 +71,15 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     }
     let target = target::open(&db, &args.ledger.ledger).await?;
     forget_lost_tables(&target, &args.ledger.ledger).await?;
+    let shutdown = target.app.shutdown_handle();
     let job = Arc::new(Job {
         root: root.clone(),
         options,
         db: db.clone(),
         walked: Mutex::new(Some(files)),
         files: AtomicU64::new(0),
+        stop: shutdown.clone(),
     });
-    let shutdown = target.app.shutdown_handle();
     let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
     let code = if args.live {
         live(
@@ -91,6 +94,7 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
         saver.save();
         code
     };
+    saver.finish().await;
     signals.abort();
     code
 }
@@ -132,17 +136,53 @@ fn absolute_canonical(path: &Path) -> std::io::Result<PathBuf> {
 /// The file next to the ledger that keeps files' fingerprints.
 const FINGERPRINT_CACHE_FILE: &str = "fingerprints";
 
-/// Saves the fingerprint cache after a run.
+/// Saves the fingerprint cache after a run, on a blocking thread.
 struct CacheSaver {
     cache: FingerprintCache,
     file: PathBuf,
+    /// The last save started; each waits for the one before it.
+    last: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl CacheSaver {
+    fn new(cache: FingerprintCache, file: PathBuf) -> CacheSaver {
+        CacheSaver {
+            cache,
+            file,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Starts saving the cache as it is when the save runs, after the
+    /// saves started before.
     fn save(&self) {
-        // Losing the cache only costs reading the files again next time.
-        if let Err(e) = self.cache.save(&self.file) {
-            tracing::warn!("{e}");
+        let cache = self.cache.clone();
+        let file = self.file.clone();
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let previous = last.take();
+        *last = Some(tokio::spawn(async move {
+            if let Some(previous) = previous {
+                let _ = previous.await;
+            }
+            let saved = tokio::task::spawn_blocking(move || cache.save(&file)).await;
+            // Losing the cache only costs reading the files again next time.
+            match saved {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("{e}"),
+                Err(e) => tracing::warn!("saving the fingerprint cache stopped: {e}"),
+            }
+        }));
+    }
+
+    /// Waits for the saves started.
+    async fn finish(&self) {
+        let last = self
+            .last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(last) = last {
+            let _ = last.await;
         }
     }
 }
@@ -205,6 +245,8 @@ struct Job {
     walked: Mutex<Option<Vec<SourceFile>>>,
     /// How many files the last run saw.
     files: AtomicU64,
+    /// Requested when the sync is to stop.
+    stop: ShutdownHandle,
 }
 
 impl Job {
@@ -218,7 +260,14 @@ impl Job {
         self.files.store(files.len() as u64, Ordering::Relaxed);
         let progress = Progress::new(files.len() as u64);
         let logger = progress.log_periodically(LOG_EVERY);
-        let result = job::sync_files(ctx, self.db.clone(), files, progress.clone()).await;
+        let result = job::sync_files(
+            ctx,
+            self.db.clone(),
+            files,
+            progress.clone(),
+            self.stop.clone(),
+        )
+        .await;
         progress.finish();
         if let Some(logger) = logger {
             logger.abort();
@@ -313,7 +362,12 @@ async fn live(
 ) -> Result<u8> {
     // Watch before the first run, so that nothing changed during it is
     // missed: the list walked before the watch started may be stale.
-    let watcher = DirWatcher::new(&job.root, &job.options)?;
+    let watcher = {
+        let (root, options) = (job.root.clone(), job.options.clone());
+        tokio::task::spawn_blocking(move || DirWatcher::new(&root, &options))
+            .await
+            .map_err(|e| Error::msg(format!("starting the directory watcher stopped: {e}")))??
+    };
     if let Ok(mut walked) = job.walked.lock() {
         walked.take();
     }

@@ -46,8 +46,14 @@
 //! weir forget what it created. So every commit counts itself in the store
 //! (`mseq`), and after each flush the count is also written to `weir.seq`
 //! beside the store (atomically, by rename; it may lag, never lead). A
-//! ledger whose `weir.seq` exists but whose store has no format version, or
-//! counts fewer commits than `weir.seq`, is refused as corrupt.
+//! ledger whose `weir.seq` counts commits but whose store has no format
+//! version, or counts fewer commits than `weir.seq`, is refused as corrupt.
+//!
+//! `weir.seq` also marks the directory as a ledger: a new ledger writes it
+//! (counting none) before it creates its store. A `sled/` without it is a
+//! ledger only when its store holds weir's format version (a build that
+//! did not write `weir.seq`); any other is refused as not a weir ledger,
+//! so that weir neither takes over nor reports on a store it did not write.
 //!
 //! # Code
 //!

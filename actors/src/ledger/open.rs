@@ -50,10 +50,42 @@ const LOCK_FILE: &str = "weir.lock";
 const STORE_DIR: &str = "sled";
 
 impl Ledger {
-    /// Whether `dir` holds a ledger (its lock file and its store), without
-    /// creating one.
-    pub(crate) fn exists(dir: &Path) -> bool {
-        dir.join(LOCK_FILE).is_file() && dir.join(STORE_DIR).is_dir()
+    /// Whether `dir` holds a ledger, without creating one: `Ok(true)` when
+    /// it holds weir's marks, `Ok(false)` when it holds neither them nor a
+    /// store (`sled/`).
+    ///
+    /// What marks a ledger is `weir.seq`, which weir writes beside the store
+    /// of every ledger it opens, before it creates the store; a store
+    /// without it (from a build that did not write it) is a ledger when it
+    /// holds weir's format version.
+    ///
+    /// # Errors
+    /// A usage error naming the directory when it holds a `sled/` that is
+    /// not a weir ledger's.
+    pub(crate) fn exists(dir: &Path) -> Result<bool> {
+        if dir.join(SEQ_FILE).is_file() {
+            // Opening it tells whether its store is whole.
+            return Ok(true);
+        }
+        let sled_dir = dir.join(STORE_DIR);
+        if !sled_dir.is_dir() {
+            return Ok(false);
+        }
+        let display = dir.display().to_string();
+        if !is_sled_store(&sled_dir) {
+            return Err(not_a_ledger(&display, NOT_A_STORE));
+        }
+        let config = sled::Config::new().path(&sled_dir).cache_capacity(1 << 20);
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
+            .map_err(|_| not_a_ledger(&display, "sled panicked while reading its sled/"))?;
+        match opened {
+            Ok(db) if db.contains_key(FORMAT_KEY).unwrap_or(false) => Ok(true),
+            Ok(_) => Err(not_a_ledger(&display, NO_FORMAT)),
+            Err(e) => Err(not_a_ledger(
+                &display,
+                &format!("its sled/ cannot be opened ({e}) and it has no {SEQ_FILE}"),
+            )),
+        }
     }
 
     /// Opens (or creates) the ledger in `dir`.
@@ -65,12 +97,22 @@ impl Ledger {
             )));
         }
         let io = |e: std::io::Error| named_io(e, &display);
+        let sled_dir: PathBuf = dir.join(STORE_DIR);
+        let existed = sled_dir.exists();
+        // `weir.seq` marks a ledger (see `Ledger::exists`): a `sled/`
+        // without it must be a store weir wrote, checked once it is open.
+        let marked = dir.join(SEQ_FILE).is_file();
+        if existed && !marked && !is_sled_store(&sled_dir) {
+            return Err(not_a_ledger(&display, NOT_A_STORE));
+        }
         std::fs::create_dir_all(dir).map_err(io)?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock_existed = lock_path.exists();
         let lock = File::options()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(dir.join(LOCK_FILE))
+            .open(&lock_path)
             .map_err(io)?;
         match lock.try_lock() {
             Ok(()) => {}
@@ -81,8 +123,20 @@ impl Ledger {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
-        let sled_dir: PathBuf = dir.join(STORE_DIR);
-        let existed = sled_dir.exists();
+        // What this refusal created, it removes: the directory is not weir's.
+        let refuse = |lock: File, detail: &str| {
+            drop(lock);
+            if !lock_existed {
+                let _ = std::fs::remove_file(&lock_path);
+            }
+            not_a_ledger(&display, detail)
+        };
+        if !existed && !marked {
+            // A new ledger is marked before its store exists, so that a
+            // crash while the store is created leaves a ledger, not a
+            // directory weir would refuse.
+            write_seq(&dir.join(SEQ_FILE), 0).map_err(io)?;
+        }
         let config = sled::Config::new()
             .path(&sled_dir)
             .cache_capacity(cache_bytes)
@@ -99,8 +153,14 @@ impl Ledger {
             // sled may panic on damaged files: that is corruption too.
             let config = config.clone();
             let opened =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
-                    .map_err(|_| corrupt("sled panicked while reading it".into()))?;
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()));
+            let opened = match opened {
+                Ok(opened) => opened,
+                Err(_) if existed && !marked => {
+                    return Err(refuse(lock, "sled panicked while reading its sled/"))
+                }
+                Err(_) => return Err(corrupt("sled panicked while reading it".into())),
+            };
             match opened {
                 Ok(db) => break db,
                 Err(sled::Error::Io(io)) if is_sled_lock(&io) && waited < SLED_LOCK_WAIT => {
@@ -115,9 +175,19 @@ impl Ledger {
                 Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                     return Err(io(e))
                 }
+                Err(other) if existed && !marked => {
+                    return Err(refuse(
+                        lock,
+                        &format!("its sled/ cannot be opened ({other}) and it has no {SEQ_FILE}"),
+                    ))
+                }
                 Err(other) => return Err(corrupt(format!("sled cannot open it: {other}"))),
             }
         };
+        if existed && !marked && !db.contains_key(FORMAT_KEY).unwrap_or(false) {
+            drop(db);
+            return Err(refuse(lock, NO_FORMAT));
+        }
         let (journal, pending) = Journal::open(dir).map_err(|e| match e {
             JournalError::Io(e) => io(e),
             JournalError::Corrupt(detail) => corrupt(detail),
@@ -146,7 +216,7 @@ impl Ledger {
                 other => other,
             })
         };
-        named(ledger.check_format(existed, flushed_seq.is_some()))?;
+        named(ledger.check_format(existed, flushed_seq.is_some_and(|n| n > 0)))?;
         // Its write of `weir.seq` names the ledger already.
         ledger.check_seq(flushed_seq)?;
         named(ledger.load_packs())?;
@@ -188,10 +258,7 @@ impl Ledger {
     /// Writes the commit count to `weir.seq` (by rename, so it is whole).
     pub(super) fn write_seq_file(&self) -> Result<()> {
         let seq = self.seq.load(std::sync::atomic::Ordering::SeqCst);
-        let tmp = self.seq_file.with_extension("seq.tmp");
-        std::fs::write(&tmp, format!("{seq}\n"))
-            .and_then(|()| std::fs::rename(&tmp, &*self.seq_file))
-            .map_err(|e| named_io(e, &self.dir))
+        write_seq(&self.seq_file, seq).map_err(|e| named_io(e, &self.dir))
     }
 
     fn check_format(&self, existed: bool, was_written: bool) -> Result<()> {
@@ -221,7 +288,7 @@ impl Ledger {
                 Err(self.corrupt("the format version is missing"))
             }
             None if was_written => Err(self.corrupt(format!(
-                "its store is empty or unreadable, but it had been written ({SEQ_FILE} exists)"
+                "its store is empty or unreadable, but it had been written ({SEQ_FILE} counts commits)"
             ))),
             None => {
                 self.tree
@@ -343,4 +410,28 @@ impl Ledger {
         self.journal()?.clear()?;
         Ok(())
     }
+}
+
+/// Writes a commit count to `file` (by rename, so it is whole).
+fn write_seq(file: &Path, seq: u64) -> std::io::Result<()> {
+    let tmp = file.with_extension("seq.tmp");
+    std::fs::write(&tmp, format!("{seq}\n")).and_then(|()| std::fs::rename(&tmp, file))
+}
+
+/// Why a `sled/` that is not a store is not a ledger.
+const NOT_A_STORE: &str = "its sled/ is not a sled store, and it has no weir.seq";
+/// Why a store without weir's format version is not a ledger.
+const NO_FORMAT: &str = "its sled/ store holds no weir format version, and it has no weir.seq";
+
+/// Whether `dir` looks like a sled store (its configuration and its log),
+/// so that opening it would not create one.
+fn is_sled_store(dir: &Path) -> bool {
+    dir.join("conf").is_file() && dir.join("db").is_file()
+}
+
+/// The refusal of a directory that holds a `sled/` but not a ledger.
+fn not_a_ledger(dir: &str, detail: &str) -> Error {
+    Error::Usage(format!(
+        "{dir} is not a weir ledger: {detail}; give weir another directory for its ledger (an empty or a new one starts a new ledger), or move this one's content away"
+    ))
 }

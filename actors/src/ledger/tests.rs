@@ -582,11 +582,92 @@ fn container_keys_split_back_into_container_and_component() {
 #[test]
 fn a_ledger_exists_once_opened_and_not_in_any_other_directory() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    assert!(!Ledger::exists(dir.path()));
+    assert!(!Ledger::exists(dir.path())?);
+    std::fs::write(dir.path().join("user-file.txt"), "mine")?;
+    assert!(!Ledger::exists(dir.path())?);
     let ledger = Ledger::open(dir.path(), 1 << 20)?;
-    assert!(Ledger::exists(dir.path()));
+    assert!(Ledger::exists(dir.path())?);
     drop(ledger);
-    assert!(Ledger::exists(dir.path()));
+    assert!(Ledger::exists(dir.path())?);
+    // A ledger of a build that wrote no `weir.seq`: its format version
+    // marks it.
+    std::fs::remove_file(dir.path().join(SEQ_FILE))?;
+    assert!(Ledger::exists(dir.path())?);
+    Ok(())
+}
+
+/// The refusals of `dir` by `Ledger::exists` and `Ledger::open`.
+fn refusals(dir: &Path) -> [String; 2] {
+    let exists = match Ledger::exists(dir) {
+        Ok(found) => format!("exists: {found}"),
+        Err(e) => e.to_string(),
+    };
+    [exists, refusal(dir)]
+}
+
+#[test]
+fn a_directory_holding_weir_lock_and_sled_that_is_not_a_ledger_is_refused_naming_it() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("weir.lock"), "")?;
+    std::fs::create_dir(dir.path().join("sled"))?;
+    let shown = dir.path().display().to_string();
+
+    for err in refusals(dir.path()) {
+        assert!(
+            err.contains(&format!("{shown} is not a weir ledger")),
+            "{err}"
+        );
+    }
+    // Nothing was written into it.
+    assert!(!dir.path().join(SEQ_FILE).exists());
+    assert_eq!(std::fs::read_dir(dir.path().join("sled"))?.count(), 0);
+    Ok(())
+}
+
+#[test]
+fn a_sled_store_weir_did_not_write_is_refused_as_not_a_ledger_and_keeps_its_data() -> Result<()> {
+    for with_data in [false, true] {
+        let dir = tempfile::tempdir()?;
+        {
+            let theirs = sled::open(dir.path().join("sled"))?;
+            if with_data {
+                theirs.insert(b"theirs", b"1")?;
+            }
+            theirs.flush()?;
+        }
+        let shown = dir.path().display().to_string();
+
+        for err in refusals(dir.path()) {
+            assert!(
+                err.contains(&format!("{shown} is not a weir ledger"))
+                    && err.contains("no weir format version"),
+                "{err}"
+            );
+        }
+        assert!(!dir.path().join(SEQ_FILE).exists());
+        assert!(!dir.path().join("weir.lock").exists());
+        let theirs = sled::open(dir.path().join("sled"))?;
+        assert_eq!(theirs.get(FORMAT_KEY)?, None);
+        assert_eq!(theirs.get(b"theirs")?.is_some(), with_data);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_new_ledger_whose_creation_stopped_before_its_format_version_opens() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // A new ledger writes `weir.seq` first, then its store: a crash may
+    // leave both, the store empty.
+    std::fs::write(dir.path().join(SEQ_FILE), "0\n")?;
+    drop(sled::open(dir.path().join("sled"))?);
+    assert!(Ledger::exists(dir.path())?);
+
+    commit_batches(dir.path(), 1)?;
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(SEQ_FILE))?.trim(),
+        "1"
+    );
     Ok(())
 }
 

@@ -2,11 +2,12 @@
 //! root, in debounced batches, from the operating system's notifications
 //! (`notify`'s recommended watcher: inotify, FSEvents, ReadDirectoryChangesW).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsStr;
 use std::fmt;
 use std::fs;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
@@ -36,9 +37,16 @@ pub const MAX_DEBOUNCE_ROUNDS: u32 = 10;
 /// the root with `/` separators. The selection of [`WalkOptions`] applies:
 /// events under `.git`, under an excluded path or matching an exclude glob
 /// are dropped, and include globs drop events on files they do not select.
-/// Of the ignore files, only the root's `.gitignore` and `.ignore`, as they
-/// are when the watcher starts, filter events (when
-/// [`WalkOptions::gitignore`] is on).
+///
+/// With [`WalkOptions::gitignore`] on, events on what the ignore files
+/// ignore are dropped too, as in the walk: the `.gitignore` and `.ignore`
+/// files of the root and of every directory below it (and a repository's
+/// `.git/info/exclude`), each applying to its own directory and below. They
+/// are read when an event first needs them and read again after they
+/// change, so a change to one applies to the events that follow it. A
+/// change to an ignore file is itself reported (even when the globs do not
+/// select the file, but not when its directory is excluded or ignored):
+/// the files it ignores or brings back are only known to a new walk.
 ///
 /// A directory that appeared (created, or moved in) is reported as the
 /// selected files it holds when the batch is returned, including those
@@ -48,8 +56,8 @@ pub const MAX_DEBOUNCE_ROUNDS: u32 = 10;
 ///
 /// - A batch is a hint, not a diff: it may name a key that no longer
 ///   exists, a directory that was removed or moved out as a whole (its
-///   files are not listed), or a file excluded by an ignore file below the
-///   root. Walk again to learn the current state.
+///   files are not listed), or an ignore file that the globs do not select.
+///   Walk again to learn the current state.
 /// - When the operating system drops events (its queue overflowed), the
 ///   batch is empty: something changed, and only a new walk tells what.
 /// - Changes made through a symbolic link to a directory outside the root
@@ -80,20 +88,25 @@ impl DirWatcher {
     pub fn new(root: impl AsRef<Path>, options: &WalkOptions) -> Result<DirWatcher> {
         let filter = Filter::new(root.as_ref(), options)?;
         let root = filter.root.clone();
-        let gitignore = if options.respects_gitignore() {
-            root_gitignore(&root)
-        } else {
-            None
-        };
-        let selection = Arc::new(Selection { filter, gitignore });
+        let selection = Arc::new(Selection {
+            filter,
+            gitignore: options.respects_gitignore(),
+            rules: Mutex::default(),
+        });
         let (tx, events) = mpsc::unbounded_channel();
         let handler = {
             let selection = Arc::clone(&selection);
             move |event: notify::Result<notify::Event>| {
                 let notice = match event {
-                    Ok(event) if event.need_rescan() => Some(Notice::Rescan),
+                    Ok(event) if event.need_rescan() => {
+                        selection.forget_all_rules();
+                        Some(Notice::Rescan)
+                    }
                     Ok(event) => selection.keys(&event).map(Notice::Changed),
-                    Err(_) => Some(Notice::Rescan),
+                    Err(_) => {
+                        selection.forget_all_rules();
+                        Some(Notice::Rescan)
+                    }
                 };
                 if let Some(notice) = notice {
                     // The channel is closed only when the watcher is dropped.
@@ -185,7 +198,60 @@ impl fmt::Debug for DirWatcher {
 /// lists new directories (on a blocking thread).
 struct Selection {
     filter: Filter,
+    /// Whether ignore files apply.
+    gitignore: bool,
+    /// The ignore rules of the directories events were met in.
+    rules: Mutex<RulesCache>,
+}
+
+/// The ignore rules of directories, keyed by their path relative to the
+/// root (empty for the root), read when first needed.
+#[derive(Default)]
+struct RulesCache {
+    dirs: HashMap<PathBuf, Arc<DirRules>>,
+    /// Counts the times rules were forgotten: rules read while some were
+    /// may be stale, and are not kept.
+    generation: u64,
+}
+
+/// The ignore files of one directory, as the walk reads them.
+struct DirRules {
+    /// `.ignore`: its matches win over those of the others.
+    ignore: Option<Gitignore>,
+    /// `.gitignore`.
     gitignore: Option<Gitignore>,
+    /// `.git/info/exclude`, in a repository's top directory.
+    exclude: Option<Gitignore>,
+}
+
+impl DirRules {
+    /// The rules of the directory at `dir`.
+    fn read(dir: &Path) -> DirRules {
+        DirRules {
+            ignore: ignore_file(dir, ".ignore"),
+            gitignore: ignore_file(dir, ".gitignore"),
+            exclude: ignore_file(dir, ".git/info/exclude"),
+        }
+    }
+}
+
+/// The rules of the ignore file at `dir/name`, applying below `dir`, when
+/// there is one and it has any.
+fn ignore_file(dir: &Path, name: &str) -> Option<Gitignore> {
+    let path = dir.join(name);
+    if !path.is_file() {
+        return None;
+    }
+    let mut builder = GitignoreBuilder::new(dir);
+    // A file that fails to parse in part keeps the lines that did (the
+    // walk reports the others).
+    let _ = builder.add(path);
+    builder.build().ok().filter(|g| !g.is_empty())
+}
+
+/// Whether a file name is that of an ignore file in a directory.
+fn is_ignore_file_name(name: Option<&OsStr>) -> bool {
+    name.is_some_and(|n| n == ".gitignore" || n == ".ignore")
 }
 
 impl Selection {
@@ -193,6 +259,9 @@ impl Selection {
     fn keys(&self, event: &notify::Event) -> Option<Vec<String>> {
         if matches!(event.kind, EventKind::Access(_)) {
             return None;
+        }
+        for path in &event.paths {
+            self.forget_rules(path);
         }
         let keys: Vec<String> = event
             .paths
@@ -215,17 +284,110 @@ impl Selection {
         }
         let metadata = fs::metadata(path).ok();
         let is_dir = metadata.as_ref().is_some_and(fs::Metadata::is_dir);
+        if self.gitignore && !is_dir && is_ignore_file_name(relative.file_name()) {
+            // It applies wherever its directory is walked, whatever the
+            // globs say of the file itself.
+            let parent = relative.parent().unwrap_or(Path::new(""));
+            let walked = parent.as_os_str().is_empty() || !self.is_ignored(parent, true);
+            return walked.then_some(key);
+        }
         let selected = match &metadata {
             Some(_) if is_dir => !filter.excludes_dir(&key),
             Some(_) => !filter.excludes_file(&key) && filter.includes_file(&key),
             // Gone: it may have been a file or a directory.
             None => !filter.excludes_file(&key),
         };
-        let ignored = self
-            .gitignore
-            .as_ref()
-            .is_some_and(|g| g.matched_path_or_any_parents(relative, is_dir).is_ignore());
-        (selected && !ignored).then_some(key)
+        (selected && !self.is_ignored(relative, is_dir)).then_some(key)
+    }
+
+    /// Whether the ignore files ignore the entry at `relative` (a directory
+    /// when `is_dir`), or one of the directories above it, as the walk
+    /// decides: for each, the match of the deepest `.ignore` that has one,
+    /// else of the deepest `.gitignore`, else of an exclude file.
+    fn is_ignored(&self, relative: &Path, is_dir: bool) -> bool {
+        if !self.gitignore {
+            return false;
+        }
+        let names: Vec<&OsStr> = relative
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(name) => Some(name),
+                _ => None,
+            })
+            .collect();
+        let mut chain = vec![self.rules_of(Path::new(""))];
+        let mut entry = PathBuf::new();
+        for (i, name) in names.iter().enumerate() {
+            entry.push(name);
+            let last = i + 1 == names.len();
+            let path = self.filter.root.join(&entry);
+            if matched(&chain, &path, !last || is_dir) {
+                return true;
+            }
+            if !last {
+                chain.push(self.rules_of(&entry));
+            }
+        }
+        false
+    }
+
+    /// The ignore rules of the directory at `relative`.
+    fn rules_of(&self, relative: &Path) -> Arc<DirRules> {
+        let generation = {
+            let cache = self.lock_rules();
+            if let Some(rules) = cache.dirs.get(relative) {
+                return Arc::clone(rules);
+            }
+            cache.generation
+        };
+        let rules = Arc::new(DirRules::read(&self.filter.root.join(relative)));
+        let mut cache = self.lock_rules();
+        if cache.generation == generation {
+            cache
+                .dirs
+                .insert(relative.to_path_buf(), Arc::clone(&rules));
+        }
+        rules
+    }
+
+    /// Forgets the rules an event at `path` may have changed: those of the
+    /// directory of an ignore file, of a repository whose `.git` changed,
+    /// and of a directory (and those below it) that appeared or went.
+    fn forget_rules(&self, path: &Path) {
+        if !self.gitignore {
+            return;
+        }
+        let Some(relative) = self.filter.relative(path) else {
+            return;
+        };
+        let repository = relative
+            .components()
+            .position(|c| c.as_os_str() == ".git")
+            .map(|at| relative.components().take(at).collect::<PathBuf>());
+        let mut cache = self.lock_rules();
+        if let Some(dir) = repository {
+            cache.generation += 1;
+            cache.dirs.remove(&dir);
+        } else if is_ignore_file_name(relative.file_name()) {
+            cache.generation += 1;
+            let dir = relative.parent().unwrap_or(Path::new(""));
+            cache.dirs.remove(dir);
+        } else if cache.dirs.contains_key(relative) || path.is_dir() {
+            cache.generation += 1;
+            cache.dirs.retain(|dir, _| !dir.starts_with(relative));
+        }
+    }
+
+    /// Forgets every directory's rules (events were lost).
+    fn forget_all_rules(&self) {
+        let mut cache = self.lock_rules();
+        cache.generation += 1;
+        cache.dirs.clear();
+    }
+
+    fn lock_rules(&self) -> MutexGuard<'_, RulesCache> {
+        // The cache stays consistent whatever panicked while holding it.
+        self.rules.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The keys, with each existing directory replaced by the selected
@@ -256,22 +418,19 @@ impl Selection {
     }
 }
 
-/// The root's `.gitignore` and `.ignore`, when there are any and they parse.
-fn root_gitignore(root: &Path) -> Option<Gitignore> {
-    let mut builder = GitignoreBuilder::new(root);
-    let mut any = false;
-    for name in [".gitignore", ".ignore"] {
-        let path = root.join(name);
-        if path.is_file() {
-            // A file that fails to parse in part keeps the lines that did.
-            let _ = builder.add(path);
-            any = true;
-        }
-    }
-    if !any {
-        return None;
-    }
-    builder.build().ok().filter(|g| !g.is_empty())
+/// Whether the rules of `chain` (the directories above `path`, the root
+/// first) ignore `path`.
+fn matched(chain: &[Arc<DirRules>], path: &Path, is_dir: bool) -> bool {
+    let deepest = |file: fn(&DirRules) -> Option<&Gitignore>| {
+        chain.iter().rev().find_map(|rules| {
+            let found = file(rules)?.matched(path, is_dir);
+            (!found.is_none()).then_some(found.is_ignore())
+        })
+    };
+    deepest(|r| r.ignore.as_ref())
+        .or_else(|| deepest(|r| r.gitignore.as_ref()))
+        .or_else(|| deepest(|r| r.exclude.as_ref()))
+        .unwrap_or(false)
 }
 
 fn watch_error(root: &Path, e: &notify::Error) -> Error {

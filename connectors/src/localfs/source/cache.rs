@@ -20,9 +20,10 @@ use super::{SourceFile, FINGERPRINT_CACHE_RACY_WINDOW};
 /// a walk with the cache drops the entries of the files under its root that
 /// it no longer finds, so the cache does not grow with deleted files.
 ///
-/// A fingerprint is not stored when the file was modified less than
-/// [`FINGERPRINT_CACHE_RACY_WINDOW`] before it was read: it could change
-/// again without its modification time moving. On Unix, a file renamed
+/// A fingerprint is not stored when the file was modified (or, on Unix,
+/// its status changed) less than [`FINGERPRINT_CACHE_RACY_WINDOW`] before it
+/// was read: it could change again without its size and times moving, even
+/// when its modification time was set back. On Unix, a file renamed
 /// over another or swapped with it is told apart by its inode, and a
 /// writer that sets the modification time back moves the status-change
 /// time. Elsewhere, like any cache keyed by size and time, it is fooled by
@@ -68,6 +69,19 @@ impl FileIdentity {
         {
             let _ = meta;
             FileIdentity::default()
+        }
+    }
+
+    /// The status-change time, when the platform reports one.
+    fn changed(&self) -> Option<SystemTime> {
+        if *self == FileIdentity::default() {
+            return None;
+        }
+        let nanos = u32::try_from(self.changed_nanos).ok()?;
+        match u64::try_from(self.changed_secs) {
+            Ok(secs) => SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos)),
+            // Before 1970: far outside any racy window.
+            Err(_) => Some(SystemTime::UNIX_EPOCH),
         }
     }
 }
@@ -129,10 +143,15 @@ impl FingerprintCache {
         fingerprint: Fingerprint,
         read_at: SystemTime,
     ) {
-        let settled = read_at
-            .duration_since(modified)
-            .is_ok_and(|age| age >= FINGERPRINT_CACHE_RACY_WINDOW);
-        if settled {
+        // Both times: a writer that sets the modification time back leaves
+        // an old one, and only the status-change time says the file was
+        // just written (and could be written again within its tick).
+        let settled = |time: SystemTime| {
+            read_at
+                .duration_since(time)
+                .is_ok_and(|age| age >= FINGERPRINT_CACHE_RACY_WINDOW)
+        };
+        if settled(modified) && identity.changed().is_none_or(settled) {
             let entry = CacheEntry {
                 size,
                 modified,
@@ -282,6 +301,38 @@ mod tests {
         assert_eq!(cache.lookup(Path::new("/a"), 1, old, id), Some(fp));
         assert_eq!(cache.lookup(Path::new("/a"), 2, old, id), None);
         assert_eq!(cache.lookup(Path::new("/a"), 1, now, id), None);
+    }
+
+    #[test]
+    fn the_cache_does_not_keep_fingerprints_of_files_whose_status_changed_just_before_the_read() {
+        let cache = FingerprintCache::new();
+        let fp = Fingerprint::from_bytes(b"x");
+        let now = SystemTime::now();
+        let old = now - Duration::from_secs(60);
+        let since_epoch =
+            |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let changed_at = |t: SystemTime| FileIdentity {
+            inode: 7,
+            changed_secs: i64::try_from(since_epoch(t).as_secs()).unwrap_or(0),
+            changed_nanos: i64::from(since_epoch(t).subsec_nanos()),
+        };
+        // Its modification time set back, its status changed just now.
+        cache.store(Path::new("/a"), 1, old, changed_at(now), fp, now);
+        assert!(cache.is_empty());
+        // Both safely older than the window: kept.
+        cache.store(Path::new("/a"), 1, old, changed_at(old), fp, now);
+        assert_eq!(
+            cache.lookup(Path::new("/a"), 1, old, changed_at(old)),
+            Some(fp)
+        );
+        // Before 1970 is old too.
+        let ancient = FileIdentity {
+            inode: 8,
+            changed_secs: -5,
+            changed_nanos: 0,
+        };
+        cache.store(Path::new("/b"), 1, old, ancient, fp, now);
+        assert_eq!(cache.lookup(Path::new("/b"), 1, old, ancient), Some(fp));
     }
 
     #[test]

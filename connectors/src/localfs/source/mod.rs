@@ -28,11 +28,12 @@ use std::time::{Duration, SystemTime};
 
 use weir_actors::Result;
 
-/// How recent a modification time must be for a fingerprint not to be
-/// stored in a [`FingerprintCache`]: a file modified this close to the
-/// moment it is read could be modified again within the same tick of the
-/// file system's clock, keeping its size and modification time while its
-/// content changes. Two seconds cover the coarsest common clocks (FAT).
+/// How recent a modification time (or, on Unix, status-change time) must be
+/// for a fingerprint not to be stored in a [`FingerprintCache`]: a file
+/// written this close to the moment it is read could be written again within
+/// the same tick of the file system's clock, keeping its size and times
+/// while its content changes. Two seconds cover the coarsest common clocks
+/// (FAT).
 pub const FINGERPRINT_CACHE_RACY_WINDOW: Duration = Duration::from_secs(2);
 
 /// The key of problems that cannot be tied to a path under the root.
