@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use crate::actors::cleanup::finish_run;
 use crate::actors::component::{run_component, ComponentState};
-use crate::actors::pipeline::{Engine, EngineConfig};
+use crate::actors::pipeline::{AbortOnDrop, Engine, EngineConfig};
 use crate::actors::reconciler::EndRun;
 use crate::config::{
     BatchPolicy, RetryPolicy, DEFAULT_MAX_INFLIGHT_COMPONENTS, DEFAULT_RECONCILE_CHUNK,
@@ -31,12 +31,15 @@ pub const DEFAULT_LEDGER_DIR: &str = ".weir";
 /// its threads, cancels a run still going in the background, and releases
 /// its ledger: another `App` can open it at once.
 ///
-/// A run is a task of its own: dropping the future of [`App::run`] (a
-/// timeout, a `select!`) does not cut it short with actions in flight; it
-/// finishes in the background, and the App's next run starts once it has.
-/// So a run stuck in user code holds the next ones back: bound sink calls
-/// with [`RetryPolicy::call_timeout`](crate::RetryPolicy::call_timeout),
-/// or drop the `App`.
+/// Dropping the future of a run ([`App::run`], [`App::update`],
+/// [`App::preview`], [`App::drop_state`]) or of a
+/// [`Ctx::mount`](crate::Ctx::mount) (a timeout, a `select!`) cancels it:
+/// its components' code stops at once, and nothing more of them is
+/// committed, so their earlier target states stay as they were. Sink calls
+/// already in flight finish, bounded by
+/// [`RetryPolicy::call_timeout`](crate::RetryPolicy::call_timeout); the
+/// App's next run waits only for them, and folds the intents they left
+/// into the ledger before it reconciles.
 ///
 /// ```
 /// use weir_actors::{App, Result};
@@ -371,10 +374,10 @@ impl App {
     }
 
     /// Runs an update as a task of its own. Dropping the returned future (a
-    /// timeout, a `select!`) does not cut the run short with actions in
-    /// flight and nothing committed, which would let them land after a
-    /// later run and leave the ledger wrong: the run finishes in the
-    /// background, and the next run starts once it has.
+    /// timeout, a `select!`) cancels the run: its components' code stops
+    /// at once and nothing more of it is committed; sink calls it started
+    /// finish, and the next run waits for them and folds their intents in
+    /// before it reconciles.
     async fn execute_inner<F, Fut, T>(&self, f: F, mode: Mode) -> Result<Executed<T>>
     where
         F: FnOnce(Ctx) -> Fut + Send + 'static,
@@ -386,7 +389,7 @@ impl App {
             .user
             .spawn(execute_run(Arc::clone(&self.engine), f, mode));
         self.engine.tasks.track(&run);
-        match run.await {
+        match AbortOnDrop(run).await {
             Ok(done) => done,
             // An engine bug's panic goes on as if the run had not been a
             // task of its own (user code's panics are caught per component).
@@ -404,6 +407,7 @@ where
     T: Send + 'static,
 {
     let _one_at_a_time = engine.run_lock.lock().await;
+    settle_cancelled_run(&engine).await?;
     let started = Instant::now();
     let run = Run::new(
         Arc::clone(&engine),
@@ -411,7 +415,7 @@ where
         mode == Mode::Drop,
     );
     let root = ComponentState::new(Arc::clone(&run), ComponentPath::root());
-    run.activity.enter();
+    root.enter_activity();
     let result = run_component(root, f).await;
     let cleanup = finish_run(&run).await;
     run.release_sinks();
@@ -446,6 +450,18 @@ where
         preview,
         failures,
     })
+}
+
+/// Waits for what a cancelled run left going (its components' aborted
+/// tasks, its sink calls), then folds the intents it left into the ledger,
+/// so that no run reconciles without them. Nothing to do after a run that
+/// ended.
+async fn settle_cancelled_run(engine: &Engine) -> Result<()> {
+    engine.work.idle().await;
+    if engine.ledger.has_leftover_intents() {
+        engine.ledger_handle.recover_leftover_intents().await?;
+    }
+    Ok(())
 }
 
 /// What a ledger holds (see [`App::inspect`]).

@@ -58,6 +58,8 @@ pub enum ErrorKind {
     ComponentsFailed,
     /// The engine is shutting down or has shut down.
     Shutdown,
+    /// A component was cancelled: the future of its mount or run was dropped.
+    Cancelled,
 }
 
 /// Everything that can go wrong in weir.
@@ -166,6 +168,12 @@ pub enum Error {
     /// started were run and committed, the others were not started.
     #[error("component {0} was interrupted by a shutdown request before all its children ran; what finished is committed, the next run does the rest")]
     Interrupted(ComponentPath),
+    /// The future of this component's `mount`, or of its run, was dropped
+    /// before it committed: its code was stopped, nothing of it was
+    /// committed, and its earlier target states stay as they were. Sink
+    /// calls it had started finished and are recorded as possible.
+    #[error("component {0} was cancelled (the future of its mount or run was dropped) before it committed; its earlier target states stay as they were")]
+    Cancelled(ComponentPath),
 }
 
 impl Error {
@@ -217,6 +225,7 @@ impl Error {
             Error::Reconcile { cause, .. } | Error::Sink { cause, .. } => cause.kind(),
             Error::ComponentsFailed(_) => ErrorKind::ComponentsFailed,
             Error::Shutdown(_) | Error::Interrupted(_) => ErrorKind::Shutdown,
+            Error::Cancelled(_) => ErrorKind::Cancelled,
         }
     }
 
@@ -229,7 +238,7 @@ impl Error {
             Error::Database(e) => sqlx_is_retriable(e),
             Error::Reconcile { cause, .. } | Error::Sink { cause, .. } => cause.is_retriable(),
             Error::ComponentsFailed(failures) => failures.iter().all(|f| f.retriable),
-            Error::Interrupted(_) => true,
+            Error::Interrupted(_) | Error::Cancelled(_) => true,
             _ => false,
         }
     }

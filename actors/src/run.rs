@@ -107,6 +107,9 @@ pub(crate) struct Run {
     failed_containers: Mutex<HashMap<Arc<[u8]>, ChildGeneration>>,
     pub metrics: crate::metrics::RunMetrics,
     pub inflight: Arc<tokio::sync::Semaphore>,
+    /// Components of this run cancelled before they committed: their
+    /// intents outlive the run (see [`Run::note_cancelled`]).
+    cancelled: AtomicU64,
 }
 
 impl Run {
@@ -132,7 +135,20 @@ impl Run {
             failed_containers: Mutex::new(HashMap::new()),
             metrics,
             inflight,
+            cancelled: AtomicU64::new(0),
         })
+    }
+
+    /// Notes a component cancelled before it committed. Sink calls it
+    /// started may still be going: the run's intents are then left in the
+    /// journal, and the next run folds them in once those calls ended.
+    pub(crate) fn note_cancelled(&self) {
+        self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether a component of this run was cancelled before it committed.
+    pub(crate) fn had_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed) > 0
     }
 
     /// The sink actor of a sink identity, started on first use.
@@ -145,6 +161,7 @@ impl Run {
             ledger: self.engine.ledger_handle.clone(),
             user: self.engine.user.clone(),
             tasks: self.engine.tasks.clone(),
+            work: self.engine.work.clone(),
             batch: self.engine.config.batch,
             retry: self.engine.config.retry,
             activity: Arc::clone(&self.activity),

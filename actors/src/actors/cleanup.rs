@@ -200,8 +200,13 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
             ops.push(LedgerOp::RemoveComponent { component, parent });
         }
     }
-    for id in std::mem::take(&mut *lock(&run.intent_ids)) {
-        ops.push(LedgerOp::DeleteIntents { id });
+    // A cancelled component left intents of calls that may still be
+    // going, and commits nothing for them: the journal keeps them for the
+    // next run to fold in.
+    if !run.had_cancelled() {
+        for id in std::mem::take(&mut *lock(&run.intent_ids)) {
+            ops.push(LedgerOp::DeleteIntents { id });
+        }
     }
     if !ops.is_empty() {
         run.engine.ledger_handle.commit(ops).await?;

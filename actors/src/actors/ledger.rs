@@ -35,6 +35,11 @@ pub(crate) enum LedgerMsg {
         ops: Vec<LedgerOp>,
         reply: Option<oneshot::Sender<Result<()>>>,
     },
+    /// Fold the intents left in the journal (by a cancelled run) into
+    /// the entries, as opening a ledger does after a crash.
+    RecoverLeftovers {
+        reply: oneshot::Sender<Result<()>>,
+    },
     Shutdown,
 }
 
@@ -57,6 +62,13 @@ impl LedgerHandle {
             ops,
             reply: Some(reply),
         })?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// Folds the intents left in the journal into the entries.
+    pub(crate) async fn recover_leftover_intents(&self) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.send(LedgerMsg::RecoverLeftovers { reply })?;
         rx.await.map_err(|_| gone())?
     }
 
@@ -130,6 +142,7 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
         let mut shutdown = false;
         let mut intent_replies = Vec::new();
         let mut commits: Vec<(Vec<LedgerOp>, CommitReply)> = Vec::new();
+        let mut recoveries = Vec::new();
         for msg in msgs {
             match msg {
                 LedgerMsg::WriteIntents { intents, reply } => {
@@ -139,6 +152,8 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
                     intent_replies.push((reply, res));
                 }
                 LedgerMsg::Commit { ops, reply } => commits.push((ops, reply)),
+                // After what was queued before it, which it may fold.
+                LedgerMsg::RecoverLeftovers { reply } => recoveries.push(reply),
                 LedgerMsg::Shutdown => shutdown = true,
             }
         }
@@ -170,6 +185,9 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
                 (_, r) => r,
             };
             let _ = reply.send(res);
+        }
+        for reply in recoveries {
+            let _ = reply.send(ledger.recover_leftovers());
         }
         if shutdown {
             break;

@@ -81,6 +81,73 @@ impl Tasks {
     }
 }
 
+/// Work of an App's runs still going on the user's runtime (component
+/// tasks, sink calls), counted, so that a run can wait until what an
+/// earlier, cancelled run left has stopped: its components' tasks are
+/// aborted and end at once, its sink calls finish (bounded by
+/// `RetryPolicy::call_timeout`).
+#[derive(Clone, Default)]
+pub(crate) struct InFlight(Arc<InFlightInner>);
+
+#[derive(Default)]
+struct InFlightInner {
+    count: AtomicU64,
+    idle: tokio::sync::Notify,
+}
+
+/// One piece of work counted by [`InFlight`], until it is dropped.
+pub(crate) struct InFlightToken(Arc<InFlightInner>);
+
+impl InFlight {
+    /// Counts one more piece of work, until the token is dropped.
+    pub(crate) fn token(&self) -> InFlightToken {
+        self.0.count.fetch_add(1, Ordering::SeqCst);
+        InFlightToken(Arc::clone(&self.0))
+    }
+
+    /// Waits until no work is counted.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let notified = self.0.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.0.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for InFlightToken {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// A task that is aborted when its handle is dropped before it ended: the
+/// components a cancelled component mounted stop with it.
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> std::future::Future for AbortOnDrop<T> {
+    type Output = std::result::Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The running engine of one `App`.
 pub(crate) struct Engine {
     pub ledger: Ledger,
@@ -90,6 +157,9 @@ pub(crate) struct Engine {
     pub user: tokio::runtime::Handle,
     /// What runs spawned on `user`, to abort when the engine stops.
     pub tasks: Tasks,
+    /// The component tasks and sink calls still going: a run starts once
+    /// none is left (those of a cancelled run).
+    pub work: InFlight,
     pub config: EngineConfig,
     pub keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
     pub next_run: AtomicU64,
@@ -158,6 +228,7 @@ impl Engine {
             sink_arbiter,
             user,
             tasks: Tasks::default(),
+            work: InFlight::default(),
             config,
             keys,
             next_run: AtomicU64::new(1),

@@ -152,6 +152,32 @@ impl Journal {
         Ok(())
     }
 
+    /// Whether some batch is not forgotten yet.
+    pub(crate) fn has_live(&self) -> bool {
+        !self.live.is_empty()
+    }
+
+    /// The batches not forgotten yet: their ids, and their intents in the
+    /// order they were written.
+    pub(crate) fn live_intents(&mut self) -> Result<(Vec<u64>, Vec<Intent>), JournalError> {
+        if self.live.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let mut bytes = Vec::new();
+        self.file.seek(SeekFrom::Start(0))?;
+        self.file.read_to_end(&mut bytes)?;
+        let Parsed { frames, .. } = parse(&bytes)?;
+        let mut ids: Vec<u64> = self.live.iter().map(|l| l.id).collect();
+        ids.sort_unstable();
+        let mut intents = Vec::new();
+        for (batch, batch_intents) in frames {
+            if ids.binary_search(&batch.id).is_ok() {
+                intents.extend(batch_intents);
+            }
+        }
+        Ok((self.live.iter().map(|l| l.id).collect(), intents))
+    }
+
     /// Makes what was appended or forgotten durable.
     pub(crate) fn sync(&mut self) -> std::io::Result<()> {
         if self.dirty {

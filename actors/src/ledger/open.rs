@@ -412,6 +412,36 @@ impl Ledger {
     }
 }
 
+impl Ledger {
+    /// Whether the journal holds intents no commit collapsed yet: left by
+    /// a run that was cancelled (or failed) before its end.
+    pub(crate) fn has_leftover_intents(&self) -> bool {
+        self.journal().is_ok_and(|j| j.has_live())
+    }
+
+    /// Folds the intents the journal holds into the entries, as opening
+    /// the ledger does after a crash, and forgets them once that is
+    /// durable.
+    pub(crate) fn recover_leftovers(&self) -> Result<()> {
+        let (ids, intents) = self.journal()?.live_intents().map_err(|e| match e {
+            JournalError::Io(e) => Error::Io(e),
+            JournalError::Corrupt(detail) => self.corrupt(detail),
+        })?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ops: Vec<LedgerOp> = intents.into_iter().map(LedgerOp::Recover).collect();
+        if !ops.is_empty() {
+            self.apply(ops)?;
+        }
+        self.tree.flush()?;
+        self.write_seq_file()?;
+        let mut journal = self.journal()?;
+        journal.forget(&ids)?;
+        Ok(journal.sync()?)
+    }
+}
+
 /// Writes a commit count to `file` (by rename, so it is whole).
 fn write_seq(file: &Path, seq: u64) -> std::io::Result<()> {
     let tmp = file.with_extension("seq.tmp");

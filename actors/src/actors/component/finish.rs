@@ -16,31 +16,9 @@ use super::records::{
 use super::waves::{reconcile_waves, Outcomes, Reconciliation};
 use super::{ComponentState, Declaration};
 
-/// Leaves the run's activity once.
-struct ActiveGuard<'a> {
-    run: &'a Run,
-    active: bool,
-}
-
-impl ActiveGuard<'_> {
-    fn leave(&mut self) {
-        if self.active {
-            self.active = false;
-            self.run.activity.leave();
-        }
-    }
-}
-
-impl Drop for ActiveGuard<'_> {
-    fn drop(&mut self) {
-        self.leave();
-    }
-}
-
 /// Reconciles, applies and commits what the component declared.
 pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let run = &state.run;
-    let mut active = ActiveGuard { run, active: true };
     let (mut decls, paths, errors, early) = {
         let mut d = lock(&state.decls);
         (
@@ -54,14 +32,14 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     state.note_declared(decls.len());
     if let Some(first) = errors.first() {
         let e = Error::Usage(first.clone());
-        active.leave();
+        state.leave_activity();
         record_failure(state, &e).await;
         return Err(e);
     }
     let reconciled = match reconcile_waves(state, &mut decls, paths, early).await {
         Ok(r) => r,
         Err(e) => {
-            active.leave();
+            state.leave_activity();
             record_failure(state, &e).await;
             return Err(e);
         }
@@ -147,7 +125,7 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             }
         }
         groups.dispatch(run, &waiter);
-        active.leave();
+        state.leave_activity();
         if w + 1 == waves.len() {
             // What to commit if every action lands, worked out while the
             // sinks apply the last wave.
@@ -158,7 +136,7 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             break;
         }
     }
-    active.leave();
+    state.leave_activity();
 
     if let Some(err) = failure {
         let mut ops: Vec<LedgerOp> = attempted
@@ -231,6 +209,9 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         });
     }
     if !ops.is_empty() {
+        state
+            .committing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         run.engine.ledger_handle.commit(ops).await?;
     }
     note_children_and_orphans(state, &prev_children, orphans);

@@ -176,6 +176,13 @@ pub(crate) struct ComponentState {
     /// How many states it declared in its last run, if it was large (see
     /// `Engine::declared_last`).
     declared_last: usize,
+    /// Whether it counts in the run's activity (see [`Activity`](crate::actors::sink::Activity)):
+    /// producing declarations or reconciling, not waiting.
+    active: std::sync::atomic::AtomicBool,
+    /// Set once its final commit is on its way to the ledger: a task
+    /// cancelled after that has committed (the ledger writes what it was
+    /// sent).
+    committing: std::sync::atomic::AtomicBool,
 }
 
 /// The declarations from which a component's count is kept for its next
@@ -203,7 +210,23 @@ impl ComponentState {
             memo: std::sync::OnceLock::new(),
             finished: std::sync::atomic::AtomicBool::new(false),
             declared_last,
+            active: std::sync::atomic::AtomicBool::new(false),
+            committing: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Counts the component in the run's activity (once).
+    pub(crate) fn enter_activity(&self) {
+        if !self.active.swap(true, Ordering::SeqCst) {
+            self.run.activity.enter();
+        }
+    }
+
+    /// Stops counting the component in the run's activity (once).
+    pub(crate) fn leave_activity(&self) {
+        if self.active.swap(false, Ordering::SeqCst) {
+            self.run.activity.leave();
+        }
     }
 
     /// Keeps how many states the component declared for its next run's
@@ -364,7 +387,7 @@ impl ComponentState {
                 *lock(&self.permit) = Some(p);
             }
         }
-        self.run.activity.enter();
+        self.enter_activity();
     }
 }
 

@@ -13,58 +13,43 @@ use crate::run::lock;
 
 use super::finish::finish;
 use super::ComponentState;
+use crate::actors::pipeline::AbortOnDrop;
 
 /// Runs a component: its code, then its reconciliation and commit.
 /// Failures are recorded in the run and returned.
 ///
-/// The caller counts the component as active (`activity.enter()`) before
-/// it is spawned, so that a sink never sees the run idle between the spawn
-/// of a component and its first poll.
+/// The caller counts the component as active
+/// ([`ComponentState::enter_activity`]) before it is spawned, so that a
+/// sink never sees the run idle between the spawn of a component and its
+/// first poll.
+///
+/// Dropped before it ends (its mount or run was cancelled), the
+/// component is a failed one: see [`CancelGuard`].
 pub(crate) async fn run_component<F, Fut, T>(state: Arc<ComponentState>, f: F) -> Result<T>
 where
     F: FnOnce(crate::ctx::Ctx) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<T>> + Send + 'static,
     T: Send + 'static,
 {
+    run_armed(CancelGuard::arm(state), f).await
+}
+
+/// [`run_component`], with its cancel guard armed already (when it was
+/// spawned).
+async fn run_armed<F, Fut, T>(guard: CancelGuard, f: F) -> Result<T>
+where
+    F: FnOnce(crate::ctx::Ctx) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let state = Arc::clone(&guard.state);
     let run = Arc::clone(&state.run);
     run.counters
         .components
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    run.metrics.inflight.increment(1.0);
-    let ctx = crate::ctx::Ctx::from_state(Arc::clone(&state));
-    let outcome = AssertUnwindSafe(f(ctx)).catch_unwind().await;
-    state.close();
-    let result = match outcome {
-        // Boxed: the commit state machine is large, and a task that never
-        // gets there (a memoized or failed component) should not carry it.
-        Ok(Ok(value)) => match AssertUnwindSafe(Box::pin(finish(&state)))
-            .catch_unwind()
-            .await
-        {
-            Ok(done) => done.map(|()| value),
-            Err(panic) => {
-                let e = Error::msg(format!(
-                    "component panicked while committing: {}",
-                    panic_text(&*panic)
-                ));
-                record_failure(&state, &e).await;
-                Err(e)
-            }
-        },
-        Ok(Err(e)) => {
-            run.activity.leave();
-            record_failure(&state, &e).await;
-            Err(e)
-        }
-        Err(panic) => {
-            run.activity.leave();
-            let e = Error::msg(format!("component code panicked: {}", panic_text(&*panic)));
-            record_failure(&state, &e).await;
-            Err(e)
-        }
-    };
-    lock(&state.permit).take();
-    run.metrics.inflight.decrement(1.0);
+    let result = code_then_commit(&state, f).await;
+    guard.disarm();
+    end_component(&state);
     if result.is_ok() {
         run.metrics.components_ok.increment(1);
     } else {
@@ -74,6 +59,128 @@ where
         run.fail(ComponentFailure::new(state.path.clone(), e));
     }
     result
+}
+
+/// Runs the component's code, then (if it returned `Ok`) reconciles,
+/// applies and commits; a failure or panic is recorded in the ledger.
+async fn code_then_commit<F, Fut, T>(state: &Arc<ComponentState>, f: F) -> Result<T>
+where
+    F: FnOnce(crate::ctx::Ctx) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let ctx = crate::ctx::Ctx::from_state(Arc::clone(state));
+    let outcome = AssertUnwindSafe(f(ctx)).catch_unwind().await;
+    state.close();
+    let failure = match outcome {
+        // Boxed: the commit state machine is large, and a task that never
+        // gets there (a memoized or failed component) should not carry it.
+        Ok(Ok(value)) => {
+            return match AssertUnwindSafe(Box::pin(finish(state)))
+                .catch_unwind()
+                .await
+            {
+                Ok(done) => done.map(|()| value),
+                Err(panic) => {
+                    let e = Error::msg(format!(
+                        "component panicked while committing: {}",
+                        panic_text(&*panic)
+                    ));
+                    record_failure(state, &e).await;
+                    Err(e)
+                }
+            };
+        }
+        Ok(Err(e)) => e,
+        Err(panic) => Error::msg(format!("component code panicked: {}", panic_text(&*panic))),
+    };
+    state.leave_activity();
+    record_failure(state, &failure).await;
+    Err(failure)
+}
+
+/// What every end of a component undoes: its activity, its slot, the
+/// in-flight gauge.
+fn end_component(state: &ComponentState) {
+    state.leave_activity();
+    lock(&state.permit).take();
+    state.run.metrics.inflight.decrement(1.0);
+}
+
+/// Makes a component dropped before it ended (its `mount`'s future or its
+/// run's was dropped, or its parent's) a failed component: nothing more
+/// of it runs, nothing of it is committed, and its earlier states stay as
+/// they were (guarantee 13). Sink calls it already started finish; their
+/// intents stay in the journal, and the next run folds them in before it
+/// reconciles. Its activity, slot and gauges are given back.
+pub(crate) struct CancelGuard {
+    state: Arc<ComponentState>,
+    armed: bool,
+}
+
+impl CancelGuard {
+    /// Arms the guard of a component about to run (or be spawned): it
+    /// counts as in flight until it ends.
+    fn arm(state: Arc<ComponentState>) -> Self {
+        state.run.metrics.inflight.increment(1.0);
+        Self { state, armed: true }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let state = &self.state;
+        let run = &state.run;
+        end_component(state);
+        run.metrics.components_failed.increment(1);
+        if state.committing.load(std::sync::atomic::Ordering::SeqCst) {
+            // Its commit was sent: the ledger writes it.
+            return;
+        }
+        run.note_cancelled();
+        let err = Error::Cancelled(state.path.clone());
+        run.fail(ComponentFailure::new(state.path.clone(), &err));
+        if run.preview {
+            return;
+        }
+        // Sent without waiting (nothing can wait here); the ledger writes
+        // it before anything sent after it.
+        let _ = run
+            .engine
+            .ledger_handle
+            .commit_start(failure_ops(state, &err));
+    }
+}
+
+/// Spawns a child component's task on the user's runtime: counted as
+/// active and in flight from now, as work the next run waits for, and
+/// aborted (a cancelled component) when the returned handle is dropped
+/// before it ended.
+fn spawn_child<T, Fut>(
+    child: Arc<ComponentState>,
+    task: impl FnOnce(CancelGuard) -> Fut,
+) -> AbortOnDrop<Result<T>>
+where
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let engine = Arc::clone(&child.run.engine);
+    child.enter_activity();
+    let token = engine.work.token();
+    let fut = task(CancelGuard::arm(child));
+    let handle = engine.user.spawn(async move {
+        let _counted = token;
+        fut.await
+    });
+    engine.tasks.track(&handle);
+    AbortOnDrop(handle)
 }
 
 pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
@@ -90,14 +197,24 @@ pub(super) async fn record_failure(state: &ComponentState, err: &Error) {
     if state.run.preview {
         return;
     }
+    // The failure itself is reported to the caller; a ledger error here
+    // only loses the note, which the next run rewrites.
+    let _ = state
+        .run
+        .engine
+        .ledger_handle
+        .commit(failure_ops(state, err))
+        .await;
+}
+
+/// The ops that note a component's failure, and the children it mounted.
+fn failure_ops(state: &ComponentState, err: &Error) -> Vec<LedgerOp> {
     let mut ops = vec![LedgerOp::SetFailure {
         component: state.key.to_vec(),
         failure: Some(err.to_string()),
     }];
     ops.extend(mounted_children_op(state));
-    // The failure itself is reported to the caller; a ledger error here
-    // only loses the note, which the next run rewrites.
-    let _ = state.run.engine.ledger_handle.commit(ops).await;
+    ops
 }
 
 /// Lists the children mounted in this run in the component's child list,
@@ -128,10 +245,9 @@ where
     let child = ComponentState::new(Arc::clone(&parent.run), parent.path.child(key));
     let path = child.path.clone();
     let had_slot = parent.release_slot();
-    parent.run.activity.enter();
-    let joined = parent.run.engine.user.spawn(run_component(child, f));
-    parent.run.engine.tasks.track(&joined);
-    parent.run.activity.leave();
+    // Dropping this future aborts the child (a cancelled component).
+    let joined = spawn_child(child, move |guard| run_armed(guard, f));
+    parent.leave_activity();
     let joined = joined.await;
     parent.resume(had_slot).await;
     match joined {
@@ -193,17 +309,13 @@ where
     let f = Arc::new(f);
     let had_slot = parent.release_slot();
     let mut handles = Vec::with_capacity(items.len());
-    let mut parent_active = true;
     let mut interrupted = false;
     for (key, item) in items {
         let permit = match Arc::clone(&run.inflight).try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
                 // Wait for a slot without counting as active.
-                if parent_active {
-                    parent_active = false;
-                    run.activity.leave();
-                }
+                parent.leave_activity();
                 match Arc::clone(&run.inflight).acquire_owned().await {
                     Ok(p) => p,
                     Err(_) => break,
@@ -217,23 +329,24 @@ where
         let child = ComponentState::new(Arc::clone(&run), parent.path.child(key));
         *lock(&child.permit) = Some(permit);
         let f = Arc::clone(&f);
-        run.activity.enter();
         let path = child.path.clone();
         let memo = memo.clone();
-        let task = run.engine.user.spawn(async move {
+        // Dropping `handles` (this future was dropped) aborts the
+        // children still running (cancelled components).
+        let task = spawn_child(child, move |guard| async move {
             if let Some(memo_fn) = memo {
-                if memoized(&child, &*memo_fn, &item) {
+                if memoized(&guard.state, &*memo_fn, &item) {
+                    let state = Arc::clone(&guard.state);
+                    guard.disarm();
+                    end_component(&state);
                     return Ok(());
                 }
             }
-            run_component(child, move |ctx| f(ctx, item)).await
+            run_armed(guard, move |ctx| f(ctx, item)).await
         });
-        run.engine.tasks.track(&task);
         handles.push((path, task));
     }
-    if parent_active {
-        run.activity.leave();
-    }
+    parent.leave_activity();
     for (path, h) in handles {
         // Failures are recorded in the run by the child itself; a task
         // that died without reporting is reported here.
@@ -280,8 +393,6 @@ fn memoized<T>(
             .memoized
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         run.metrics.components_memoized.increment(1);
-        lock(&child.permit).take();
-        run.activity.leave();
         return true;
     }
     let _ = child.memo.set(memo);

@@ -25,34 +25,29 @@ pub(super) async fn call_sink(
     actions: Vec<EncodedAction>,
 ) -> Result<()> {
     // The user's function runs on the user's runtime, inside the task, so
-    // that even a panic before it returns a future is caught there.
-    let mut handle = env.user.spawn(async move { (core.apply)(actions).await });
+    // that even a panic before it returns a future is caught there. The
+    // task bounds itself by the call timeout and counts as work a later
+    // run waits for: it goes on even when its run was cancelled.
+    let limit = env.retry.call_timeout;
+    let token = env.work.token();
+    let handle = env.user.spawn(async move {
+        let _counted = token;
+        let call = (core.apply)(actions);
+        match limit {
+            Some(limit) => tokio::time::timeout(limit, call).await.map_err(|_| {
+                Error::msg(format!(
+                    "sink call timed out after {} ms",
+                    limit.as_millis()
+                ))
+            })?,
+            None => call.await,
+        }
+    });
     env.tasks.track(&handle);
-    let joined = match env.retry.call_timeout {
-        Some(limit) => match tokio::time::timeout(limit, &mut handle).await {
-            Ok(j) => j,
-            Err(_) => {
-                handle.abort();
-                // The call's keys are released when this returns: wait
-                // until the cancelled call has let go of them, so that no
-                // later call on them runs beside it (a future is dropped at
-                // its next await; blocking code holds the keys until it
-                // returns). A call that ended meanwhile, or panicked,
-                // reports what it did.
-                match (&mut handle).await {
-                    Err(e) if e.is_cancelled() => {
-                        return Err(Error::msg(format!(
-                            "sink call timed out after {} ms",
-                            limit.as_millis()
-                        )))
-                    }
-                    ended => ended,
-                }
-            }
-        },
-        None => handle.await,
-    };
-    match joined {
+    // The call's keys are released when this returns: a call timed out has
+    // let go of them by then (its future is dropped at its next await;
+    // blocking code holds them until it returns).
+    match handle.await {
         Ok(res) => res,
         Err(e) if e.is_panic() => {
             let payload = e.into_panic();

@@ -63,6 +63,8 @@ pub(crate) struct SinkEnv {
     pub user: tokio::runtime::Handle,
     /// Where the sink calls spawned on `user` are kept, to abort.
     pub tasks: crate::actors::pipeline::Tasks,
+    /// The App's work in flight, which sink calls count in.
+    pub work: crate::actors::pipeline::InFlight,
     pub batch: BatchPolicy,
     pub retry: RetryPolicy,
     pub activity: Arc<Activity>,
@@ -267,7 +269,9 @@ impl SinkActor {
                 return;
             }
             let batch = self.take_batch();
-            self.stage(batch, ctx);
+            if !batch.parts.is_empty() {
+                self.stage(batch, ctx);
+            }
         }
     }
 
@@ -319,8 +323,12 @@ impl SinkActor {
             let Some(part) = self.pending.pop_front() else {
                 break;
             };
-            size += part.actions.len();
             self.pending_actions -= part.actions.len();
+            if part.unit.abandoned() {
+                // Its component was cancelled: nothing of it is applied.
+                continue;
+            }
+            size += part.actions.len();
             parts.push(part);
         }
         if self.pending.is_empty() {
@@ -391,6 +399,12 @@ impl SinkActor {
     /// Calls the sink with a batch that holds a call slot and its keys,
     /// and, once the call is over, acknowledges, splits or retries it.
     fn call(&mut self, mut batch: Batch, claimed: Vec<u64>, ctx: &mut Context<Self>) {
+        // The actions of cancelled components are not applied any more.
+        batch.parts.retain(|p| !p.unit.abandoned());
+        if batch.parts.is_empty() {
+            self.release(claimed);
+            return;
+        }
         let env = self.env.clone();
         let core = Arc::clone(&self.core);
         let actions: Vec<EncodedAction> = batch

@@ -32,6 +32,9 @@ struct Waiter {
     senders: AtomicUsize,
     failure: Mutex<Option<Error>>,
     notify: tokio::sync::Notify,
+    /// Nobody waits any more: the component was cancelled. Its actions
+    /// not applied yet are dropped rather than applied.
+    abandoned: std::sync::atomic::AtomicBool,
 }
 
 impl UnitWaiter {
@@ -41,6 +44,7 @@ impl UnitWaiter {
             senders: AtomicUsize::new(0),
             failure: Mutex::new(None),
             notify: tokio::sync::Notify::new(),
+            abandoned: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -79,6 +83,14 @@ impl UnitWaiter {
     }
 }
 
+impl Drop for UnitWaiter {
+    /// Once the waiter is gone (its component ended, or was cancelled),
+    /// what the sinks still hold of the unit is dropped, not applied.
+    fn drop(&mut self) {
+        self.0.abandoned.store(true, Ordering::SeqCst);
+    }
+}
+
 fn take(m: &Mutex<Option<Error>>) -> Option<Error> {
     match m.lock() {
         Ok(mut g) => g.take(),
@@ -96,6 +108,12 @@ pub(crate) struct UnitRef {
 }
 
 impl UnitRef {
+    /// Whether the unit's component stopped waiting for these actions (it
+    /// was cancelled): they must not be applied any more.
+    pub(crate) fn abandoned(&self) -> bool {
+        self.waiter.abandoned.load(Ordering::SeqCst)
+    }
+
     /// Acknowledges `actions` of the unit's actions with their result.
     pub(crate) fn ack(&self, actions: usize, result: Result<()>) {
         if let Err(e) = result {
