@@ -13,13 +13,16 @@ use crate::actors::component::{run_component, ComponentState};
 use crate::actors::pipeline::{AbortOnDrop, Engine, EngineConfig};
 use crate::actors::reconciler::EndRun;
 use crate::config::{
-    BatchPolicy, RetryPolicy, DEFAULT_MAX_INFLIGHT_COMPONENTS, DEFAULT_RECONCILE_CHUNK,
+    BatchPolicy, RetryPolicy, DEFAULT_MAX_INFLIGHT_COMPONENTS, DEFAULT_QUARANTINE_AFTER,
+    DEFAULT_RECONCILE_CHUNK,
 };
 use crate::ctx::{ContextKey, Ctx};
 use crate::error::{ComponentFailure, Error, Result};
+use crate::ledger::record::LedgerOp;
 use crate::ledger::{Ledger, DEFAULT_LEDGER_CACHE_BYTES};
 use crate::model::ComponentPath;
 use crate::run::{lock, PreviewAction, Run, UpdateStats};
+use crate::scope::RunScope;
 
 /// The default ledger directory, relative to the working directory.
 pub const DEFAULT_LEDGER_DIR: &str = ".weir";
@@ -80,6 +83,7 @@ pub struct AppBuilder {
     max_inflight: usize,
     batch: BatchPolicy,
     retry: RetryPolicy,
+    quarantine_after: u32,
     keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
 }
 
@@ -146,6 +150,16 @@ impl AppBuilder {
         self
     }
 
+    /// How many runs in a row a component fails before it is reported as
+    /// quarantined (default: 3): in [`UpdateStats::quarantined`], in its
+    /// [`ComponentFailure::failed_runs`], and in the
+    /// `weir_component_quarantined` gauge. It still runs in every run: a
+    /// run with a narrower scope ([`App::scoped`]) can leave it out.
+    pub fn quarantine_after(mut self, runs: u32) -> Self {
+        self.quarantine_after = runs;
+        self
+    }
+
     /// Provides a value to every component, read with [`Ctx::get_key`].
     pub fn provide_key<T: Send + Sync + 'static>(mut self, key: &ContextKey<T>, value: T) -> Self {
         self.keys.insert(key.name().to_string(), Arc::new(value));
@@ -188,6 +202,9 @@ impl AppBuilder {
                 "RetryPolicy::max_attempts must be at least 1".into(),
             ));
         }
+        if self.quarantine_after == 0 {
+            return Err(Error::Usage("quarantine_after must be at least 1".into()));
+        }
         if self.name.is_empty() {
             return Err(Error::Usage("an App needs a non-empty name".into()));
         }
@@ -203,6 +220,7 @@ impl AppBuilder {
             max_inflight: self.max_inflight,
             batch: self.batch,
             retry: self.retry,
+            quarantine_after: self.quarantine_after,
         };
         let for_engine = user.clone();
         let engine = user
@@ -228,6 +246,7 @@ impl App {
             max_inflight: DEFAULT_MAX_INFLIGHT_COMPONENTS,
             batch: BatchPolicy::default(),
             retry: RetryPolicy::default(),
+            quarantine_after: DEFAULT_QUARANTINE_AFTER,
             keys: HashMap::new(),
         }
     }
@@ -250,7 +269,7 @@ impl App {
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let (value, _, _) = self.execute(f, Mode::Apply).await?;
+        let (value, _, _) = self.execute(f, Mode::Apply, None).await?;
         Ok(value)
     }
 
@@ -263,7 +282,7 @@ impl App {
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
-        let (_, stats, _) = self.execute(f, Mode::Apply).await?;
+        let (_, stats, _) = self.execute(f, Mode::Apply, None).await?;
         Ok(stats)
     }
 
@@ -279,7 +298,7 @@ impl App {
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let (_, _, actions) = self.execute(f, Mode::Preview).await?;
+        let (_, _, actions) = self.execute(f, Mode::Preview, None).await?;
         Ok(actions)
     }
 
@@ -293,7 +312,7 @@ impl App {
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
-        let (_, stats, _) = self.execute(f, Mode::Drop).await?;
+        let (_, stats, _) = self.execute(f, Mode::Drop, None).await?;
         Ok(stats)
     }
 
@@ -340,17 +359,50 @@ impl App {
             .map_err(|e| Error::Shutdown(e.to_string()))?
     }
 
-    async fn execute<F, Fut, T>(
+    /// The components whose last run failed, with the cause and how many
+    /// runs in a row they have failed, sorted by path: to retry just them
+    /// (see [`App::scoped`]), or to report them.
+    ///
+    /// # Errors
+    /// When the ledger cannot be read.
+    pub async fn failed_components(&self) -> Result<Vec<FailedComponent>> {
+        let ledger = self.engine.ledger.clone();
+        let quarantine_after = self.engine.config.quarantine_after;
+        self.engine
+            .user
+            .spawn_blocking(move || {
+                let report = ledger.report()?;
+                report
+                    .failures
+                    .into_iter()
+                    .map(|(path, cause)| {
+                        let key = crate::model::keycode::component_key(path.segments());
+                        let failed_runs = ledger.failed_runs(&key)?.max(1);
+                        Ok(FailedComponent {
+                            path,
+                            cause,
+                            failed_runs,
+                            quarantined: failed_runs >= quarantine_after,
+                        })
+                    })
+                    .collect()
+            })
+            .await
+            .map_err(|e| Error::Shutdown(e.to_string()))?
+    }
+
+    pub(crate) async fn execute<F, Fut, T>(
         &self,
         f: F,
         mode: Mode,
+        scope: Option<RunScope>,
     ) -> Result<(T, UpdateStats, Vec<PreviewAction>)>
     where
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let done = self.execute_inner(f, mode).await?;
+        let done = self.execute_inner(f, mode, scope).await?;
         if !done.failures.is_empty() {
             return Err(Error::ComponentsFailed(done.failures));
         }
@@ -363,13 +415,14 @@ impl App {
     pub(crate) async fn execute_collecting<F, Fut>(
         &self,
         f: F,
+        scope: Option<RunScope>,
     ) -> Result<(UpdateStats, Vec<ComponentFailure>)>
     where
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
         // The root's own error, if any, is among the failures already.
-        let done = self.execute_inner(f, Mode::Apply).await?;
+        let done = self.execute_inner(f, Mode::Apply, scope).await?;
         Ok((done.stats, done.failures))
     }
 
@@ -378,7 +431,12 @@ impl App {
     /// at once and nothing more of it is committed; sink calls it started
     /// finish, and the next run waits for them and folds their intents in
     /// before it reconciles.
-    async fn execute_inner<F, Fut, T>(&self, f: F, mode: Mode) -> Result<Executed<T>>
+    async fn execute_inner<F, Fut, T>(
+        &self,
+        f: F,
+        mode: Mode,
+        scope: Option<RunScope>,
+    ) -> Result<Executed<T>>
     where
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
@@ -387,7 +445,7 @@ impl App {
         let run = self
             .engine
             .user
-            .spawn(execute_run(Arc::clone(&self.engine), f, mode));
+            .spawn(execute_run(Arc::clone(&self.engine), f, mode, scope));
         self.engine.tasks.track(&run);
         match AbortOnDrop(run).await {
             Ok(done) => done,
@@ -400,7 +458,12 @@ impl App {
 }
 
 /// One update, from taking the run lock to its stats.
-async fn execute_run<F, Fut, T>(engine: Arc<Engine>, f: F, mode: Mode) -> Result<Executed<T>>
+async fn execute_run<F, Fut, T>(
+    engine: Arc<Engine>,
+    f: F,
+    mode: Mode,
+    scope: Option<RunScope>,
+) -> Result<Executed<T>>
 where
     F: FnOnce(Ctx) -> Fut + Send + 'static,
     Fut: Future<Output = Result<T>> + Send + 'static,
@@ -413,6 +476,7 @@ where
         Arc::clone(&engine),
         mode == Mode::Preview,
         mode == Mode::Drop,
+        scope,
     );
     let root = ComponentState::new(Arc::clone(&run), ComponentPath::root());
     root.enter_activity();
@@ -423,7 +487,20 @@ where
         shard.do_send(EndRun { run_id: run.id });
     }
     cleanup?;
-    let failures = std::mem::take(&mut *lock(&run.failures));
+    let mut failures = std::mem::take(&mut *lock(&run.failures));
+    let quarantined = count_failed_runs(&run, &mut failures).await?;
+    Ok(run_outcome(&run, result, failures, quarantined, started))
+}
+
+/// What an ended run reports: its value, statistics, preview and
+/// failures; its metrics.
+fn run_outcome<T>(
+    run: &Run,
+    result: Result<T>,
+    failures: Vec<ComponentFailure>,
+    quarantined: u64,
+    started: Instant,
+) -> Executed<T> {
     let c = &run.counters;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let stats = UpdateStats {
@@ -435,6 +512,7 @@ where
         elapsed: started.elapsed(),
         components: load(&c.components),
         memoized: load(&c.memoized),
+        quarantined,
     };
     let preview = std::mem::take(&mut *lock(&run.preview_actions));
     let outcome = if failures.is_empty() && result.is_ok() {
@@ -444,12 +522,46 @@ where
     };
     metrics::counter!(crate::metrics::UPDATE_RUNS, "outcome" => outcome).increment(1);
     metrics::histogram!(crate::metrics::UPDATE_DURATION).record(stats.elapsed.as_secs_f64());
-    Ok(Executed {
+    Executed {
         result,
         stats,
         preview,
         failures,
-    })
+    }
+}
+
+/// Counts one more failed run for each component that failed, and tells
+/// each how many runs in a row it has failed; returns how many failed
+/// [`AppBuilder::quarantine_after`] runs in a row or more (quarantined),
+/// which the quarantine gauge follows.
+async fn count_failed_runs(run: &Run, failures: &mut [ComponentFailure]) -> Result<u64> {
+    if run.preview {
+        return Ok(0);
+    }
+    let keys: Vec<Vec<u8>> = failures
+        .iter()
+        .map(|f| crate::model::keycode::component_key(f.path.segments()))
+        .collect();
+    let mut distinct = keys.clone();
+    distinct.sort();
+    distinct.dedup();
+    if !distinct.is_empty() {
+        let ops = distinct
+            .into_iter()
+            .map(|component| LedgerOp::CountFailedRun { component })
+            .collect();
+        run.engine.ledger_handle.commit(ops).await?;
+    }
+    let limit = run.engine.config.quarantine_after;
+    let mut quarantined = 0;
+    for (failure, key) in failures.iter_mut().zip(&keys) {
+        failure.failed_runs = run.engine.ledger.failed_runs(key)?.max(1);
+        if failure.failed_runs >= limit {
+            quarantined += 1;
+        }
+    }
+    metrics::gauge!(crate::metrics::COMPONENTS_QUARANTINED).set(quarantined as f64);
+    Ok(quarantined)
 }
 
 /// Waits for what a cancelled run left going (its components' aborted
@@ -485,6 +597,21 @@ pub struct LedgerReport {
     pub failures: Vec<(ComponentPath, String)>,
 }
 
+/// A component whose last run failed (see [`App::failed_components`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailedComponent {
+    /// Its path.
+    pub path: ComponentPath,
+    /// Why its last run failed.
+    pub cause: String,
+    /// How many runs in a row it has failed.
+    pub failed_runs: u32,
+    /// Whether it has failed [`AppBuilder::quarantine_after`] runs in a
+    /// row or more.
+    pub quarantined: bool,
+}
+
 /// The outcome of one update, before failures are turned into an error.
 struct Executed<T> {
     result: Result<T>,
@@ -493,8 +620,9 @@ struct Executed<T> {
     failures: Vec<ComponentFailure>,
 }
 
+/// What a run does.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Apply,
     Preview,
     Drop,

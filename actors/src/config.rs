@@ -17,6 +17,9 @@ pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// The default most components running at once.
 pub const DEFAULT_MAX_INFLIGHT_COMPONENTS: usize = 4096;
+/// The default number of runs in a row a component fails before it is
+/// reported as quarantined.
+pub const DEFAULT_QUARANTINE_AFTER: u32 = 3;
 /// The default number of declarations a running component sends to the
 /// reconcilers at once.
 pub const DEFAULT_RECONCILE_CHUNK: usize = 4096;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::actors::component::{self, ComponentState};
 use crate::error::{Error, Result};
-use crate::model::{ComponentPath, IntoStableKey};
+use crate::model::{ComponentPath, IntoStableKey, StableKey};
 
 /// The context of one running component: declare target states through it,
 /// mount child components with it, and read context values from it.
@@ -36,7 +36,11 @@ impl Ctx {
     ///
     /// # Errors
     /// Returns the child's error when it fails (it is also reported by the
-    /// update), or an error when `key` was already mounted in this run.
+    /// update), or an error when `key` was already mounted in this run, or
+    /// (at the root of a scoped run, see [`App::scoped`](crate::App::scoped))
+    /// when `key` is outside the scope: then
+    /// [`Error::is_out_of_scope`] is true, and the child is neither run nor
+    /// deleted.
     pub async fn mount<K, F, Fut, T>(&self, key: K, f: F) -> Result<T>
     where
         K: IntoStableKey,
@@ -44,7 +48,18 @@ impl Ctx {
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        component::mount(&self.state, key.into_stable_key(), f).await
+        component::mount(&self.state, key.into_stable_key(), false, f).await
+    }
+
+    /// [`Ctx::mount`], exempt from the run's scope: for the root's own
+    /// containers.
+    pub(crate) async fn mount_unscoped<F, Fut, T>(&self, key: StableKey, f: F) -> Result<T>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        component::mount(&self.state, key, true, f).await
     }
 
     /// Runs one child component per item, keyed by `key_fn`, concurrently

@@ -143,7 +143,7 @@ where
         state.key.clone(),
     ]));
     let provider: TargetStateProvider<C> = ctx
-        .mount(key, move |c| async move {
+        .mount_unscoped(key, move |c| async move {
             declare_target_state_with_child::<V, C>(&c, state)
         })
         .await?;

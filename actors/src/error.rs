@@ -18,6 +18,9 @@ pub struct ComponentFailure {
     pub cause: String,
     /// Whether retrying the same work later may succeed.
     pub retriable: bool,
+    /// How many runs in a row the component has failed, this one
+    /// included (1 unless the ledger counted earlier failed runs).
+    pub failed_runs: u32,
 }
 
 impl ComponentFailure {
@@ -26,6 +29,7 @@ impl ComponentFailure {
             path,
             cause: error.to_string(),
             retriable: error.is_retriable(),
+            failed_runs: 1,
         }
     }
 }
@@ -60,6 +64,8 @@ pub enum ErrorKind {
     Shutdown,
     /// A component was cancelled: the future of its mount or run was dropped.
     Cancelled,
+    /// A root-level component outside the run's scope was mounted.
+    OutOfScope,
 }
 
 /// Everything that can go wrong in weir.
@@ -174,6 +180,11 @@ pub enum Error {
     /// calls it had started finished and are recorded as possible.
     #[error("component {0} was cancelled (the future of its mount or run was dropped) before it committed; its earlier target states stay as they were")]
     Cancelled(ComponentPath),
+    /// A root-level component outside the run's scope (see
+    /// [`App::scoped`](crate::App::scoped)) was mounted: it is neither run
+    /// nor deleted in this run.
+    #[error("component {0} is outside the scope of this run: it is neither run nor deleted")]
+    OutOfScope(ComponentPath),
 }
 
 impl Error {
@@ -193,6 +204,13 @@ impl Error {
             message: message.to_string(),
             retriable: false,
         }
+    }
+
+    /// Whether this is the error of a `mount` of a root-level component
+    /// outside the run's scope ([`App::scoped`](crate::App::scoped)): the
+    /// component was neither run nor deleted.
+    pub fn is_out_of_scope(&self) -> bool {
+        matches!(self, Error::OutOfScope(_))
     }
 
     /// The components that failed, when this error reports failed components;
@@ -226,6 +244,7 @@ impl Error {
             Error::ComponentsFailed(_) => ErrorKind::ComponentsFailed,
             Error::Shutdown(_) | Error::Interrupted(_) => ErrorKind::Shutdown,
             Error::Cancelled(_) => ErrorKind::Cancelled,
+            Error::OutOfScope(_) => ErrorKind::OutOfScope,
         }
     }
 

@@ -28,12 +28,13 @@ mod error;
 mod ledger;
 mod live;
 mod run;
+mod scope;
 
-pub use app::{App, AppBuilder, LedgerReport, DEFAULT_LEDGER_DIR};
+pub use app::{App, AppBuilder, FailedComponent, LedgerReport, DEFAULT_LEDGER_DIR};
 pub use config::{
     BatchPolicy, RetryPolicy, DEFAULT_CALL_TIMEOUT, DEFAULT_INITIAL_BACKOFF, DEFAULT_LINGER,
     DEFAULT_MAX_ACTIONS, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF,
-    DEFAULT_MAX_INFLIGHT_COMPONENTS, DEFAULT_RECONCILE_CHUNK,
+    DEFAULT_MAX_INFLIGHT_COMPONENTS, DEFAULT_QUARANTINE_AFTER, DEFAULT_RECONCILE_CHUNK,
 };
 pub use ctx::{ContextKey, Ctx};
 pub use declare::{
@@ -50,6 +51,7 @@ pub use model::{
     TargetStateProvider,
 };
 pub use run::{PreviewAction, UpdateStats};
+pub use scope::{RunScope, Scoped};
 
 /// Everything a user or connector author needs, in one import.
 pub mod prelude {
@@ -57,9 +59,10 @@ pub mod prelude {
     pub use crate::{
         declare_target_state, declare_target_state_with_child, mount_target,
         register_root_target_states_provider, ActionKind, App, AppBuilder, BatchPolicy, ChangeFeed,
-        ChildTargetDef, ComponentFailure, ComponentPath, ContextKey, Ctx, Error, Fingerprint,
-        IntoStableKey, PreviewAction, Result, RetryPolicy, RunReport, ShutdownHandle, StableKey,
-        TargetAction, TargetActionSink, TargetChildInvalidation, TargetHandler,
-        TargetReconcileOutput, TargetState, TargetStateProvider, UpdateStats, WatchEvent,
+        ChildTargetDef, ComponentFailure, ComponentPath, ContextKey, Ctx, Error, FailedComponent,
+        Fingerprint, IntoStableKey, PreviewAction, Result, RetryPolicy, RunReport, RunScope,
+        ShutdownHandle, StableKey, TargetAction, TargetActionSink, TargetChildInvalidation,
+        TargetHandler, TargetReconcileOutput, TargetState, TargetStateProvider, UpdateStats,
+        WatchEvent,
     };
 }

@@ -116,7 +116,7 @@ impl App {
         F: FnOnce(Ctx) -> Fut + Send + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
-        let (stats, failures) = self.execute_collecting(f).await?;
+        let (stats, failures) = self.execute_collecting(f, None).await?;
         Ok(RunReport { stats, failures })
     }
 

@@ -27,6 +27,9 @@ pub const COMPONENT_RUNS: &str = "weir_component_runs_total";
 pub const LIVE_CHANGES: &str = "weir_live_changes_total";
 /// Components running now.
 pub const COMPONENTS_INFLIGHT: &str = "weir_component_inflight";
+/// Components of the last run that failed in at least
+/// `AppBuilder::quarantine_after` runs in a row.
+pub const COMPONENTS_QUARANTINED: &str = "weir_component_quarantined";
 /// Target states declared by components.
 pub const DECLARATIONS: &str = "weir_component_declarations_total";
 /// Handler `reconcile` calls, by `shard`.
@@ -89,6 +92,12 @@ pub const CATALOGUE: &[(&str, MetricKind, Unit, &str)] = &[
         MetricKind::Gauge,
         Unit::Count,
         "Components running now.",
+    ),
+    (
+        COMPONENTS_QUARANTINED,
+        MetricKind::Gauge,
+        Unit::Count,
+        "Components of the last run that have failed quarantine_after runs in a row or more.",
     ),
     (
         DECLARATIONS,

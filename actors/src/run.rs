@@ -39,6 +39,10 @@ pub struct UpdateStats {
     pub failed_components: u64,
     /// How long the update took.
     pub elapsed: Duration,
+    /// Failed components that have failed
+    /// [`quarantine_after`](crate::AppBuilder::quarantine_after) runs in a
+    /// row or more, this one included.
+    pub quarantined: u64,
     /// Components that ran (including the root).
     pub components: u64,
     /// Components skipped because their memo key was unchanged (see
@@ -110,10 +114,17 @@ pub(crate) struct Run {
     /// Components of this run cancelled before they committed: their
     /// intents outlive the run (see [`Run::note_cancelled`]).
     cancelled: AtomicU64,
+    /// The root-level components this run covers; all when `None`.
+    pub scope: Option<crate::scope::RunScope>,
 }
 
 impl Run {
-    pub(crate) fn new(engine: Arc<Engine>, preview: bool, dropping: bool) -> Arc<Run> {
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        preview: bool,
+        dropping: bool,
+        scope: Option<crate::scope::RunScope>,
+    ) -> Arc<Run> {
         let metrics = crate::metrics::RunMetrics::new(engine.config.shards);
         let inflight = Arc::new(tokio::sync::Semaphore::new(
             engine.config.max_inflight.max(1),
@@ -136,6 +147,7 @@ impl Run {
             metrics,
             inflight,
             cancelled: AtomicU64::new(0),
+            scope,
         })
     }
 
@@ -144,6 +156,11 @@ impl Run {
     /// journal, and the next run folds them in once those calls ended.
     pub(crate) fn note_cancelled(&self) {
         self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the root-level component `key` is in this run's scope.
+    pub(crate) fn in_scope(&self, key: &StableKey) -> bool {
+        self.scope.as_ref().is_none_or(|s| s.contains(key))
     }
 
     /// Whether a component of this run was cancelled before it committed.

@@ -30,6 +30,8 @@ pub(crate) struct EngineConfig {
     pub max_inflight: usize,
     pub batch: BatchPolicy,
     pub retry: RetryPolicy,
+    /// Failed runs in a row from which a component is quarantined.
+    pub quarantine_after: u32,
 }
 
 struct ActixParts {

@@ -9,7 +9,7 @@ use super::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 use super::stored::{ShallowEntry, StoredEntry};
 use super::{
     container_key, delta, encode, key, pack, split_container_key, Ledger, PACK_MIN, P_CHILDREN,
-    P_COMPONENT, P_CONTAINER, P_DELTA, P_MEMO, P_PACK, SEQ_KEY,
+    P_COMPONENT, P_CONTAINER, P_DELTA, P_FAILED_RUNS, P_MEMO, P_PACK, SEQ_KEY,
 };
 use crate::error::{Error, Result};
 use crate::model::{keycode, StableKey};
@@ -356,8 +356,14 @@ impl BatchBuilder<'_> {
                 if failure.is_some() {
                     // A failed component is never memoized.
                     self.del(key(P_MEMO, &component));
+                } else {
+                    self.del(key(P_FAILED_RUNS, &component));
                 }
                 self.edit(&component)?.base.failure = failure;
+            }
+            LedgerOp::CountFailedRun { component } => {
+                let runs = self.ledger.failed_runs(&component)? + 1;
+                self.put(key(P_FAILED_RUNS, &component), runs.to_be_bytes().to_vec());
             }
             LedgerOp::SetMemo { component, memo } => {
                 let k = key(P_MEMO, &component);
@@ -381,6 +387,7 @@ impl BatchBuilder<'_> {
                 }
                 self.edit(&component)?.base.failure = None;
                 self.del(key(P_MEMO, &component));
+                self.del(key(P_FAILED_RUNS, &component));
                 self.children.insert(component.clone(), Vec::new());
                 self.child_removals.remove(&component);
                 if let Some((parent, key)) = parent {

@@ -17,6 +17,7 @@
 //! | `i`    | intent batch id, u64 BE         | `Vec<Intent>` (earlier builds; recovered and deleted on open) |
 //! | `k`    | pack id, u64 BE                 | new components' entries, packed (see [`pack`]) |
 //! | `o`    | encoded component path          | the memo key of its last successful run |
+//! | `f`    | encoded component path          | how many runs in a row it failed, u32 BE (none after a success) |
 //!
 //! A `c` value of [`delta::MIN_OWN`] bytes or more is written to the
 //! second tree, `entries`, under the same key, and its key in the first
@@ -111,6 +112,7 @@ const P_PACK: u8 = b'k';
 const PACK_MIN: usize = 4;
 const P_INTENT: u8 = b'i';
 const P_MEMO: u8 = b'o';
+const P_FAILED_RUNS: u8 = b'f';
 const FORMAT_KEY: &[u8] = b"mformat";
 const SEQ_KEY: &[u8] = b"mseq";
 /// The file beside the store that holds the commit count last flushed.
@@ -363,6 +365,19 @@ impl Ledger {
     /// interrupted since.
     pub(crate) fn memo(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
         Ok(self.tree.get(key(P_MEMO, component))?)
+    }
+
+    /// How many runs in a row a component failed (0 when its last run
+    /// succeeded). A count written with another width reads as damage.
+    pub(crate) fn failed_runs(&self, component: &[u8]) -> Result<u32> {
+        match self.tree.get(key(P_FAILED_RUNS, component))? {
+            None => Ok(0),
+            Some(v) => v
+                .as_ref()
+                .try_into()
+                .map(u32::from_be_bytes)
+                .map_err(|_| self.corrupt("a failed-run count is not 4 bytes")),
+        }
     }
 
     /// Appends an intent batch to the journal; durable once

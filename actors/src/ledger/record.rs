@@ -148,6 +148,9 @@ pub(crate) enum LedgerOp {
         component: Vec<u8>,
         children: Vec<StableKey>,
     },
+    /// Count one more run in a row that a component failed (cleared, with
+    /// the count, by `SetFailure { failure: None }`).
+    CountFailedRun { component: Vec<u8> },
     /// Record or clear a component's failure.
     SetFailure {
         component: Vec<u8>,

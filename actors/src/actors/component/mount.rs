@@ -227,10 +227,13 @@ pub(super) fn mounted_children_op(state: &ComponentState) -> Option<LedgerOp> {
     })
 }
 
-/// Mounts one child component and waits until it has committed.
+/// Mounts one child component and waits until it has committed. A
+/// root-level one outside the run's scope is refused unless `unscoped`
+/// (the root's own containers, mounted by `mount_target`).
 pub(crate) async fn mount<F, Fut, T>(
     parent: &Arc<ComponentState>,
     key: StableKey,
+    unscoped: bool,
     f: F,
 ) -> Result<T>
 where
@@ -240,6 +243,9 @@ where
 {
     if parent.run.engine.shutdown.is_requested() {
         return Err(interrupted(parent));
+    }
+    if !unscoped && parent.path.is_root() && !parent.run.in_scope(&key) {
+        return Err(Error::OutOfScope(parent.path.child(key)));
     }
     parent.add_child(&key)?;
     let child = ComponentState::new(Arc::clone(&parent.run), parent.path.child(key));
@@ -303,6 +309,7 @@ where
     if shutdown.is_requested() {
         return Err(interrupted(parent));
     }
+    let items = in_scope(parent, items);
     for (k, _) in &items {
         parent.add_child(k)?;
     }
@@ -362,6 +369,16 @@ where
         return Err(self::interrupted(parent));
     }
     Ok(())
+}
+
+/// The items whose components are in the run's scope: all, but for the
+/// root's children in a scoped run.
+fn in_scope<T>(parent: &ComponentState, mut items: Vec<(StableKey, T)>) -> Vec<(StableKey, T)> {
+    let run = &parent.run;
+    if run.scope.is_some() && parent.path.is_root() {
+        items.retain(|(k, _)| run.in_scope(k));
+    }
+    items
 }
 
 /// The error of a component whose mounting was cut short by a shutdown

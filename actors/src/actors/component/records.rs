@@ -290,8 +290,10 @@ pub(super) fn note_children_and_orphans(
     {
         let children = lock(&state.children);
         let mut removed = lock(&run.removed);
+        // A scoped run's root keeps its children outside the scope.
+        let root = state.path.is_root();
         for k in prev_children {
-            if !children.set.contains(k) {
+            if !children.set.contains(k) && (!root || run.in_scope(k)) {
                 removed.push(state.path.child(k.clone()));
             }
         }
