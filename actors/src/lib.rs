@@ -10,12 +10,18 @@
 //!   pipeline that wires them (crate-private).
 //! - `ledger`: the sled store: key layout, records, format version
 //!   (crate-private).
-//! - [`fault`]: crash-test hooks, active only with the `fault-injection`
-//!   feature.
+//! - `fault`: crash-test hooks, public and active only with the
+//!   `fault-injection` feature (for weir's own tests).
 //!
 //! Users depend on the `weir` facade crate, which re-exports all of this.
 
+/// Crash-test hooks: public only with the `fault-injection` feature,
+/// which only weir's own tests turn on.
+#[cfg(feature = "fault-injection")]
 pub mod fault;
+#[cfg(not(feature = "fault-injection"))]
+#[allow(dead_code)]
+pub(crate) mod fault;
 pub mod metrics;
 pub mod model;
 
