@@ -1020,6 +1020,51 @@ async fn a_user_managed_table_no_longer_declared_is_left_with_its_rows() -> Resu
     rig.finish().await
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn drop_state_deletes_the_rows_weir_wrote_into_a_user_managed_table_and_leaves_the_rest(
+) -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("userdrop");
+    let rig = Rig::new(pool, &[&t]).await?;
+    rig.exec(&format!(
+        "CREATE TABLE \"{t}\" (id text PRIMARY KEY, body text, mine int)"
+    ))
+    .await?;
+    rig.exec(&format!(
+        "INSERT INTO \"{t}\" (id, body) VALUES ('theirs', 'kept')"
+    ))
+    .await?;
+    let table = t.clone();
+    rig.run(move |ctx| async move {
+        let target = mount_table_target_with(
+            &ctx,
+            &db(),
+            &table,
+            docs_schema()?,
+            TableOptions::default().managed_by(ManagedBy::User),
+        )
+        .await?;
+        target.declare_row(&ctx, doc("1", "a"))?;
+        target.declare_row(&ctx, doc("2", "b"))
+    })
+    .await?;
+
+    let stats = tokio::time::timeout(
+        Duration::from_secs(60),
+        rig.app
+            .drop_state(|ctx| async move { register_database(&ctx, &db()) }),
+    )
+    .await
+    .map_err(|_| Error::msg("drop timed out"))??;
+    assert!(
+        rig.exists(&t).await?,
+        "a table the user owns is not dropped"
+    );
+    assert_eq!(rig.bodies(&t).await?, expected(&[("theirs", "kept")]));
+    assert_eq!(stats.deleted, 3, "{stats:?}");
+    rig.finish().await
+}
+
 // ---------------------------------------------------------------------------
 // Several tables, foreign keys, constraints
 // ---------------------------------------------------------------------------

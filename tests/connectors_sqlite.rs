@@ -797,6 +797,40 @@ async fn a_user_managed_table_is_written_but_never_created_altered_or_dropped() 
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn drop_state_deletes_the_rows_weir_wrote_into_a_user_managed_table_and_leaves_the_rest(
+) -> Result<()> {
+    let f = fixture().await?;
+    let user = TableOptions {
+        managed_by: ManagedBy::User,
+    };
+    sqlx::query("CREATE TABLE docs (id TEXT PRIMARY KEY, title TEXT NOT NULL, n INTEGER)")
+        .execute(&f.pool)
+        .await?;
+    sqlx::query("INSERT INTO docs (id, title) VALUES ('theirs', 'kept')")
+        .execute(&f.pool)
+        .await?;
+    bounded(f.app.run(move |ctx| async move {
+        let t = sqlite::mount_table_target_with(&ctx, &db(), "docs", docs_schema()?, user).await?;
+        t.declare_row(&ctx, doc("a", "A", None))?;
+        t.declare_row(&ctx, doc("b", "B", Some(2)))
+    }))
+    .await?;
+
+    let stats = bounded(
+        f.app
+            .drop_state(|ctx| async move { sqlite::register_database(&ctx, &db()) }),
+    )
+    .await?;
+    assert!(table_exists(&f.pool, "docs").await?, "not dropped");
+    assert_eq!(
+        read_docs(&f.pool).await?,
+        expected(&[("theirs", "kept", None)])
+    );
+    assert_eq!(stats.deleted, 3, "{stats:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn two_tables_of_one_database_are_written_in_one_run() -> Result<()> {
     let f = fixture().await?;
     let run = |first: Vec<Doc>, second: Vec<Doc>| {

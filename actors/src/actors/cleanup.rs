@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use super::component::{guarded, resolve_provider};
 use super::ledger::LedgerHandle;
 use super::reconciler::{
     shard_of, shard_stopped, FilterOrphans, Orphan, OrphanOutcome, ReconcileOrphans,
@@ -22,9 +23,10 @@ use crate::ledger::record::{Intent, LedgerOp};
 use crate::ledger::{buf, Ledger};
 use crate::model::erased::ErasedOutput;
 use crate::model::keycode;
+use crate::model::provider::ProviderPath;
 use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::sink::EncodedAction;
-use crate::model::{ComponentPath, StableKey};
+use crate::model::{ActionKind, ComponentPath, StableKey};
 use crate::run::{lock, PreviewAction, Run};
 
 /// Reads the states of removed components and of everything below them.
@@ -55,7 +57,48 @@ fn expand_removed(
 }
 
 /// Deletes the run's orphans and forgets removed components.
+///
+/// In `drop_state`, every state is deleted, including those below
+/// containers whose delete leaves their contents (a table the user owns):
+/// their children are deleted one by one first ([`abandoned_children`]).
+/// A state whose provider the `drop_state` call did not register is left
+/// tracked, and named in the error.
 pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
+    let (removed, orphans) = gather_orphans(run).await?;
+    let survivors = filter_declared(run, orphans).await?;
+    let (top, below) = split_topmost(survivors);
+    let unregistered = unregistered_providers(run, &top);
+    let outcomes = reconcile_orphans(run, top).await?;
+    let (children, outcomes) = if run.dropping {
+        abandoned_children(run, outcomes, below).await?
+    } else {
+        (Vec::new(), outcomes)
+    };
+    if run.preview {
+        note_preview(run, children.iter().chain(&outcomes));
+        return Ok(());
+    }
+    let contents_deleted = children.is_empty() || apply_orphans(run, children).await?;
+    let outcomes = if contents_deleted {
+        outcomes
+    } else {
+        // Some contents could not be deleted: their containers stay.
+        outcomes
+            .into_iter()
+            .filter(|(o, _, _, _)| o.entry.child_gen.is_none())
+            .collect()
+    };
+    apply_orphans(run, outcomes).await?;
+    forget_removed(run, removed).await?;
+    match unregistered {
+        Some(err) if run.dropping => Err(err),
+        _ => Ok(()),
+    }
+}
+
+/// The states of the run's removed components (and everything below
+/// them), and those its components no longer declare.
+async fn gather_orphans(run: &Run) -> Result<(Vec<ComponentPath>, Vec<Orphan>)> {
     let roots = std::mem::take(&mut *lock(&run.removed));
     let ledger = run.engine.ledger.clone();
     let (removed, mut orphans) = run
@@ -65,28 +108,168 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
         .await
         .map_err(|e| Error::Shutdown(format!("reading removed components failed: {e}")))??;
     orphans.extend(std::mem::take(&mut *lock(&run.orphans)));
+    Ok((removed, orphans))
+}
 
-    let survivors = filter_declared(run, orphans).await?;
-    let top = topmost(survivors);
-    let outcomes = reconcile_orphans(run, top).await?;
-
-    let mut ops: Vec<LedgerOp> = Vec::new();
-    if run.preview {
-        let mut preview = lock(&run.preview_actions);
-        for (orphan, provider, key, result) in &outcomes {
-            if let Ok(Some(out)) = result {
-                preview.push(PreviewAction {
-                    provider: provider.path.name.to_string(),
-                    key: key.clone(),
-                    kind: out.kind,
-                    component: orphan.component_path.clone(),
-                });
-            }
+/// Lists the actions of a preview.
+fn note_preview<'a>(run: &Run, outcomes: impl Iterator<Item = &'a OrphanOutcome>) {
+    let mut preview = lock(&run.preview_actions);
+    for (orphan, provider, key, result) in outcomes {
+        if let Ok(Some(out)) = result {
+            preview.push(PreviewAction {
+                provider: provider.path.name.to_string(),
+                key: key.clone(),
+                kind: out.kind,
+                component: orphan.component_path.clone(),
+            });
         }
-        return Ok(());
     }
+}
 
-    // Group deletes into units by the component that owned them.
+/// The error naming the providers of orphans that no provider registered
+/// in this run can delete (they stay tracked), if there are any.
+fn unregistered_providers(run: &Run, orphans: &[Orphan]) -> Option<Error> {
+    let mut missing: BTreeMap<String, usize> = BTreeMap::new();
+    for o in orphans {
+        let Some((enc, _)) = keycode::split_state_path(&o.entry.path) else {
+            continue;
+        };
+        if run.provider(enc).is_none() {
+            let name = ProviderPath::name_of(enc).unwrap_or_else(|| "(undecodable)".into());
+            *missing.entry(name).or_default() += 1;
+        }
+    }
+    if missing.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = missing
+        .iter()
+        .map(|(name, n)| format!("{name} ({n} state(s))"))
+        .collect();
+    Some(Error::Usage(format!(
+        "target states of provider(s) {} were not deleted, since this run did not register them (their handlers are needed to delete them): register them in the drop_state call and run it again; they stay tracked meanwhile",
+        list.join(", ")
+    )))
+}
+
+/// In `drop_state`: for each container whose delete leaves its contents
+/// (no destructive invalidation: a table the user owns), resolves its
+/// child handler from the delete action and reconciles the states below
+/// it with `None`, at every depth. Returns those outcomes, to apply first,
+/// and the outcomes given.
+async fn abandoned_children(
+    run: &Run,
+    outcomes: Vec<OrphanOutcome>,
+    mut below: Vec<Orphan>,
+) -> Result<(Vec<OrphanOutcome>, Vec<OrphanOutcome>)> {
+    let mut children: Vec<OrphanOutcome> = Vec::new();
+    let mut inside = take_abandoned_contents(run, &outcomes, &mut below)?;
+    while !inside.is_empty() {
+        let (top, deeper) = split_topmost(inside);
+        below.extend(deeper);
+        let level = reconcile_orphans(run, top).await?;
+        inside = take_abandoned_contents(run, &level, &mut below)?;
+        children.extend(level);
+    }
+    // Deepest first: a container's contents before the container.
+    children.reverse();
+    Ok((children, outcomes))
+}
+
+/// Takes from `below` the states below each container of `level` whose
+/// delete leaves its contents, once its child handler is resolved.
+fn take_abandoned_contents(
+    run: &Run,
+    level: &[OrphanOutcome],
+    below: &mut Vec<Orphan>,
+) -> Result<Vec<Orphan>> {
+    let mut inside = Vec::new();
+    for (orphan, provider, key, result) in level {
+        if below.is_empty() || !resolve_abandoned(run, orphan, provider, key, result)? {
+            continue;
+        }
+        let (under, rest): (Vec<Orphan>, Vec<Orphan>) = std::mem::take(below)
+            .into_iter()
+            .partition(|o| keycode::is_below(&o.entry.path, &orphan.entry.path));
+        *below = rest;
+        inside.extend(under);
+    }
+    Ok(inside)
+}
+
+/// Whether `orphan` is a container whose delete leaves its contents (no
+/// destructive invalidation); if so, resolves the provider of its children
+/// with the handler its sink's factory builds from the delete action.
+fn resolve_abandoned(
+    run: &Run,
+    orphan: &Orphan,
+    provider: &Arc<ProviderCore>,
+    key: &StableKey,
+    result: &Result<Option<ErasedOutput>>,
+) -> Result<bool> {
+    let Ok(Some(out)) = result else {
+        return Ok(false);
+    };
+    let Some(child_gen) = orphan.entry.child_gen else {
+        return Ok(false);
+    };
+    if out.kind != ActionKind::Delete || out.child_invalidation.is_some() {
+        return Ok(false);
+    }
+    let Some(factory) = out.sink.child_handler.as_ref() else {
+        return Ok(false);
+    };
+    let wrap = |cause: Error| {
+        Error::Reconcile {
+        provider: provider.path.name.to_string(),
+        key: key.clone(),
+        cause: Box::new(Error::Usage(format!(
+            "its contents must be deleted one by one, but its sink's child-handler factory failed on its delete action: {cause}"
+        ))),
+    }
+    };
+    let def = guarded(|| factory(&out.action)).map_err(wrap)?;
+    let core = Arc::new(ProviderCore::new(provider.path.child(key), run.id));
+    resolve_provider(run, &core, def.handler, child_gen)?;
+    Ok(true)
+}
+
+/// Applies the deletes of `outcomes`, grouped in units by the component
+/// that owned the states, each committed as soon as its deletes are done
+/// (so that a crash later in the run does not make the next run repeat
+/// them). Returns whether every unit succeeded.
+async fn apply_orphans(run: &Run, outcomes: Vec<OrphanOutcome>) -> Result<bool> {
+    let units = group_units(outcomes);
+    run.activity.enter();
+    let mut waiting: HashMap<Vec<u8>, UnitWaiter> = HashMap::new();
+    for (component, unit) in &units {
+        if unit.error.is_none() {
+            waiting.insert(component.clone(), dispatch_unit(run, unit));
+        }
+    }
+    run.activity.leave();
+    let mut all_ok = true;
+    let mut commits = Vec::new();
+    for (component, unit) in units {
+        let failure = match (unit.error, waiting.remove(&component)) {
+            (Some(e), _) => Some(e),
+            (None, Some(waiter)) => waiter.wait().await,
+            (None, None) => None,
+        };
+        all_ok &= failure.is_none();
+        let ops = unit_ops(run, &component, unit.path, unit.items, failure);
+        if !ops.is_empty() {
+            commits.push(run.engine.ledger_handle.commit_start(ops)?);
+        }
+    }
+    for commit in commits {
+        LedgerHandle::committed(commit).await?;
+    }
+    Ok(all_ok)
+}
+
+/// Groups orphan outcomes into units by the component that owned them.
+fn group_units(outcomes: Vec<OrphanOutcome>) -> BTreeMap<Vec<u8>, Unit> {
     let mut units: BTreeMap<Vec<u8>, Unit> = BTreeMap::new();
     for (orphan, provider, key, result) in outcomes {
         // Most orphans find their unit there already: a lookup, then, not
@@ -108,85 +291,80 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
             Ok(out) => unit.items.push((orphan, provider, key, out)),
         }
     }
-    run.activity.enter();
-    let mut waiting: HashMap<Vec<u8>, UnitWaiter> = HashMap::new();
-    for (component, unit) in &units {
-        if unit.error.is_some() {
-            continue;
-        }
-        let waiter = UnitWaiter::new();
-        let mut groups = SinkGroups::default();
-        for (orphan, provider, key, out) in &unit.items {
-            let Some(out) = out else { continue };
-            let planned = PlannedAction {
-                action: EncodedAction {
-                    kind: out.kind,
-                    bytes: Arc::clone(&out.action),
-                    typed: None,
-                },
-                key: key.clone(),
-                intent: (!orphan.entry.may_be_missing).then(|| delete_intent(orphan)),
-                refresh: false,
-            };
-            groups.add(&out.sink, &provider.path.name, &provider.path.root, planned);
-        }
-        groups.dispatch(run, &waiter);
-        waiting.insert(component.clone(), waiter);
-    }
-    run.activity.leave();
+    units
+}
 
-    // Each unit is committed as soon as its deletions are done, so that a
-    // crash later in the run does not make the next run repeat them.
-    let mut commits = Vec::new();
-    for (component, unit) in units {
-        let failure = match (unit.error, waiting.remove(&component)) {
-            (Some(e), _) => Some(e),
-            (None, Some(waiter)) => waiter.wait().await,
-            (None, None) => None,
+/// Sends a unit's deletes to their sinks.
+fn dispatch_unit(run: &Run, unit: &Unit) -> UnitWaiter {
+    let waiter = UnitWaiter::new();
+    let mut groups = SinkGroups::default();
+    for (orphan, provider, key, out) in &unit.items {
+        let Some(out) = out else { continue };
+        let planned = PlannedAction {
+            action: EncodedAction {
+                kind: out.kind,
+                bytes: Arc::clone(&out.action),
+                typed: None,
+            },
+            key: key.clone(),
+            intent: (!orphan.entry.may_be_missing).then(|| delete_intent(orphan)),
+            refresh: false,
         };
-        let mut unit_ops = Vec::new();
-        match failure {
-            None => {
-                for (orphan, _, _, out) in unit.items {
-                    if let Some(out) = &out {
-                        run.counters.count_action(out.kind, 1);
-                    }
-                    unit_ops.push(LedgerOp::Remove {
-                        component: component.clone(),
-                        path: orphan.entry.path.to_vec(),
-                    });
-                    if orphan.entry.child_gen.is_some() {
-                        unit_ops.push(LedgerOp::DropDescendants {
-                            path: orphan.entry.path.to_vec(),
-                        });
-                    }
-                }
+        groups.add(&out.sink, &provider.path.name, &provider.path.root, planned);
+    }
+    groups.dispatch(run, &waiter);
+    waiter
+}
+
+/// What a unit commits: its states removed, or (when its deletes failed)
+/// kept as maybe missing with the component's failure.
+fn unit_ops(
+    run: &Run,
+    component: &[u8],
+    path: ComponentPath,
+    items: Vec<UnitItem>,
+    failure: Option<Error>,
+) -> Vec<LedgerOp> {
+    let mut ops = Vec::new();
+    let Some(err) = failure else {
+        for (orphan, _, _, out) in items {
+            if let Some(out) = &out {
+                run.counters.count_action(out.kind, 1);
             }
-            Some(err) => {
-                for (orphan, _, _, out) in unit.items {
-                    if out.is_some() {
-                        unit_ops.push(LedgerOp::Fold(delete_intent(&orphan)));
-                    }
-                }
-                unit_ops.push(LedgerOp::SetFailure {
-                    component: component.clone(),
-                    failure: Some(err.to_string()),
+            ops.push(LedgerOp::Remove {
+                component: component.to_vec(),
+                path: orphan.entry.path.to_vec(),
+            });
+            if orphan.entry.child_gen.is_some() {
+                ops.push(LedgerOp::DropDescendants {
+                    path: orphan.entry.path.to_vec(),
                 });
-                run.fail(ComponentFailure::new(
-                    unit.path.clone(),
-                    &Error::Usage(format!(
-                        "deleting target states it no longer declares failed: {err}"
-                    )),
-                ));
             }
         }
-        if !unit_ops.is_empty() {
-            commits.push(run.engine.ledger_handle.commit_start(unit_ops)?);
+        return ops;
+    };
+    for (orphan, _, _, out) in items {
+        if out.is_some() {
+            ops.push(LedgerOp::Fold(delete_intent(&orphan)));
         }
     }
-    for commit in commits {
-        LedgerHandle::committed(commit).await?;
-    }
+    ops.push(LedgerOp::SetFailure {
+        component: component.to_vec(),
+        failure: Some(err.to_string()),
+    });
+    run.fail(ComponentFailure::new(
+        path,
+        &Error::Usage(format!(
+            "deleting target states it no longer declares failed: {err}"
+        )),
+    ));
+    ops
+}
+
+/// Forgets the removed components (children first), and the run's intents
+/// once nothing of them is still needed.
+async fn forget_removed(run: &Run, removed: Vec<ComponentPath>) -> Result<()> {
+    let mut ops: Vec<LedgerOp> = Vec::new();
     // Children were found after their parents: forget them first.
     {
         let mut declared_last = lock(&run.engine.declared_last);
@@ -214,9 +392,12 @@ pub(crate) async fn finish_run(run: &Arc<Run>) -> Result<()> {
     Ok(())
 }
 
+/// A delete of a unit: the orphan, its provider and key, and the action.
+type UnitItem = (Orphan, Arc<ProviderCore>, StableKey, Option<ErasedOutput>);
+
 struct Unit {
     path: ComponentPath,
-    items: Vec<(Orphan, Arc<ProviderCore>, StableKey, Option<ErasedOutput>)>,
+    items: Vec<UnitItem>,
     error: Option<Error>,
 }
 
@@ -264,21 +445,24 @@ async fn filter_declared(run: &Run, orphans: Vec<Orphan>) -> Result<Vec<Orphan>>
     Ok(kept)
 }
 
-/// Keeps only orphans with no orphan above them: a deleted container takes
-/// care of its children and attachments.
-fn topmost(mut orphans: Vec<Orphan>) -> Vec<Orphan> {
+/// Splits orphans into those with no orphan above them, and those below
+/// one of them: a deleted container takes care of its children and
+/// attachments.
+fn split_topmost(mut orphans: Vec<Orphan>) -> (Vec<Orphan>, Vec<Orphan>) {
     orphans.sort_by(|a, b| a.entry.path.cmp(&b.entry.path));
-    let mut out: Vec<Orphan> = Vec::with_capacity(orphans.len());
+    let mut top: Vec<Orphan> = Vec::with_capacity(orphans.len());
+    let mut below = Vec::new();
     for o in orphans {
-        if let Some(last) = out.last() {
+        if let Some(last) = top.last() {
             if o.entry.path == last.entry.path || keycode::is_below(&o.entry.path, &last.entry.path)
             {
+                below.push(o);
                 continue;
             }
         }
-        out.push(o);
+        top.push(o);
     }
-    out
+    (top, below)
 }
 
 /// An orphan's provider, with the generation its records are judged by

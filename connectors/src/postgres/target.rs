@@ -157,8 +157,9 @@ impl DbShared {
         .concurrent_calls(ROW_SINK_CONCURRENT_CALLS);
         let rows_for_tables = row_sink.clone();
         let for_tables = Arc::clone(&inner);
+        let pool = inner.pool.clone();
         let table_sink = TargetActionSink::from_async_fn_with_child_handler(
-            move |actions| sink::apply_tables(for_tables.pool.clone(), actions),
+            move |actions| sink::apply_tables(pool.clone(), actions),
             move |action: &TableAction| {
                 let schema = action.schema.as_ref().ok_or_else(|| {
                     Error::Usage(format!(
@@ -166,6 +167,12 @@ impl DbShared {
                         action.table
                     ))
                 })?;
+                if for_tables.table(&action.table).is_none() {
+                    // Not declared in this run (its rows are deleted by
+                    // `drop_state`): only deletes need it.
+                    let meta = TableMeta::new(&action.table, schema, ManagedBy::User)?;
+                    for_tables.set_table(Arc::new(meta));
+                }
                 Ok(ChildTargetDef::new::<Row, _>(PostgresRowHandler {
                     table: Arc::from(action.table.as_str()),
                     by_name: name_order(schema),
@@ -259,13 +266,16 @@ impl TargetHandler<TableSpec> for PostgresTableHandler {
                 return Ok(None);
             }
             let table = table_of(&key)?;
+            let schema = prev.first().map(|p| p.record.clone());
             return Ok(
                 match resolve_system_transition(None, prev, prev_may_be_missing) {
-                    // User-managed: abandon it, rows and all, and forget it.
+                    // User-managed: abandon it, rows and all, and forget
+                    // it. Its schema lets `drop_state` delete its rows one
+                    // by one through the row handler built from it.
                     None => self.output(
                         TargetAction::Delete(TableAction {
                             table,
-                            schema: None,
+                            schema,
                             ddl: Vec::new(),
                         }),
                         None,

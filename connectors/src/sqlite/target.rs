@@ -174,12 +174,16 @@ impl TargetHandler<TableSpec> for SqliteTableHandler {
                     return Ok(None);
                 }
                 // Destroy a table weir created; abandon one the user owns
-                // (or one no record says weir created).
+                // (or one no record says weir created). An abandoned one
+                // carries its schema: `drop_state` deletes its rows one by
+                // one through the row handler built from it.
                 let created_by_weir = prev.iter().any(|p| p.managed_by == ManagedBy::System);
                 Ok(Some(TargetReconcileOutput {
                     action: TargetAction::Delete(TableAction {
                         table,
-                        schema: None,
+                        schema: (!created_by_weir)
+                            .then(|| prev.first().map(|p| p.record.clone()))
+                            .flatten(),
                         ddl: if created_by_weir {
                             TableDdl::Drop
                         } else {
