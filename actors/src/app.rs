@@ -481,6 +481,9 @@ where
     let root = ComponentState::new(Arc::clone(&run), ComponentPath::root());
     root.enter_activity();
     let result = run_component(root, f).await;
+    // Components whose mount was dropped are stopping: once they have
+    // (and their sink calls ended), their failures are all recorded.
+    engine.work.idle().await;
     let cleanup = finish_run(&run).await;
     run.release_sinks();
     for shard in &engine.shards {
