@@ -19,8 +19,8 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::{PgPool, Row as _};
 use weir::connectors::postgres::{
-    declare_table_target, mount_table_target, mount_table_target_with, register_database,
-    TableOptions, TableTarget,
+    declare_table_target, mount_table_target, mount_table_target_with, previewed_table,
+    register_database, PreviewedTable, TableOptions, TableTarget,
 };
 use weir::connectors::sql::{ColumnType, TableSchema};
 use weir::prelude::*;
@@ -252,6 +252,38 @@ async fn rows_are_created_updated_and_deleted_to_match_the_declarations() -> Res
     sync_docs(&rig, &t, docs_schema()?, vec![]).await?;
     assert!(rig.bodies(&t).await?.is_empty());
     assert!(rig.exists(&t).await?);
+    rig.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_preview_tells_the_table_and_the_row_actions_of_each_table_apart() -> Result<()> {
+    let pool = server_or_skip!();
+    let t = unique("preview");
+    let rig = Rig::new(pool, &[&t]).await?;
+    let table = t.clone();
+    let actions = rig
+        .app
+        .preview(move |ctx| async move {
+            let docs = mount_table_target(&ctx, &db(), &table, docs_schema()?).await?;
+            docs.declare_row(&ctx, doc("1", "a"))?;
+            Ok(())
+        })
+        .await?;
+    let mut seen: Vec<_> = actions
+        .iter()
+        .map(|a| (previewed_table(&db(), &[&t], a), a.kind))
+        .collect();
+    seen.sort_by_key(|(table, _)| format!("{table:?}"));
+    assert_eq!(
+        seen,
+        vec![
+            (Some(PreviewedTable::Row(t.clone())), ActionKind::Create),
+            (Some(PreviewedTable::Table(t.clone())), ActionKind::Create),
+        ]
+    );
+    assert!(!rig.exists(&t).await?, "a preview creates no table");
+    assert!(actions.iter().all(|a| previewed_table(&db(), &["other"], a)
+        .is_none_or(|p| matches!(p, PreviewedTable::Table(_)))));
     rig.finish().await
 }
 

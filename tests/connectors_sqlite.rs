@@ -172,6 +172,109 @@ async fn connect_makes_every_commit_durable_before_the_ledger_records_it() -> Re
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_preview_tells_the_table_and_the_row_actions_of_each_table_apart() -> Result<()> {
+    let f = fixture().await?;
+    let mount = |ids: &'static [&'static str]| {
+        move |ctx: Ctx| async move {
+            let docs = sqlite::mount_table_target(&ctx, &db(), "Docs", docs_schema()?).await?;
+            for id in ids {
+                docs.declare_row(&ctx, doc(id, "t", None))?;
+            }
+            Ok(())
+        }
+    };
+    let tables = ["Docs", "other"];
+    let actions = bounded(f.app.preview(mount(&["a", "b"]))).await?;
+    let mut seen: Vec<(Option<sqlite::PreviewedTable>, String, ActionKind)> = actions
+        .iter()
+        .map(|a| {
+            (
+                sqlite::previewed_table(&db(), &tables, a),
+                a.key.to_string(),
+                a.kind,
+            )
+        })
+        .collect();
+    seen.sort_by_key(|(_, key, _)| key.clone());
+    let docs_row = || Some(sqlite::PreviewedTable::Row("Docs".into()));
+    assert_eq!(
+        seen,
+        vec![
+            (docs_row(), "\"a\"".into(), ActionKind::Create),
+            (docs_row(), "\"b\"".into(), ActionKind::Create),
+            (
+                Some(sqlite::PreviewedTable::Table("docs".into())),
+                "[\"db\",\"docs\"]".into(),
+                ActionKind::Create
+            ),
+        ]
+    );
+    // Another database's actions, or a table not listed, are not told.
+    let other: ContextKey<SqlitePool> = ContextKey::new("other");
+    assert!(actions
+        .iter()
+        .all(|a| sqlite::previewed_table(&other, &tables, a).is_none()));
+    assert!(actions
+        .iter()
+        .filter(|a| a.kind == ActionKind::Create && a.key.to_string().starts_with('"'))
+        .all(|a| sqlite::previewed_table(&db(), &["other"], a).is_none()));
+
+    bounded(f.app.run(mount(&["a", "b"]))).await?;
+    let actions = bounded(f.app.preview(mount(&["a"]))).await?;
+    let seen: Vec<_> = actions
+        .iter()
+        .map(|a| (sqlite::previewed_table(&db(), &tables, a), a.kind))
+        .collect();
+    assert_eq!(seen, vec![(docs_row(), ActionKind::Delete)]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_read_only_creates_no_file_and_changes_none() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let missing = dir.path().join("missing.db");
+    assert!(sqlite::connect_read_only(&missing).await.is_err());
+    assert!(!missing.exists());
+
+    // A database closed cleanly: only its file is there.
+    let path = dir.path().join("test.db");
+    let pool = sqlite::connect(&path).await?;
+    sqlx::query("CREATE TABLE t (x INTEGER)")
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    let listing = || -> Result<Vec<(String, Vec<u8>)>> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir.path())? {
+            let entry = entry?;
+            files.push((
+                entry.file_name().to_string_lossy().into_owned(),
+                std::fs::read(entry.path())?,
+            ));
+        }
+        files.sort();
+        Ok(files)
+    };
+    let before = listing()?;
+    assert_eq!(
+        before.len(),
+        1,
+        "{:?}",
+        before.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
+
+    let read = sqlite::connect_read_only(&path).await?;
+    assert!(table_exists(&read, "t").await?);
+    assert!(sqlx::query("INSERT INTO t VALUES (1)")
+        .execute(&read)
+        .await
+        .is_err());
+    read.close().await;
+    assert_eq!(listing()?, before);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn rows_are_created_updated_and_deleted_as_declared() -> Result<()> {
     let f = fixture().await?;
     let stats = sync_docs(

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use weir::connectors::localfs::SourceFile;
-use weir::connectors::sql::{ColumnType, TableSchema};
+use weir::connectors::sql::{ColumnType, PreviewedTable, TableSchema};
 use weir::connectors::{postgres, sqlite};
-use weir::{Ctx, Error, Fingerprint, Result, ShutdownHandle};
+use weir::{Ctx, Error, Fingerprint, PreviewAction, Result, ShutdownHandle, StableKey};
 
 use super::chunk::{chunk_text, MAX_CHUNK_BYTES};
 use super::progress::Progress;
@@ -140,6 +140,28 @@ pub fn register(ctx: &Ctx, db: &Database) -> Result<()> {
     match db {
         Database::Sqlite(_) => sqlite::register_database(ctx, &SQLITE.sqlite()),
         Database::Postgres(_) => postgres::register_database(ctx, &POSTGRES.postgres()),
+    }
+}
+
+/// Which of the job's tables an action of a preview is about: the table
+/// itself, or one of its rows. `None` for another provider's action.
+pub fn previewed_table(db: &Database, action: &PreviewAction) -> Option<PreviewedTable> {
+    match db {
+        Database::Sqlite(_) => sqlite::previewed_table(&SQLITE.sqlite(), &TABLES, action),
+        Database::Postgres(_) => postgres::previewed_table(&POSTGRES.postgres(), &TABLES, action),
+    }
+}
+
+/// A row's key as the user knows it: a document by its file's path, a
+/// chunk by its file's path and its index (`docs/a.md#0`).
+pub fn key_text(table: &str, key: &StableKey) -> String {
+    match (table, key) {
+        (_, StableKey::Str(path)) => path.to_string(),
+        (CHUNKS, StableKey::Array(parts)) => match &parts[..] {
+            [StableKey::Str(path), StableKey::Int(index)] => format!("{path}#{index}"),
+            _ => key.to_string(),
+        },
+        _ => key.to_string(),
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod chunk;
 mod drop;
+mod dry_run;
 mod inspect;
 mod job;
 mod progress;
@@ -75,6 +76,11 @@ struct SyncArgs {
     /// Keep running: watch the directory and sync each change.
     #[arg(long)]
     live: bool,
+    /// Print what a sync would do (per table: rows to create, update and
+    /// delete, and tables to create, alter or drop), writing nothing: not
+    /// the database, not the ledger. Once only: not with --live.
+    #[arg(long, conflicts_with_all = ["live", "metrics"])]
+    dry_run: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (ADDR defaults to
     /// the loopback address 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9464")]

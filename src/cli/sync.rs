@@ -15,7 +15,23 @@ use super::{job, SyncArgs, EXIT_FAILED_FILES, EXIT_INTERRUPTED, EXIT_OK};
 /// How often a sync without a terminal logs its progress.
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
-pub async fn run(args: SyncArgs) -> Result<u8> {
+/// What a sync, or a dry run, starts from: the arguments checked and the
+/// directory walked.
+pub(super) struct Prepared {
+    pub db: Database,
+    pub root: PathBuf,
+    pub options: WalkOptions,
+    /// The files walked, for the first run.
+    pub files: Vec<SourceFile>,
+    /// The fingerprint cache, loaded from beside the ledger.
+    pub cache: FingerprintCache,
+    /// Where the fingerprint cache is saved.
+    pub cache_file: PathBuf,
+}
+
+/// Checks the arguments, loads the fingerprint cache (if there is one)
+/// and walks the directory. Nothing is written.
+pub(super) async fn prepare(args: &SyncArgs) -> Result<Prepared> {
     let db = Database::parse(&args.into.into)?;
     let root = args.dir.clone();
     if !root.is_dir() {
@@ -59,27 +75,48 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
             .unwrap_or_default()
     };
     let options = options.fingerprint_cache(cache.clone());
-    let saver = CacheSaver::new(cache, cache_file);
     // The walk checks the globs before the ledger or the database is
     // touched; its list serves the first run.
     let files = walk(&root, &options).await?;
+    Ok(Prepared {
+        db,
+        root,
+        options,
+        files,
+        cache,
+        cache_file,
+    })
+}
 
+pub async fn run(args: SyncArgs) -> Result<u8> {
+    let prepared = prepare(&args).await?;
+    if args.dry_run {
+        return super::dry_run::run(&args, prepared).await;
+    }
+    let Prepared {
+        db,
+        root,
+        options,
+        files,
+        cache,
+        cache_file,
+    } = prepared;
+    let saver = CacheSaver::new(cache, cache_file);
     if let Some(addr) = args.metrics {
         // Its errors name the address.
         weir::metrics::install_prometheus(addr)?;
         tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
     }
     let target = target::open(&db, &args.ledger.ledger).await?;
-    forget_lost_tables(&target, &args.ledger.ledger).await?;
+    if lost_all_tables(&target, &args.ledger.ledger).await? {
+        eprintln!(
+            "note: {} has none of the tables the ledger tracks there (the database was deleted or replaced, or an earlier sync failed to create them): syncing every file again",
+            target.into.display()
+        );
+        target.drop_all().await?;
+    }
     let shutdown = target.app.shutdown_handle();
-    let job = Arc::new(Job {
-        root: root.clone(),
-        options,
-        db: db.clone(),
-        walked: Mutex::new(Some(files)),
-        files: AtomicU64::new(0),
-        stop: shutdown.clone(),
-    });
+    let job = Job::new(root, options, db, files, shutdown.clone());
     let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
     let code = if args.live {
         live(
@@ -99,32 +136,28 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     code
 }
 
-/// When the database has none of the tables the ledger tracks there (it
-/// was deleted and created anew, or replaced; or an earlier sync failed to
-/// create them, which leaves them tracked as possibly created), the
-/// ledger's records, and the memo keys that skip unchanged files, no
-/// longer hold: they are forgotten (dropping what no longer exists), so
-/// that this sync writes every file again. When only some are
-/// gone (dropped by hand), weir does not drop the others on its own: the
-/// sync stops and says what to do.
-async fn forget_lost_tables(target: &target::Target, ledger: &Path) -> Result<()> {
+/// Whether the database has none of the tables the ledger tracks there
+/// (it was deleted and created anew, or replaced; or an earlier sync
+/// failed to create them, which leaves them tracked as possibly created).
+/// The ledger's records, and the memo keys that skip unchanged files, then
+/// no longer hold: a sync forgets them (dropping what no longer exists),
+/// so that it writes every file again. When only some are gone (dropped
+/// by hand), weir does not drop the others on its own: this is an error
+/// that says what to do.
+pub(super) async fn lost_all_tables(target: &target::Target, ledger: &Path) -> Result<bool> {
     let missing = target.missing_tables().await?;
     if missing.is_empty() || !target.tracks_tables().await? {
-        return Ok(());
+        return Ok(false);
     }
-    let db = target.into.display();
     if missing.len() < job::TABLES.len() {
+        let db = target.into.display();
         return Err(Error::msg(format!(
             "{db} has no {} table any more, though weir created it there and still tracks it; weir rebuilds its tables only all together: restore the table, or run `weir drop --yes --into {db} --ledger {}` to delete what is left of them, then sync again",
             missing.join(" or "),
             ledger.display(),
         )));
     }
-    eprintln!(
-        "note: {db} has none of the tables the ledger tracks there (the database was deleted or replaced, or an earlier sync failed to create them): syncing every file again"
-    );
-    target.drop_all().await?;
-    Ok(())
+    Ok(true)
 }
 
 /// `path` made absolute, with symbolic links resolved as far as it exists.
@@ -237,7 +270,7 @@ async fn walk(root: &Path, options: &WalkOptions) -> Result<Vec<SourceFile>> {
 }
 
 /// The job of every run: list the files, then sync each.
-struct Job {
+pub(super) struct Job {
     root: PathBuf,
     options: WalkOptions,
     db: Database,
@@ -250,8 +283,36 @@ struct Job {
 }
 
 impl Job {
+    /// The job syncing `root`, whose first run syncs the `walked` files.
+    pub(super) fn new(
+        root: PathBuf,
+        options: WalkOptions,
+        db: Database,
+        walked: Vec<SourceFile>,
+        stop: ShutdownHandle,
+    ) -> Arc<Job> {
+        Arc::new(Job {
+            root,
+            options,
+            db,
+            walked: Mutex::new(Some(walked)),
+            files: AtomicU64::new(0),
+            stop,
+        })
+    }
+
+    /// The directory synced.
+    pub(super) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// How many files the last run saw.
+    pub(super) fn files(&self) -> u64 {
+        self.files.load(Ordering::Relaxed)
+    }
+
     /// The root component of one run.
-    async fn run(self: Arc<Self>, ctx: weir::Ctx) -> Result<()> {
+    pub(super) async fn run(self: Arc<Self>, ctx: weir::Ctx) -> Result<()> {
         let walked = self.walked.lock().map_or(None, |mut walked| walked.take());
         let files = match walked {
             Some(files) => files,

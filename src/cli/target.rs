@@ -8,7 +8,8 @@ use weir::{App, ContextKey, Error, Result, UpdateStats};
 
 use super::job;
 
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use sqlx::{PgPool, SqlitePool};
 
 /// The context key of the SQLite database. Its name identifies the
@@ -196,50 +197,97 @@ impl Target {
 /// missing), after checking that the ledger belongs to this database.
 pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
     check_marker(ledger, into)?;
+    let pool = match into {
+        Database::Sqlite(path) => {
+            check_sqlite_dir(path)?;
+            Pool::Sqlite(sqlite::connect(path).await?)
+        }
+        Database::Postgres(url) => Pool::Postgres(connect_postgres(url, false).await?),
+    };
+    let target = build(into, ledger, pool).await?;
+    write_marker(ledger, into)?;
+    Ok(target)
+}
+
+/// Opens the database to read it only, and an app on `scratch` (a copy of
+/// the ledger at `ledger`, or an empty ledger), for a dry run: nothing is
+/// created or written in the database or at `ledger`. A SQLite file that
+/// does not exist is not created: the app gets an empty database in
+/// memory in its place (it has none of the tables, as the file would).
+/// PostgreSQL sessions are read-only.
+pub async fn open_dry(into: &Database, ledger: &Path, scratch: &Path) -> Result<Target> {
+    check_marker(ledger, into)?;
+    let pool = match into {
+        Database::Sqlite(path) => {
+            check_sqlite_dir(path)?;
+            let pool = if path.exists() {
+                sqlite::connect_read_only(path).await?
+            } else {
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(SqliteConnectOptions::new().in_memory(true))
+                    .await
+                    .map_err(|e| {
+                        Error::msg(format!(
+                            "cannot open an empty SQLite database in memory: {e}"
+                        ))
+                    })?
+            };
+            Pool::Sqlite(pool)
+        }
+        Database::Postgres(url) => Pool::Postgres(connect_postgres(url, true).await?),
+    };
+    build(into, scratch, pool).await
+}
+
+/// A SQLite file can only be created in a directory that exists.
+fn check_sqlite_dir(path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            return Err(Error::msg(format!(
+                "cannot create the SQLite database {}: the directory {} does not exist",
+                path.display(),
+                parent.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A pool of connections to PostgreSQL at `url`; with `read_only`, every
+/// transaction of its sessions is read-only.
+async fn connect_postgres(url: &str, read_only: bool) -> Result<PgPool> {
+    let mut options: PgConnectOptions = url.parse().map_err(|e| pg_error(url, &e))?;
+    if read_only {
+        options = options.options([("default_transaction_read_only", "on")]);
+    }
+    // One plain connection first: a wrong host or port fails at once,
+    // where the pool would retry until its timeout.
+    let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
+        .await
+        .map_err(|e| pg_error(url, &e))?;
+    let _ = sqlx::Connection::close(probe).await;
+    PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(|e| pg_error(url, &e))
+}
+
+/// The app on the ledger at `ledger`, given the database's pool.
+async fn build(into: &Database, ledger: &Path, pool: Pool) -> Result<Target> {
     // A file's rows stay in memory until its component commits: fewer
     // files in flight than the engine's default bound the memory a tree of
     // large text files can take (1024 × 2 × MAX_CONTENT_BYTES at most).
     let builder = App::builder("weir")
         .ledger_path(ledger)
         .max_inflight_components(MAX_INFLIGHT_FILES);
-    let (builder, pool) = match into {
-        Database::Sqlite(path) => {
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                if !parent.is_dir() {
-                    return Err(Error::msg(format!(
-                        "cannot create the SQLite database {}: the directory {} does not exist",
-                        path.display(),
-                        parent.display()
-                    )));
-                }
-            }
-            let pool = sqlite::connect(path).await?;
-            (
-                builder.provide_key(&SQLITE.sqlite(), pool.clone()),
-                Pool::Sqlite(pool),
-            )
-        }
-        Database::Postgres(url) => {
-            // One plain connection first: a wrong host or port fails at
-            // once, where the pool would retry until its timeout.
-            let probe = <sqlx::PgConnection as sqlx::Connection>::connect(url)
-                .await
-                .map_err(|e| pg_error(url, &e))?;
-            let _ = sqlx::Connection::close(probe).await;
-            let pool = PgPoolOptions::new()
-                .max_connections(8)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect(url)
-                .await
-                .map_err(|e| pg_error(url, &e))?;
-            (
-                builder.provide_key(&POSTGRES.postgres(), pool.clone()),
-                Pool::Postgres(pool),
-            )
-        }
+    let builder = match &pool {
+        Pool::Sqlite(pool) => builder.provide_key(&SQLITE.sqlite(), pool.clone()),
+        Pool::Postgres(pool) => builder.provide_key(&POSTGRES.postgres(), pool.clone()),
     };
     let app = builder.build().await?;
-    write_marker(ledger, into)?;
     Ok(Target {
         into: into.clone(),
         app,

@@ -130,7 +130,7 @@ use sqlx::PgPool;
 pub use weir_actors::statediff::ManagedBy;
 use weir_actors::{
     declare_target_state, declare_target_state_with_child, mount_target,
-    register_root_target_states_provider, ContextKey, Ctx, Error, Result, StableKey,
+    register_root_target_states_provider, ContextKey, Ctx, Error, PreviewAction, Result, StableKey,
     TargetStateProvider,
 };
 
@@ -140,7 +140,7 @@ use target::{DbShared, PostgresTableHandler, TableMeta, TableSpec};
 pub use sink::ROWS_PER_STATEMENT;
 pub use target::ROW_SINK_CONCURRENT_CALLS;
 
-pub use crate::sql::TableOptions;
+pub use crate::sql::{PreviewedTable, TableOptions};
 
 /// A declared PostgreSQL table, to declare rows into.
 #[derive(Clone)]
@@ -163,6 +163,37 @@ impl std::fmt::Debug for TableTarget {
     }
 }
 
+/// The provider name of the tables of the database named `db`.
+fn provider_name(db: &str) -> String {
+    format!("weir.postgres.table/{db}")
+}
+
+/// The key of the table `table_name` of the database named `db`.
+fn table_key(db: &str, table_name: &str) -> StableKey {
+    StableKey::Array(Arc::from(vec![
+        StableKey::Str(Arc::from(db)),
+        StableKey::Str(Arc::from(table_name)),
+    ]))
+}
+
+/// Which table of `db` an action listed by `App::preview` is about: the
+/// table itself (created, altered, dropped), or a row of one of `tables`
+/// (the action's key is the row's key). `None` for an action of another
+/// provider, or a row of a table not in `tables`.
+pub fn previewed_table(
+    db: &ContextKey<PgPool>,
+    tables: &[&str],
+    action: &PreviewAction,
+) -> Option<PreviewedTable> {
+    crate::sql::previewed_table(
+        &provider_name(db.name()),
+        db.name(),
+        tables,
+        |table| table_key(db.name(), table),
+        action,
+    )
+}
+
 /// The root provider of the tables of the database `db`.
 fn table_provider(
     ctx: &Ctx,
@@ -171,7 +202,7 @@ fn table_provider(
     let shared = target::db_shared(ctx, db)?;
     let provider = register_root_target_states_provider(
         ctx,
-        &format!("weir.postgres.table/{}", db.name()),
+        &provider_name(db.name()),
         PostgresTableHandler {
             shared: Arc::clone(&shared),
         },
@@ -222,10 +253,7 @@ fn prepare(
     let (shared, provider) = table_provider(ctx, db)?;
     let meta = Arc::new(TableMeta::new(table_name, schema, options.managed_by)?);
     shared.inner.set_table(Arc::clone(&meta));
-    let key = StableKey::Array(Arc::from(vec![
-        StableKey::Str(Arc::from(db.name())),
-        StableKey::Str(Arc::from(table_name)),
-    ]));
+    let key = table_key(db.name(), table_name);
     Ok(Prepared {
         shared,
         provider,

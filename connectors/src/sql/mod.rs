@@ -20,6 +20,55 @@ pub mod value;
 pub use ident::{on_conflict_update, quote_identifier, validate_identifier};
 
 use weir_actors::statediff::ManagedBy;
+use weir_actors::{PreviewAction, StableKey};
+
+/// What an action listed by `App::preview` does to a SQL table target
+/// (see `sqlite::previewed_table` and `postgres::previewed_table`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PreviewedTable {
+    /// The table itself would be created, altered or dropped (the action's
+    /// kind says which). It holds the table's name as keyed (in lower case
+    /// for SQLite).
+    Table(String),
+    /// A row of the table would be written or deleted: the action's key is
+    /// the row's key. It holds the table's name as given.
+    Row(String),
+}
+
+/// Which table an action of the table provider named `tables_provider`
+/// (of the database keyed `db`) is about: the table itself when the
+/// action is the provider's (its key is `[db, table]`), a row when it is
+/// of the provider of one of `tables`' rows (a child provider is named
+/// after its container: the container provider's name, `/`, the
+/// container's key; `table_key` gives a table's key).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn previewed_table(
+    tables_provider: &str,
+    db: &str,
+    tables: &[&str],
+    table_key: impl Fn(&str) -> StableKey,
+    action: &PreviewAction,
+) -> Option<PreviewedTable> {
+    if action.provider == tables_provider {
+        let StableKey::Array(key) = &action.key else {
+            return None;
+        };
+        return match &key[..] {
+            [StableKey::Str(d), StableKey::Str(table)] if **d == *db => {
+                Some(PreviewedTable::Table(table.to_string()))
+            }
+            _ => None,
+        };
+    }
+    let rows = action
+        .provider
+        .strip_prefix(tables_provider)?
+        .strip_prefix('/')?;
+    tables
+        .iter()
+        .find(|table| table_key(table).to_string() == rows)
+        .map(|table| PreviewedTable::Row(table.to_string()))
+}
 
 /// How a table target is declared (shared by the SQL connectors).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -106,10 +106,11 @@ use sqlx::SqlitePool;
 pub use weir_actors::statediff::ManagedBy;
 use weir_actors::{
     declare_target_state, declare_target_state_with_child, mount_target,
-    register_root_target_states_provider, ContextKey, Ctx, Error, Result, StableKey, TargetState,
-    TargetStateProvider,
+    register_root_target_states_provider, ContextKey, Ctx, Error, PreviewAction, Result, StableKey,
+    TargetState, TargetStateProvider,
 };
 
+pub use crate::sql::PreviewedTable;
 use crate::sql::{validate_identifier, Row, TableSchema};
 use target::{RowSpec, SqliteTableHandler, TableSpec};
 
@@ -176,6 +177,66 @@ fn provider_name(db: &str) -> String {
     format!("weir.sqlite/{db}/table")
 }
 
+/// The key of the table `table_name` of the database `db`: SQLite ignores
+/// the case of names, so `Docs` and `docs` are one table, one key.
+fn table_key(db: &str, table_name: &str) -> StableKey {
+    StableKey::Array(Arc::from([
+        StableKey::Str(Arc::from(db)),
+        StableKey::Str(Arc::from(table_name.to_ascii_lowercase())),
+    ]))
+}
+
+/// Which table of `db` an action listed by `App::preview` is about: the
+/// table itself (created, altered, dropped), or a row of one of `tables`
+/// (the action's key is the row's key). `None` for an action of another
+/// provider, or a row of a table not in `tables`.
+pub fn previewed_table(
+    db: &ContextKey<SqlitePool>,
+    tables: &[&str],
+    action: &PreviewAction,
+) -> Option<PreviewedTable> {
+    crate::sql::previewed_table(
+        &provider_name(db.name()),
+        db.name(),
+        tables,
+        |table| table_key(db.name(), table),
+        action,
+    )
+}
+
+/// Opens an existing SQLite database file for reading only: it is never
+/// created, and nothing in it (nor its journal mode) is changed. For
+/// looking without writing, such as a dry run's check of which tables
+/// exist. When the database has no write-ahead log with content (it was
+/// closed cleanly, or is not in WAL mode) it is opened as immutable, so
+/// that no `-wal` or `-shm` file is created beside it either; use it then
+/// while nothing else writes it.
+///
+/// # Errors
+/// When the file does not exist or cannot be opened, naming the path.
+pub async fn connect_read_only(path: impl AsRef<Path>) -> Result<SqlitePool> {
+    let path = path.as_ref();
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let logged = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .read_only(true)
+        .immutable(!logged)
+        .create_if_missing(false)
+        .busy_timeout(DEFAULT_BUSY_TIMEOUT);
+    SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .map_err(|e| {
+            Error::msg(format!(
+                "cannot open sqlite database {} to read it: {e}",
+                path.display()
+            ))
+        })
+}
+
 /// Registers the table provider of `db` for this run: its handler holds the
 /// pool, and its sinks are the database's one table sink and one row sink.
 fn table_provider(
@@ -219,12 +280,7 @@ fn table_state(
     for column in schema.columns() {
         validate_identifier("column", &column.name)?;
     }
-    // SQLite ignores the case of names: `Docs` and `docs` are one table,
-    // so one key.
-    let key = StableKey::Array(Arc::from([
-        StableKey::Str(Arc::from(db.name())),
-        StableKey::Str(Arc::from(table_name.to_ascii_lowercase())),
-    ]));
+    let key = table_key(db.name(), table_name);
     let provider = table_provider(ctx, db)?;
     Ok(provider.target_state(
         key,
