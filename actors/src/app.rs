@@ -426,6 +426,20 @@ impl App {
         Ok((done.stats, done.failures))
     }
 
+    /// Runs a preview, with failed components collected rather than
+    /// returned as an error.
+    pub(crate) async fn preview_collecting<F, Fut>(
+        &self,
+        f: F,
+    ) -> Result<(Vec<PreviewAction>, Vec<ComponentFailure>)>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        let done = self.execute_inner(f, Mode::Preview, None).await?;
+        Ok((done.preview, done.failures))
+    }
+
     /// Runs an update as a task of its own. Dropping the returned future (a
     /// timeout, a `select!`) cancels the run: its components' code stops
     /// at once and nothing more of it is committed; sink calls it started

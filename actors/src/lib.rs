@@ -49,7 +49,7 @@ pub use declare::{
 };
 pub use error::{ComponentFailure, Error, ErrorKind, Result};
 pub use ledger::DEFAULT_LEDGER_CACHE_BYTES;
-pub use live::{ChangeFeed, RunReport, ShutdownHandle, WatchEvent};
+pub use live::{ChangeFeed, PreviewReport, RunReport, ShutdownHandle, WatchEvent};
 pub use model::statediff;
 pub use model::{
     ActionKind, ChildTargetDef, ComponentPath, Fingerprint, IntoStableKey, StableKey, TargetAction,

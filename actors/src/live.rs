@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use crate::app::App;
 use crate::ctx::Ctx;
 use crate::error::{ComponentFailure, Error, Result};
-use crate::run::UpdateStats;
+use crate::run::{PreviewAction, UpdateStats};
 
 /// Asks an [`App`] to stop, from anywhere (a signal handler, another task).
 ///
@@ -66,6 +66,17 @@ pub struct RunReport {
     pub failures: Vec<ComponentFailure>,
 }
 
+/// What a preview found: the actions an update would take, and the
+/// components that would fail (see [`App::preview_report`]).
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct PreviewReport {
+    /// The actions of the components that would not fail.
+    pub actions: Vec<PreviewAction>,
+    /// The components that would fail, with their causes.
+    pub failures: Vec<ComponentFailure>,
+}
+
 /// A source of change notifications for [`App::watch`]: each `Some` means
 /// "something may have changed, run again"; `None` means the feed ended.
 ///
@@ -118,6 +129,21 @@ impl App {
     {
         let (stats, failures) = self.execute_collecting(f, None).await?;
         Ok(RunReport { stats, failures })
+    }
+
+    /// Like [`App::preview`], with the failed components listed beside
+    /// the actions the others would take, instead of an error that drops
+    /// those actions.
+    ///
+    /// # Errors
+    /// As [`App::run_report`].
+    pub async fn preview_report<F, Fut>(&self, f: F) -> Result<PreviewReport>
+    where
+        F: FnOnce(Ctx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        let (actions, failures) = self.preview_collecting(f).await?;
+        Ok(PreviewReport { actions, failures })
     }
 
     /// Live mode: runs `f` as an update, then again each time `feed`

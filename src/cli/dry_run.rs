@@ -17,7 +17,7 @@ use weir::{ActionKind, App, Error, PreviewAction, Result, StableKey};
 
 use super::sync::{lost_all_tables, Job, Prepared};
 use super::target::{self, Target};
-use super::{job, SyncArgs, EXIT_FAILED_FILES, EXIT_INTERRUPTED, EXIT_OK};
+use super::{job, SyncArgs, EXIT_INTERRUPTED, EXIT_OK};
 
 /// How many keys of each kind a table's lines show.
 const KEYS_SHOWN: usize = 5;
@@ -54,7 +54,7 @@ pub async fn run(args: &SyncArgs, prepared: Prepared) -> Result<u8> {
     let previewed = {
         let run = Arc::clone(&job);
         tokio::select! {
-            previewed = target.app.preview(move |ctx| run.run(ctx)) => previewed,
+            previewed = target.app.preview_report(move |ctx| run.run(ctx)) => previewed?,
             () = signalled() => {
                 // The preview's run stops as its future is dropped.
                 eprintln!("interrupted: nothing was written");
@@ -62,30 +62,21 @@ pub async fn run(args: &SyncArgs, prepared: Prepared) -> Result<u8> {
             }
         }
     };
-    let code = match previewed {
-        Ok(actions) => {
-            print!("{}", report(&job, &target, &actions));
-            EXIT_OK
+    print!("{}", report(&job, &target, &previewed.actions));
+    for f in &previewed.failures {
+        let path = f.path.to_string();
+        match path.trim_start_matches('/') {
+            "" => eprintln!("would fail: {}", f.cause),
+            file => eprintln!("would fail: {file}: {}", f.cause),
         }
-        Err(e) if !e.failed_components().is_empty() => {
-            for f in e.failed_components() {
-                let path = f.path.to_string();
-                match path.trim_start_matches('/') {
-                    "" => eprintln!("error: {}", f.cause),
-                    file => eprintln!("failed: {file}: {}", f.cause),
-                }
-            }
-            eprintln!(
-                "a sync would fail on what is listed (and sync the rest); the dry run can list what it would do once that is fixed, or left out with --exclude"
-            );
-            EXIT_FAILED_FILES
-        }
-        Err(e) => return Err(e),
-    };
+    }
+    if !previewed.failures.is_empty() {
+        eprintln!("a sync would fail on what is listed, and do the rest as shown");
+    }
     // The app lets go of the copy before the directory is removed.
     drop(target);
     drop(scratch);
-    Ok(code)
+    Ok(EXIT_OK)
 }
 
 /// Returns on Ctrl-C or SIGTERM.
