@@ -15,6 +15,9 @@ pub async fn run(args: InspectArgs) -> Result<u8> {
         )));
     }
     let app = App::builder("weir").ledger_path(ledger).build().await?;
+    if args.failed {
+        return list_failed(&app).await;
+    }
     let report = app.inspect().await?;
     println!(
         "ledger {} (format version {}, {})",
@@ -39,6 +42,28 @@ pub async fn run(args: InspectArgs) -> Result<u8> {
     println!("failed components: {}", report.failures.len());
     for (path, cause) in &report.failures {
         println!("  {}: {cause}", path.to_string().trim_start_matches('/'));
+    }
+    Ok(EXIT_OK)
+}
+
+/// `weir inspect --failed`: one line per failed file (the path, how many
+/// syncs in a row it failed, the cause), or a line saying none failed.
+async fn list_failed(app: &App) -> Result<u8> {
+    let failed = app.failed_components().await?;
+    if failed.is_empty() {
+        println!("no failed files");
+    }
+    for f in failed {
+        let path = f.path.to_string();
+        let what = match path.trim_start_matches('/') {
+            "" => "(the sync as a whole)",
+            file => file,
+        };
+        let quarantined = if f.quarantined { ", quarantined" } else { "" };
+        println!(
+            "{what}: failed {} sync(s) in a row{quarantined}: {}",
+            f.failed_runs, f.cause
+        );
     }
     Ok(EXIT_OK)
 }

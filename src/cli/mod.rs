@@ -43,6 +43,8 @@ enum Command {
     Sync(SyncArgs),
     /// Show what the ledger tracks: target states, failed files, size.
     Inspect(InspectArgs),
+    /// Sync again just the files that failed in the last sync.
+    Retry(RetryArgs),
     /// Delete everything weir created in the database, and forget it.
     Drop(DropArgs),
 }
@@ -103,6 +105,24 @@ struct SyncArgs {
 struct InspectArgs {
     #[command(flatten)]
     ledger: LedgerArg,
+    /// List only the files that failed in the last sync: why, and how many
+    /// syncs in a row they have failed.
+    #[arg(long)]
+    failed: bool,
+}
+
+#[derive(Debug, Args)]
+struct RetryArgs {
+    /// The directory that was synced.
+    #[arg(default_value = ".")]
+    dir: PathBuf,
+    #[command(flatten)]
+    into: IntoArg,
+    #[command(flatten)]
+    ledger: LedgerArg,
+    /// Sync files that .gitignore files exclude, too (as the sync did).
+    #[arg(long)]
+    no_gitignore: bool,
 }
 
 #[derive(Debug, Args)]
@@ -139,6 +159,7 @@ pub async fn run(cli: Cli) -> u8 {
     let result = match cli.command {
         Command::Sync(args) => sync::run(args).await,
         Command::Inspect(args) => inspect::run(args).await,
+        Command::Retry(args) => sync::retry(args).await,
         Command::Drop(args) => drop::run(args).await,
     };
     match result {

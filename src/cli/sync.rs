@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use weir::connectors::localfs::{self, DirWatcher, FingerprintCache, SourceFile, WalkOptions};
-use weir::{ChangeFeed, Error, ErrorKind, Result, RunReport, ShutdownHandle, WatchEvent};
+use weir::{ChangeFeed, Error, ErrorKind, Result, RunReport, RunScope, ShutdownHandle, WatchEvent};
 
 use super::progress::Progress;
 use super::target::{self, Database};
-use super::{job, SyncArgs, EXIT_FAILED_FILES, EXIT_INTERRUPTED, EXIT_OK};
+use super::{job, RetryArgs, SyncArgs, EXIT_FAILED_FILES, EXIT_INTERRUPTED, EXIT_OK};
 
 /// How often a sync without a terminal logs its progress.
 const LOG_EVERY: Duration = Duration::from_secs(5);
@@ -93,6 +93,53 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
     if args.dry_run {
         return super::dry_run::run(&args, prepared).await;
     }
+    sync(args, prepared, false).await
+}
+
+/// `weir retry`: a sync of just the files that failed in the last sync
+/// (their components), leaving every other file's rows as they are. A
+/// failure of the sync as a whole (an unreadable directory) is retried by
+/// a whole sync.
+pub async fn retry(args: RetryArgs) -> Result<u8> {
+    if !weir::App::ledger_exists(&args.ledger.ledger)? {
+        return Err(Error::msg(format!(
+            "no ledger at {}: nothing was synced there yet (run `weir sync DIR` first, or pass --ledger)",
+            args.ledger.ledger.display()
+        )));
+    }
+    let args = SyncArgs {
+        dir: args.dir,
+        into: args.into,
+        ledger: args.ledger,
+        live: false,
+        dry_run: false,
+        metrics: None,
+        include: Vec::new(),
+        exclude: Vec::new(),
+        no_gitignore: args.no_gitignore,
+        debounce_ms: 0,
+    };
+    let prepared = prepare(&args).await?;
+    sync(args, prepared, true).await
+}
+
+/// The scope of a retry: the root-level keys (files) of the components
+/// that failed; `None` (everything) when the root itself failed; and how
+/// many failed.
+fn retry_scope(failed: &[weir::FailedComponent]) -> Option<RunScope> {
+    if failed.iter().any(|f| f.path.is_root()) {
+        return None;
+    }
+    Some(RunScope::keys(
+        failed
+            .iter()
+            .filter_map(|f| f.path.segments().first().cloned())
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// Syncs once or live; with `retry`, once and only what failed last time.
+async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
     let Prepared {
         db,
         root,
@@ -115,8 +162,20 @@ pub async fn run(args: SyncArgs) -> Result<u8> {
         );
         target.drop_all().await?;
     }
+    let scope = if retry {
+        let failed = target.app.failed_components().await?;
+        if failed.is_empty() {
+            println!("nothing to retry: no file failed in the last sync");
+            return Ok(EXIT_OK);
+        }
+        println!("retrying {} failed file(s)", failed.len());
+        retry_scope(&failed)
+    } else {
+        None
+    };
     let shutdown = target.app.shutdown_handle();
     let job = Job::new(root, options, db, files, shutdown.clone());
+    job.set_scope(scope);
     let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
     let code = if args.live {
         live(
@@ -280,6 +339,8 @@ pub(super) struct Job {
     files: AtomicU64,
     /// Requested when the sync is to stop.
     stop: ShutdownHandle,
+    /// The files a run covers (`weir retry`); all when `None`.
+    scope: Mutex<Option<RunScope>>,
 }
 
 impl Job {
@@ -298,10 +359,18 @@ impl Job {
             walked: Mutex::new(Some(walked)),
             files: AtomicU64::new(0),
             stop,
+            scope: Mutex::new(None),
         })
     }
 
     /// The directory synced.
+    /// Restricts the job's runs to `scope`.
+    fn set_scope(&self, scope: Option<RunScope>) {
+        if let Ok(mut s) = self.scope.lock() {
+            *s = scope;
+        }
+    }
+
     pub(super) fn root(&self) -> &Path {
         &self.root
     }
@@ -355,7 +424,17 @@ async fn once(target: &target::Target, job: Arc<Job>) -> Result<u8> {
         target.into.display()
     );
     let run = Arc::clone(&job);
-    let report = target.app.run_report(move |ctx| run.run(ctx)).await?;
+    let scope = job.scope.lock().map_or(None, |s| s.clone());
+    let report = match scope {
+        Some(scope) => {
+            target
+                .app
+                .scoped(scope)
+                .run_report(move |ctx| run.run(ctx))
+                .await?
+        }
+        None => target.app.run_report(move |ctx| run.run(ctx)).await?,
+    };
     Ok(job.summarize(&report, target.app.shutdown_handle().is_requested()))
 }
 
@@ -381,10 +460,22 @@ fn summarize(root: &Path, db: &Database, files: u64, report: &RunReport, interru
         failed.len(),
     );
     for f in &failed {
+        let quarantined = if f.failed_runs >= weir::DEFAULT_QUARANTINE_AFTER {
+            format!(" (failed {} syncs in a row: quarantined)", f.failed_runs)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "failed: {}: {}",
+            "failed: {}: {}{quarantined}",
             f.path.to_string().trim_start_matches('/'),
             f.cause
+        );
+    }
+    if s.quarantined > 0 {
+        eprintln!(
+            "{} file(s) quarantined: they failed {} syncs in a row or more; fix them, then `weir retry` syncs just the failed files",
+            s.quarantined,
+            weir::DEFAULT_QUARANTINE_AFTER
         );
     }
     if interrupted {
