@@ -31,6 +31,8 @@ mod config;
 mod ctx;
 mod declare;
 mod error;
+#[allow(dead_code)]
+mod group;
 mod ledger;
 mod live;
 mod run;
