@@ -31,7 +31,8 @@ mod config;
 mod ctx;
 mod declare;
 mod error;
-#[allow(dead_code)]
+// Worker groups are being built: their pieces are not all used yet.
+#[allow(dead_code, unused_imports)]
 mod group;
 mod ledger;
 mod live;
