@@ -64,8 +64,11 @@ pub enum ErrorKind {
     Shutdown,
     /// A component was cancelled: the future of its mount or run was dropped.
     Cancelled,
-    /// A root-level component outside the run's scope was mounted.
+    /// A root-level component outside the run's scope (or of a partition
+    /// this member of a worker group does not hold) was mounted.
     OutOfScope,
+    /// A write for partitions another member of the worker group took over.
+    Fenced,
 }
 
 /// Everything that can go wrong in weir.
@@ -185,6 +188,27 @@ pub enum Error {
     /// nor deleted in this run.
     #[error("component {0} is outside the scope of this run: it is neither run nor deleted")]
     OutOfScope(ComponentPath),
+    /// A root-level component of a partition this member of a worker
+    /// group does not hold was mounted: another member runs it.
+    #[error("component {path} is in partition {partition}, which this member of worker group {group} does not hold: another member runs it")]
+    NotHeld {
+        /// The worker group.
+        group: String,
+        /// The component.
+        path: ComponentPath,
+        /// Its partition.
+        partition: u32,
+    },
+    /// A write for partitions of a worker group was refused: another member
+    /// took them over (a newer epoch exists). Nothing of it was written,
+    /// and this member no longer writes for them.
+    #[error("worker group {group}: partition(s) {} were taken over by another member (a newer epoch exists); nothing was written for them", crate::group::list(partitions))]
+    Fenced {
+        /// The worker group.
+        group: String,
+        /// The partitions taken over.
+        partitions: Vec<crate::group::PartitionId>,
+    },
 }
 
 impl Error {
@@ -210,7 +234,24 @@ impl Error {
     /// outside the run's scope ([`App::scoped`](crate::App::scoped)): the
     /// component was neither run nor deleted.
     pub fn is_out_of_scope(&self) -> bool {
-        matches!(self, Error::OutOfScope(_))
+        matches!(self, Error::OutOfScope(_) | Error::NotHeld { .. })
+    }
+
+    /// Whether this is the error of a `mount` of a root-level component of
+    /// a partition this member of a worker group does not hold: another
+    /// member runs it, and nothing of it was run or deleted here.
+    pub fn is_not_held(&self) -> bool {
+        matches!(self, Error::NotHeld { .. })
+    }
+
+    /// Whether a write was refused because another member of the worker
+    /// group took its partitions over (see [`Fence`](crate::Fence)).
+    pub fn is_fenced(&self) -> bool {
+        match self {
+            Error::Fenced { .. } => true,
+            Error::Sink { cause, .. } | Error::Reconcile { cause, .. } => cause.is_fenced(),
+            _ => false,
+        }
     }
 
     /// The components that failed, when this error reports failed components;
@@ -244,7 +285,8 @@ impl Error {
             Error::ComponentsFailed(_) => ErrorKind::ComponentsFailed,
             Error::Shutdown(_) | Error::Interrupted(_) => ErrorKind::Shutdown,
             Error::Cancelled(_) => ErrorKind::Cancelled,
-            Error::OutOfScope(_) => ErrorKind::OutOfScope,
+            Error::OutOfScope(_) | Error::NotHeld { .. } => ErrorKind::OutOfScope,
+            Error::Fenced { .. } => ErrorKind::Fenced,
         }
     }
 

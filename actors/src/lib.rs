@@ -31,9 +31,7 @@ mod config;
 mod ctx;
 mod declare;
 mod error;
-// Worker groups are being built: their pieces are not all used yet.
-#[allow(dead_code, unused_imports)]
-mod group;
+pub mod group;
 mod ledger;
 mod live;
 mod run;
@@ -51,6 +49,7 @@ pub use declare::{
     register_root_target_states_provider,
 };
 pub use error::{ComponentFailure, Error, ErrorKind, Result};
+pub use group::{Fence, PartitionId};
 pub use ledger::DEFAULT_LEDGER_CACHE_BYTES;
 pub use live::{ChangeFeed, PreviewReport, RunReport, ShutdownHandle, WatchEvent};
 pub use model::statediff;

@@ -146,6 +146,27 @@
 //!
 //! None of this runs: the engine behaves as it always did.
 
+mod coordinator;
+mod fence;
 mod partition;
 
+pub use coordinator::{
+    Coordinator, Epoch, GroupStatus, JoinRequest, Joined, LogEntry, MemberState, PartitionState,
+    Pass, Restored,
+};
+pub use fence::Fence;
 pub use partition::{partition_of, PartitionId};
+
+/// The default partition count of a new group.
+pub const DEFAULT_PARTITIONS: u32 = 64;
+/// The default lease TTL of a new group.
+pub const DEFAULT_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `3, 7, root`: partitions for messages.
+pub(crate) fn list(partitions: &[PartitionId]) -> String {
+    partitions
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
