@@ -1,10 +1,11 @@
 //! Applying a commit's ops to the store atomically: one sled batch, or one
 //! transaction over both trees when it writes large entries too.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::edit::{Encoded, EntryEdit};
+use super::partition::ComponentRecord;
 use super::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 use super::stored::{ShallowEntry, StoredEntry};
 use super::{
@@ -18,7 +19,19 @@ impl Ledger {
     /// Applies ops atomically (one sled batch, or one transaction when
     /// they write both trees). Does not flush.
     pub(crate) fn apply(&self, ops: Vec<LedgerOp>) -> Result<()> {
+        self.apply_noting(ops, false).map(|_| ())
+    }
+
+    /// [`Ledger::apply`], returning the components whose records the ops
+    /// changed (for the changelog of a worker group's partitions).
+    pub(crate) fn apply_touching(&self, ops: Vec<LedgerOp>) -> Result<BTreeSet<Vec<u8>>> {
+        self.apply_noting(ops, true)
+    }
+
+    fn apply_noting(&self, ops: Vec<LedgerOp>, note: bool) -> Result<BTreeSet<Vec<u8>>> {
         let mut b = BatchBuilder {
+            note,
+            touched: BTreeSet::new(),
             ledger: self,
             entries: HashMap::new(),
             index_adds: Vec::new(),
@@ -35,9 +48,12 @@ impl Ledger {
             batch: sled::Batch::default(),
         };
         for op in ops {
+            b.touch(&op);
             b.op(op)?;
         }
-        b.finish()
+        let touched = std::mem::take(&mut b.touched);
+        b.finish()?;
+        Ok(touched)
     }
 }
 
@@ -46,6 +62,10 @@ type IndexRun = (Vec<u8>, Vec<Arc<[u8]>>);
 
 struct BatchBuilder<'a> {
     ledger: &'a Ledger,
+    /// Whether to note the components whose records the ops change.
+    note: bool,
+    /// The components whose records the ops change.
+    touched: BTreeSet<Vec<u8>>,
     entries: HashMap<Vec<u8>, EntryEdit>,
     /// Owner index additions, applied once the batch is written: runs of
     /// paths a component comes to hold, in the order of the ops.
@@ -71,6 +91,36 @@ struct BatchBuilder<'a> {
 }
 
 impl BatchBuilder<'_> {
+    /// Notes the components `op` changes (those below a dropped container
+    /// are noted as they are found).
+    fn touch(&mut self, op: &LedgerOp) {
+        if !self.note {
+            return;
+        }
+        let component = match op {
+            LedgerOp::Put { component, .. }
+            | LedgerOp::PutEntry { component, .. }
+            | LedgerOp::Remove { component, .. }
+            | LedgerOp::AddChildren { component, .. }
+            | LedgerOp::CountFailedRun { component }
+            | LedgerOp::SetFailure { component, .. }
+            | LedgerOp::SetMemo { component, .. }
+            | LedgerOp::Forget { component }
+            | LedgerOp::Restore { component, .. } => component.as_slice(),
+            LedgerOp::Fold(intent) | LedgerOp::Recover(intent) => intent.component.as_slice(),
+            LedgerOp::RemoveComponent { component, parent } => {
+                if let Some((parent, _)) = parent {
+                    self.touched.insert(parent.clone());
+                }
+                component.as_slice()
+            }
+            LedgerOp::DropDescendants { .. } | LedgerOp::DeleteIntents { .. } => return,
+        };
+        if !self.touched.contains(component) {
+            self.touched.insert(component.to_vec());
+        }
+    }
+
     fn edit(&mut self, component: &[u8]) -> Result<&mut EntryEdit> {
         if !self.entries.contains_key(component) {
             let edit = match self.raw_puts.remove(component) {
@@ -327,6 +377,9 @@ impl BatchBuilder<'_> {
                 }
                 holders.sort();
                 holders.dedup();
+                if self.note {
+                    self.touched.extend(holders.iter().cloned());
+                }
                 for component in holders {
                     let entry = self.entry(&component)?;
                     let mut gone = Vec::new();
@@ -396,6 +449,59 @@ impl BatchBuilder<'_> {
                 }
             }
             LedgerOp::DeleteIntents { id } => self.forget_intents.push(id),
+            LedgerOp::Forget { component } => self.forget(&component)?,
+            LedgerOp::Restore { component, record } => self.restore(component, *record)?,
+        }
+        Ok(())
+    }
+
+    /// Drops every state (and its index entries), the failure, the
+    /// children, the memo key and the failed-run count of a component.
+    fn forget(&mut self, component: &[u8]) -> Result<()> {
+        let entry = self.entry(component)?;
+        let paths: Vec<Vec<u8>> = entry.states.iter().map(|s| s.path.to_vec()).collect();
+        entry.failure = None;
+        let edit = self.edit(component)?;
+        for path in &paths {
+            edit.remove(path);
+        }
+        for path in paths {
+            self.index_removes.push((path, component.to_vec()));
+        }
+        self.children.insert(component.to_vec(), Vec::new());
+        self.del(key(P_MEMO, component));
+        self.del(key(P_FAILED_RUNS, component));
+        Ok(())
+    }
+
+    /// Replaces everything of a component with `record`.
+    fn restore(&mut self, component: Vec<u8>, record: ComponentRecord) -> Result<()> {
+        self.forget(&component)?;
+        let containers = record.containers();
+        let ComponentRecord {
+            entry,
+            children,
+            memo,
+            failed_runs,
+        } = record;
+        for c in &containers {
+            self.note_container(Some(c), &component);
+        }
+        let paths: Vec<Vec<u8>> = entry.states.iter().map(|s| s.path.to_vec()).collect();
+        let edit = self.edit(&component)?;
+        for s in entry.states {
+            edit.upsert(s);
+        }
+        for path in paths {
+            self.index_add(&component, &path);
+        }
+        self.entry(&component)?.failure = entry.failure;
+        self.children.insert(component.clone(), children);
+        if let Some(memo) = memo {
+            self.put(key(P_MEMO, &component), memo.into_vec());
+        }
+        if failed_runs > 0 {
+            self.put(key(P_FAILED_RUNS, &component), failed_runs.to_be_bytes().to_vec());
         }
         Ok(())
     }

@@ -68,6 +68,7 @@ pub(crate) mod delta;
 pub(crate) mod index;
 pub(crate) mod journal;
 pub(crate) mod pack;
+pub(crate) mod partition;
 pub(crate) mod record;
 pub(crate) mod scan;
 pub(crate) mod stored;

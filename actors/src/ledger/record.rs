@@ -170,6 +170,15 @@ pub(crate) enum LedgerOp {
     },
     /// Delete an intent batch whose components are all resolved.
     DeleteIntents { id: u64 },
+    /// Forget everything of a component (a partition this member of a
+    /// worker group no longer holds, or about to be restored).
+    Forget { component: Vec<u8> },
+    /// Replace everything of a component with a record (restored from its
+    /// partition's changelog).
+    Restore {
+        component: Vec<u8>,
+        record: Box<super::partition::ComponentRecord>,
+    },
 }
 
 #[cfg(test)]

@@ -206,6 +206,33 @@ pub(crate) fn split_state_path(bytes: &[u8]) -> Option<(&[u8], StableKey)> {
     Some((bytes.get(..start)?, key))
 }
 
+/// The container a state is below, if any: the state path of the
+/// container whose child provider declared it, that is, the part of the
+/// state's provider path up to its last key (an attachment of a child
+/// provider is below the same container). `None` for a state of a root
+/// provider, or bytes that are not a state path.
+pub(crate) fn container_of_state(path: &[u8]) -> Option<&[u8]> {
+    let (provider, _) = split_state_path(path)?;
+    let mut reader = Reader {
+        bytes: provider,
+        pos: 0,
+    };
+    let mut end = None;
+    while let Some(tag) = reader.byte() {
+        match tag {
+            TAG_PROVIDER | TAG_ATTACHMENT => {
+                reader.escaped()?;
+            }
+            TAG_COMPONENT_END => return None,
+            t => {
+                reader.key_with_tag(t)?;
+                end = Some(reader.pos);
+            }
+        }
+    }
+    provider.get(..end?)
+}
+
 /// The key of a state path made of `provider` (a provider path given by
 /// [`split_state_path`]) and one key, if that is what `bytes` is: what
 /// `split_state_path` finds then, without decoding the provider path.

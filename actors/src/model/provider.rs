@@ -335,6 +335,27 @@ impl<V> fmt::Debug for TargetState<V> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_states_container_is_the_container_whose_child_provider_declared_it() {
+        use crate::model::keycode::{container_of_state, put_key};
+        let key = |s: &str| StableKey::Str(s.into());
+        let state = |provider: &ProviderPath, k: &str| {
+            let mut p = provider.enc.to_vec();
+            put_key(&mut p, &key(k));
+            p
+        };
+        let tables = ProviderPath::root("tables");
+        let table = state(&tables, "docs");
+        let rows = tables.child(&key("docs"));
+        assert_eq!(container_of_state(&table), None);
+        assert_eq!(container_of_state(&state(&rows, "r1")), Some(&table[..]));
+        let att = rows.attachment("index");
+        assert_eq!(container_of_state(&state(&att, "i1")), Some(&table[..]));
+        let nested = rows.child(&key("r1"));
+        let r1 = state(&rows, "r1");
+        assert_eq!(container_of_state(&state(&nested, "x")), Some(&r1[..]));
+    }
+
     use super::*;
 
     #[test]
