@@ -24,6 +24,7 @@ impl Ledger {
 
     /// [`Ledger::apply`], returning the components whose records the ops
     /// changed (for the changelog of a worker group's partitions).
+    #[allow(dead_code)] // Used by the member runtime of worker groups.
     pub(crate) fn apply_touching(&self, ops: Vec<LedgerOp>) -> Result<BTreeSet<Vec<u8>>> {
         self.apply_noting(ops, true)
     }
@@ -501,7 +502,10 @@ impl BatchBuilder<'_> {
             self.put(key(P_MEMO, &component), memo.into_vec());
         }
         if failed_runs > 0 {
-            self.put(key(P_FAILED_RUNS, &component), failed_runs.to_be_bytes().to_vec());
+            self.put(
+                key(P_FAILED_RUNS, &component),
+                failed_runs.to_be_bytes().to_vec(),
+            );
         }
         Ok(())
     }

@@ -3,11 +3,14 @@
 //! partition, and the ops that forget a component or restore it from a
 //! record.
 
+// The member runtime of worker groups uses these as it is wired in.
+#![allow(dead_code)]
+
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 use super::record::ComponentEntry;
-use super::{key, Ledger, P_CHILDREN, P_COMPONENT, P_FAILED_RUNS, P_MEMO};
+use super::{Ledger, P_CHILDREN, P_COMPONENT, P_FAILED_RUNS, P_MEMO};
 use crate::error::Result;
 use crate::model::{keycode, StableKey};
 
@@ -91,20 +94,13 @@ impl Ledger {
         out.dedup();
         Ok(out)
     }
-
-    /// Whether the ledger holds anything of a component.
-    pub(crate) fn holds(&self, component: &[u8]) -> Result<bool> {
-        Ok(self.component_raw(component)?.is_some()
-            || self.tree.contains_key(key(P_CHILDREN, component))?
-            || self.tree.contains_key(key(P_MEMO, component))?)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::record::{LedgerOp, StateEntry};
     use crate::ledger::buf;
+    use crate::ledger::record::{LedgerOp, StateEntry};
 
     fn state(path: &[u8]) -> StateEntry {
         StateEntry {
@@ -117,7 +113,10 @@ mod tests {
     #[test]
     fn a_record_restored_into_another_ledger_reads_back_the_same() -> Result<()> {
         let (a, b) = (tempfile::tempdir()?, tempfile::tempdir()?);
-        let (from, to) = (Ledger::open(a.path(), 1 << 20)?, Ledger::open(b.path(), 1 << 20)?);
+        let (from, to) = (
+            Ledger::open(a.path(), 1 << 20)?,
+            Ledger::open(b.path(), 1 << 20)?,
+        );
         let comp = keycode::component_key(&[StableKey::Str("c".into())]);
         let child = StableKey::Str("x".into());
         from.apply(vec![
@@ -136,16 +135,24 @@ mod tests {
                 memo: Some(b"m".to_vec()),
             },
         ])?;
-        let record = from.record_of(&comp)?.ok_or_else(|| crate::Error::msg("no record"))?;
+        let record = from
+            .record_of(&comp)?
+            .ok_or_else(|| crate::Error::msg("no record"))?;
         to.apply(vec![LedgerOp::Restore {
             component: comp.clone(),
             record: Box::new(record),
         }])?;
-        let back = to.record_of(&comp)?.ok_or_else(|| crate::Error::msg("not restored"))?;
+        let back = to
+            .record_of(&comp)?
+            .ok_or_else(|| crate::Error::msg("not restored"))?;
         assert_eq!(back.entry.states, vec![state(b"p1")]);
         assert_eq!(back.children, vec![child]);
         assert_eq!(back.memo.map(|m| m.into_vec()), Some(b"m".to_vec()));
-        assert_eq!(to.owner_candidates(b"p1").len(), 1, "the owner index knows it");
+        assert_eq!(
+            to.owner_candidates(b"p1").len(),
+            1,
+            "the owner index knows it"
+        );
         assert_eq!(to.component_keys(|_| true)?, vec![comp.clone()]);
 
         to.apply(vec![LedgerOp::Forget {

@@ -172,9 +172,11 @@ pub(crate) enum LedgerOp {
     DeleteIntents { id: u64 },
     /// Forget everything of a component (a partition this member of a
     /// worker group no longer holds, or about to be restored).
+    #[allow(dead_code)] // Made by the member runtime of worker groups.
     Forget { component: Vec<u8> },
     /// Replace everything of a component with a record (restored from its
     /// partition's changelog).
+    #[allow(dead_code)] // Made by the member runtime of worker groups.
     Restore {
         component: Vec<u8>,
         record: Box<super::partition::ComponentRecord>,
