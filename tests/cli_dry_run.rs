@@ -72,6 +72,7 @@ fn files_under(dir: &Path, into: &mut BTreeMap<PathBuf, Option<Vec<u8>>>) {
 /// shared-memory index, which only coordinates connections, by its
 /// presence).
 fn snapshot(env: &Env) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    wait_for_readers_to_close(env);
     let mut files = BTreeMap::new();
     for entry in std::fs::read_dir(env.tmp.path()).unwrap() {
         files.insert(entry.unwrap().path(), None);
@@ -88,6 +89,19 @@ fn snapshot(env: &Env) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
     files
 }
 
+/// Waits (up to 10 s) until the test's own readers of the database have
+/// closed: SQLite removes the `-wal` and `-shm` files when its last
+/// connection closes, which can happen on the connection's thread a little
+/// after the pool reports it closed.
+fn wait_for_readers_to_close(env: &Env) {
+    let mut shm = env.db.clone().into_os_string();
+    shm.push("-shm");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while PathBuf::from(&shm).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Asserts that `now` equals `before`, naming the files that differ.
 #[track_caller]
 fn assert_unchanged(
@@ -99,7 +113,26 @@ fn assert_unchanged(
         .chain(now.keys())
         .filter(|path| before.get(*path) != now.get(*path))
         .collect();
-    assert!(differ.is_empty(), "changed, created or removed: {differ:?}");
+    let presence: Vec<String> = differ
+        .iter()
+        .map(|path| {
+            let state = |files: &BTreeMap<PathBuf, Option<Vec<u8>>>| match files.get(*path) {
+                None => "absent".to_string(),
+                Some(None) => "present".to_string(),
+                Some(Some(bytes)) => format!("{} bytes", bytes.len()),
+            };
+            format!(
+                "{}: {} before, {} after",
+                path.display(),
+                state(before),
+                state(now)
+            )
+        })
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "changed, created or removed: {presence:?}"
+    );
 }
 
 #[test]

@@ -169,6 +169,30 @@ async fn sync_writes_one_document_and_its_chunks_per_file_and_a_resync_matches_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sync_the_database_file_alone_holds_every_row_with_no_write_ahead_log_left_beside_it(
+) -> TestResult {
+    let env = setup(12);
+    ok(&env.sync(&[]));
+    for suffix in ["-wal", "-shm"] {
+        let mut side = env.db.clone().into_os_string();
+        side.push(suffix);
+        assert!(
+            !PathBuf::from(&side).exists(),
+            "{} is left beside the database",
+            PathBuf::from(side).display()
+        );
+    }
+    // A copy of the file alone is whole.
+    let copy = env.tmp.path().join("copy.db");
+    std::fs::copy(&env.db, &copy)?;
+    let pool = sqlite_pool(&copy).await;
+    let docs = documents_sqlite(&pool).await;
+    pool.close().await;
+    assert_eq!(docs, expected_documents(&env.tree, &[]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_defaults_sync_the_current_directory_into_weir_db_without_syncing_weirs_own_files(
 ) -> TestResult {
     let tmp = tempfile::tempdir()?;

@@ -39,6 +39,7 @@ pub async fn run(args: DropArgs) -> Result<u8> {
     }
     let stats = target.drop_all().await?;
     target::clear_marker(ledger)?;
+    target.close().await;
     println!(
         "dropped what weir created in {} in {:.2}s: {} target states deleted (a table takes its rows with it)",
         db.display(),

@@ -166,6 +166,7 @@ async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
         let failed = target.app.failed_components().await?;
         if failed.is_empty() {
             println!("nothing to retry: no file failed in the last sync");
+            target.close().await;
             return Ok(EXIT_OK);
         }
         println!("retrying {} failed file(s)", failed.len());
@@ -192,6 +193,7 @@ async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
     };
     saver.finish().await;
     signals.abort();
+    target.close().await;
     code
 }
 

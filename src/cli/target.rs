@@ -144,6 +144,17 @@ const POSTGRES_TABLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_class \
      WHERE oid = to_regclass(quote_ident($1)) AND relkind IN ('r', 'p'))";
 
 impl Target {
+    /// Closes the database's connections. SQLite folds its write-ahead log
+    /// into the database file when the last connection closes, so that
+    /// after a sync the file alone holds every row (a copy of it is whole),
+    /// with no `-wal` or `-shm` file left beside it.
+    pub async fn close(self) {
+        match self.pool {
+            Pool::Sqlite(pool) => pool.close().await,
+            Pool::Postgres(pool) => pool.close().await,
+        }
+    }
+
     /// The tables weir creates (see [`job::TABLES`]) that the database
     /// lacks.
     pub async fn missing_tables(&self) -> Result<Vec<&'static str>> {
