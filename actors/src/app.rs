@@ -18,6 +18,7 @@ use crate::config::{
 };
 use crate::ctx::{ContextKey, Ctx};
 use crate::error::{ComponentFailure, Error, Result};
+use crate::group::WorkerGroup;
 use crate::ledger::record::LedgerOp;
 use crate::ledger::{Ledger, DEFAULT_LEDGER_CACHE_BYTES};
 use crate::model::ComponentPath;
@@ -85,6 +86,7 @@ pub struct AppBuilder {
     retry: RetryPolicy,
     quarantine_after: u32,
     keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
+    group: Option<WorkerGroup>,
 }
 
 impl fmt::Debug for AppBuilder {
@@ -160,6 +162,15 @@ impl AppBuilder {
         self
     }
 
+    /// Makes the App a member of a worker group: its runs cover only the
+    /// partitions it holds, its writes are fenced, and its ledger is kept
+    /// in the group's changelog (see [`crate::group`]). `build` joins the
+    /// group.
+    pub fn worker_group(mut self, group: WorkerGroup) -> Self {
+        self.group = Some(group);
+        self
+    }
+
     /// Provides a value to every component, read with [`Ctx::get_key`].
     pub fn provide_key<T: Send + Sync + 'static>(mut self, key: &ContextKey<T>, value: T) -> Self {
         self.keys.insert(key.name().to_string(), Arc::new(value));
@@ -222,14 +233,23 @@ impl AppBuilder {
             retry: self.retry,
             quarantine_after: self.quarantine_after,
         };
+        let member = match self.group {
+            Some(group) => Some(crate::group::run::join(group).await?),
+            None => None,
+        };
         let for_engine = user.clone();
+        let for_start = member.clone();
         let engine = user
-            .spawn_blocking(move || Engine::start(ledger, config, for_engine, self.keys))
+            .spawn_blocking(move || Engine::start(ledger, config, for_engine, self.keys, for_start))
             .await
             .map_err(|e| Error::Shutdown(format!("starting the engine was cancelled: {e}")))??;
+        let engine = Arc::new(engine);
+        if let Some(member) = member {
+            crate::group::run::start_heartbeat(&engine, member);
+        }
         Ok(App {
             name: self.name,
-            engine: Arc::new(engine),
+            engine,
         })
     }
 }
@@ -248,6 +268,7 @@ impl App {
             retry: RetryPolicy::default(),
             quarantine_after: DEFAULT_QUARANTINE_AFTER,
             keys: HashMap::new(),
+            group: None,
         }
     }
 
@@ -486,11 +507,17 @@ where
     let _one_at_a_time = engine.run_lock.lock().await;
     settle_cancelled_run(&engine).await?;
     let started = Instant::now();
+    let group = match &engine.member {
+        Some(member) => Some(crate::group::run::before_run(&engine, member).await?),
+        None => None,
+    };
+    let scope = scope_of_run(&engine, scope, group.as_ref());
     let run = Run::new(
         Arc::clone(&engine),
         mode == Mode::Preview,
         mode == Mode::Drop,
         scope,
+        group,
     );
     let root = ComponentState::new(Arc::clone(&run), ComponentPath::root());
     root.enter_activity();
@@ -505,6 +532,9 @@ where
     }
     cleanup?;
     let mut failures = std::mem::take(&mut *lock(&run.failures));
+    if let (Some(member), Some(group)) = (&engine.member, &run.group) {
+        crate::group::run::after_run(member, group, &failures).await?;
+    }
     let quarantined = count_failed_runs(&run, &mut failures).await?;
     Ok(run_outcome(&run, result, failures, quarantined, started))
 }
@@ -579,6 +609,23 @@ async fn count_failed_runs(run: &Run, failures: &mut [ComponentFailure]) -> Resu
     }
     metrics::gauge!(crate::metrics::COMPONENTS_QUARANTINED).set(quarantined as f64);
     Ok(quarantined)
+}
+
+/// The scope of a run: the caller's, within the partitions a member of a
+/// worker group holds.
+fn scope_of_run(
+    engine: &Engine,
+    scope: Option<RunScope>,
+    group: Option<&crate::group::run::GroupRun>,
+) -> Option<RunScope> {
+    let held = match (&engine.member, group) {
+        (Some(member), Some(group)) => member.scope(&group.holding),
+        _ => return scope,
+    };
+    Some(match scope {
+        None => held,
+        Some(scope) => RunScope::filter(move |k| held.contains(k) && scope.contains(k)),
+    })
 }
 
 /// Waits for what a cancelled run left going (its components' aborted

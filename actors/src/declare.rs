@@ -125,6 +125,10 @@ where
     Ok(TargetStateProvider::from_core(core))
 }
 
+/// The symbol that starts the key of the component `mount_target` mounts
+/// a container in (`[@target, provider, key]`).
+pub(crate) const TARGET_SYMBOL: &str = "target";
+
 /// Declares a container target state in a foreground child component,
 /// commits it at once, and returns the provider of its children, ready to
 /// use.
@@ -138,7 +142,7 @@ where
     C: Serialize + DeserializeOwned + Send + 'static,
 {
     let key = StableKey::Array(Arc::from(vec![
-        StableKey::Symbol(Arc::from("target")),
+        StableKey::Symbol(Arc::from(TARGET_SYMBOL)),
         StableKey::Str(Arc::clone(&state.provider.path.name)),
         state.key.clone(),
     ]));

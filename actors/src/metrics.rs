@@ -30,6 +30,22 @@ pub const COMPONENTS_INFLIGHT: &str = "weir_component_inflight";
 /// Components of the last run that failed in at least
 /// `AppBuilder::quarantine_after` runs in a row.
 pub const COMPONENTS_QUARANTINED: &str = "weir_component_quarantined";
+/// Partitions of a worker group this member holds.
+pub const GROUP_PARTITIONS_HELD: &str = "weir_group_partitions_held";
+/// Rebalances this member took part in (its assignment changed).
+pub const GROUP_REBALANCES: &str = "weir_group_rebalances_total";
+/// Partitions this member took over (acquired with a new epoch).
+pub const GROUP_TAKEOVERS: &str = "weir_group_takeovers_total";
+/// Writes refused because another member took their partition over.
+pub const GROUP_FENCED_WRITES: &str = "weir_group_fenced_writes_total";
+/// Times this member's membership expired before it renewed it.
+pub const GROUP_EXPIRIES: &str = "weir_group_membership_expiries_total";
+/// How long restoring a partition from its changelog took.
+pub const GROUP_RESTORE_DURATION: &str = "weir_group_restore_duration_seconds";
+/// Changelog rows read by restores.
+pub const GROUP_RESTORED_ROWS: &str = "weir_group_restored_rows_total";
+/// Rows the changelogs of this member's partitions hold, after compaction.
+pub const GROUP_CHANGELOG_ROWS: &str = "weir_group_changelog_rows";
 /// Target states declared by components.
 pub const DECLARATIONS: &str = "weir_component_declarations_total";
 /// Handler `reconcile` calls, by `shard`.

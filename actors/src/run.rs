@@ -116,14 +116,18 @@ pub(crate) struct Run {
     cancelled: AtomicU64,
     /// The root-level components this run covers; all when `None`.
     pub scope: Option<crate::scope::RunScope>,
+    /// In a worker group: what the member holds for this run.
+    pub group: Option<crate::group::run::GroupRun>,
 }
 
+#[allow(dead_code)]
 impl Run {
     pub(crate) fn new(
         engine: Arc<Engine>,
         preview: bool,
         dropping: bool,
         scope: Option<crate::scope::RunScope>,
+        group: Option<crate::group::run::GroupRun>,
     ) -> Arc<Run> {
         let metrics = crate::metrics::RunMetrics::new(engine.config.shards);
         let inflight = Arc::new(tokio::sync::Semaphore::new(
@@ -148,6 +152,7 @@ impl Run {
             inflight,
             cancelled: AtomicU64::new(0),
             scope,
+            group,
         })
     }
 
@@ -161,6 +166,21 @@ impl Run {
     /// Whether the root-level component `key` is in this run's scope.
     pub(crate) fn in_scope(&self, key: &StableKey) -> bool {
         self.scope.as_ref().is_none_or(|s| s.contains(key))
+    }
+
+    /// In a worker group, the partition of a component (by its key).
+    pub(crate) fn partition_of(&self, component: &[u8]) -> Option<crate::group::PartitionId> {
+        let group = self.group.as_ref()?;
+        Some(crate::group::member::component_partition(
+            component,
+            group.holding.partitions,
+        ))
+    }
+
+    /// Whether this run may apply what is in the root partition: outside
+    /// a worker group, or for the member holding it.
+    pub(crate) fn root_writable(&self) -> bool {
+        self.group.as_ref().is_none_or(|g| g.holding.root())
     }
 
     /// Whether a component of this run was cancelled before it committed.

@@ -11,8 +11,11 @@ use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+use crate::group::mirror::{self, MirrorHook};
+use crate::group::PartitionId;
 use crate::ledger::record::{Intent, LedgerOp};
 use crate::ledger::Ledger;
+use std::collections::BTreeSet;
 
 type CommitReply = Option<oneshot::Sender<Result<()>>>;
 
@@ -34,6 +37,12 @@ pub(crate) enum LedgerMsg {
     Commit {
         ops: Vec<LedgerOp>,
         reply: Option<oneshot::Sender<Result<()>>>,
+    },
+    /// Apply ops that bring a partition's local copy in line with its
+    /// changelog (in a worker group): never mirrored back to it.
+    CommitLocal {
+        ops: Vec<LedgerOp>,
+        reply: oneshot::Sender<Result<()>>,
     },
     /// Fold the intents left in the journal (by a cancelled run) into
     /// the entries, as opening a ledger does after a crash.
@@ -62,6 +71,14 @@ impl LedgerHandle {
             ops,
             reply: Some(reply),
         })?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// Commits ops that bring a partition's local copy in line with its
+    /// changelog: they are not mirrored back to it.
+    pub(crate) async fn commit_local(&self, ops: Vec<LedgerOp>) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.send(LedgerMsg::CommitLocal { ops, reply })?;
         rx.await.map_err(|_| gone())?
     }
 
@@ -105,11 +122,14 @@ pub(crate) struct LedgerActor {
 }
 
 impl LedgerActor {
-    pub(crate) fn start(ledger: Ledger) -> Result<(LedgerActor, LedgerHandle)> {
+    pub(crate) fn start(
+        ledger: Ledger,
+        mirror: Option<MirrorHook>,
+    ) -> Result<(LedgerActor, LedgerHandle)> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("weir-ledger".into())
-            .spawn(move || run(ledger, rx))?;
+            .spawn(move || run(ledger, rx, mirror))?;
         Ok((
             LedgerActor {
                 tx: tx.clone(),
@@ -134,66 +154,126 @@ impl Drop for LedgerActor {
     }
 }
 
-fn run(ledger: Ledger, rx: Receiver<LedgerMsg>) {
+fn run(ledger: Ledger, rx: Receiver<LedgerMsg>, mirror: Option<MirrorHook>) {
     let mut next_intent_id: u64 = 1;
     while let Ok(first) = rx.recv() {
         let msgs = gather(first, &rx);
         let group_started = std::time::Instant::now();
-        let mut shutdown = false;
-        let mut intent_replies = Vec::new();
-        let mut commits: Vec<(Vec<LedgerOp>, CommitReply)> = Vec::new();
-        let mut recoveries = Vec::new();
+        let mut group = Group::default();
         for msg in msgs {
             match msg {
                 LedgerMsg::WriteIntents { intents, reply } => {
                     let id = next_intent_id;
                     next_intent_id += 1;
                     let res = ledger.put_intents(id, &intents).map(|()| id);
-                    intent_replies.push((reply, res));
+                    group.intents.push((reply, res, intents));
                 }
-                LedgerMsg::Commit { ops, reply } => commits.push((ops, reply)),
+                LedgerMsg::Commit { ops, reply } => group.commits.push((ops, reply)),
+                LedgerMsg::CommitLocal { ops, reply } => group.local.push((ops, reply)),
                 // After what was queued before it, which it may fold.
-                LedgerMsg::RecoverLeftovers { reply } => recoveries.push(reply),
-                LedgerMsg::Shutdown => shutdown = true,
+                LedgerMsg::RecoverLeftovers { reply } => group.recoveries.push(reply),
+                LedgerMsg::Shutdown => group.shutdown = true,
             }
         }
-        let (lists, replies): (Vec<_>, Vec<_>) = commits.into_iter().unzip();
-        let applied = apply_group(&ledger, lists);
-        crate::fault::point(crate::fault::LEDGER_GROUP_COMMIT);
-        // Intents alone live in the journal: the store has nothing new.
-        let flushed = if replies.is_empty() {
-            ledger.sync_intents()
-        } else {
-            ledger.flush()
-        };
+        let shutdown = group.shutdown;
+        write_group(&ledger, group, mirror.as_ref());
         metrics::counter!(crate::metrics::LEDGER_COMMITS).increment(1);
         metrics::histogram!(crate::metrics::LEDGER_COMMIT_DURATION)
             .record(group_started.elapsed().as_secs_f64());
-        for (reply, applied) in replies.into_iter().zip(applied) {
-            let res = match (applied, &flushed) {
-                (Err(e), _) => Err(Error::msg(format!("ledger write failed: {e}"))),
-                (_, Err(e)) => Err(Error::msg(format!("ledger flush failed: {e}"))),
-                _ => Ok(()),
-            };
-            if let Some(reply) = reply {
-                let _ = reply.send(res);
-            }
-        }
-        for (reply, res) in intent_replies {
-            let res = match (&flushed, res) {
-                (Err(e), Ok(_)) => Err(Error::msg(format!("ledger flush failed: {e}"))),
-                (_, r) => r,
-            };
-            let _ = reply.send(res);
-        }
-        for reply in recoveries {
-            let _ = reply.send(ledger.recover_leftovers());
-        }
         if shutdown {
             break;
         }
     }
     let _ = ledger.flush();
+}
+
+/// The messages of one group, by kind.
+#[derive(Default)]
+struct Group {
+    intents: Vec<crate::group::mirror::JournaledIntents>,
+    commits: Vec<(Vec<LedgerOp>, CommitReply)>,
+    local: Vec<(Vec<LedgerOp>, oneshot::Sender<Result<()>>)>,
+    recoveries: Vec<oneshot::Sender<Result<()>>>,
+    shutdown: bool,
+}
+
+/// Writes a group: its commits in one sled batch (or one by one, should
+/// that fail), one flush, then the answers; in a worker group, the
+/// answers wait for the changelog (see [`crate::group`]).
+fn write_group(ledger: &Ledger, group: Group, mirror: Option<&MirrorHook>) {
+    let Group {
+        intents,
+        commits,
+        local,
+        recoveries,
+        ..
+    } = group;
+    let per_commit: Vec<Vec<PartitionId>> = match mirror {
+        Some(hook) => commits
+            .iter()
+            .map(|(ops, _)| mirror::partitions_of(ops, &hook.member))
+            .collect(),
+        None => Vec::new(),
+    };
+    let (lists, replies): (Vec<_>, Vec<_>) = commits.into_iter().unzip();
+    let (applied, touched) = apply_group(ledger, lists, mirror.is_some());
+    let had_local = !local.is_empty();
+    let local_applied: Vec<(oneshot::Sender<Result<()>>, Result<()>)> = local
+        .into_iter()
+        .map(|(ops, reply)| (reply, ledger.apply(ops)))
+        .collect();
+    crate::fault::point(crate::fault::LEDGER_GROUP_COMMIT);
+    // Intents alone live in the journal: the store has nothing new.
+    let flushed = if replies.is_empty() && !had_local {
+        ledger.sync_intents()
+    } else {
+        ledger.flush()
+    };
+    let commit_result = |applied: Result<()>| match (applied, &flushed) {
+        (Err(e), _) => Err(Error::msg(format!("ledger write failed: {e}"))),
+        (_, Err(e)) => Err(Error::msg(format!("ledger flush failed: {e}"))),
+        _ => Ok(()),
+    };
+    for (reply, applied) in local_applied {
+        let _ = reply.send(commit_result(applied));
+    }
+    let intent_results: Vec<_> = intents
+        .into_iter()
+        .map(|(reply, res, list)| {
+            let res = match (&flushed, res) {
+                (Err(e), Ok(_)) => Err(Error::msg(format!("ledger flush failed: {e}"))),
+                (_, r) => r,
+            };
+            (reply, res, list)
+        })
+        .collect();
+    let commit_results: Vec<_> = replies
+        .into_iter()
+        .zip(applied)
+        .map(|(reply, applied)| (reply, commit_result(applied)))
+        .collect();
+    match mirror {
+        Some(hook) => mirror::hand_over(
+            hook,
+            ledger,
+            &touched,
+            commit_results.into_iter().zip(per_commit).collect(),
+            intent_results,
+        ),
+        None => {
+            for (reply, res) in commit_results {
+                if let Some(reply) = reply {
+                    let _ = reply.send(res);
+                }
+            }
+            for (reply, res, _) in intent_results {
+                let _ = reply.send(res);
+            }
+        }
+    }
+    for reply in recoveries {
+        let _ = reply.send(ledger.recover_leftovers());
+    }
 }
 
 /// The messages of one group: `first`, everything queued behind it and,
@@ -227,28 +307,45 @@ fn gather(first: LedgerMsg, rx: &Receiver<LedgerMsg>) -> Vec<LedgerMsg> {
 /// A lone commit is applied as it is; a group's ops are copied first, to
 /// have them for the fallback (group commits carry many small components'
 /// ops: a large component's commit usually comes alone).
-pub(crate) fn apply_group(ledger: &Ledger, mut commits: Vec<Vec<LedgerOp>>) -> Vec<Result<()>> {
+pub(crate) fn apply_group(
+    ledger: &Ledger,
+    mut commits: Vec<Vec<LedgerOp>>,
+    note: bool,
+) -> (Vec<Result<()>>, BTreeSet<Vec<u8>>) {
+    let apply = |ops: Vec<LedgerOp>| -> Result<BTreeSet<Vec<u8>>> {
+        if note {
+            ledger.apply_touching(ops)
+        } else {
+            ledger.apply(ops).map(|()| BTreeSet::new())
+        }
+    };
     let count = commits.len();
     if count <= 1 {
         let ops = commits.pop().unwrap_or_default();
-        return vec![if ops.is_empty() {
-            Ok(())
-        } else {
-            ledger.apply(ops)
-        }];
+        if ops.is_empty() {
+            return (vec![Ok(())], BTreeSet::new());
+        }
+        return match apply(ops) {
+            Ok(touched) => (vec![Ok(())], touched),
+            Err(e) => (vec![Err(e)], BTreeSet::new()),
+        };
     }
     let all: Vec<LedgerOp> = commits.iter().flatten().cloned().collect();
-    if all.is_empty() || ledger.apply(all).is_ok() {
-        return (0..count).map(|_| Ok(())).collect();
+    if all.is_empty() {
+        return ((0..count).map(|_| Ok(())).collect(), BTreeSet::new());
     }
-    commits
+    if let Ok(touched) = apply(all) {
+        return ((0..count).map(|_| Ok(())).collect(), touched);
+    }
+    let mut touched = BTreeSet::new();
+    let results = commits
         .into_iter()
         .map(|ops| {
             if ops.is_empty() {
-                Ok(())
-            } else {
-                ledger.apply(ops)
+                return Ok(());
             }
+            apply(ops).map(|t| touched.extend(t))
         })
-        .collect()
+        .collect();
+    (results, touched)
 }

@@ -18,6 +18,7 @@ use super::ledger::{LedgerActor, LedgerHandle};
 use super::reconciler::ReconcilerActor;
 use crate::config::{BatchPolicy, RetryPolicy};
 use crate::error::{Error, Result};
+use crate::group::member::Member;
 use crate::ledger::Ledger;
 
 /// Settings fixed when the engine starts.
@@ -162,6 +163,8 @@ pub(crate) struct Engine {
     /// The component tasks and sink calls still going: a run starts once
     /// none is left (those of a cancelled run).
     pub work: InFlight,
+    /// The App's membership of a worker group, if it has one.
+    pub member: Option<Arc<Member>>,
     pub config: EngineConfig,
     pub keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
     pub next_run: AtomicU64,
@@ -191,8 +194,12 @@ impl Engine {
         config: EngineConfig,
         user: tokio::runtime::Handle,
         keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
+        member: Option<Arc<Member>>,
     ) -> Result<Engine> {
-        let (ledger_actor, ledger_handle) = LedgerActor::start(ledger.clone())?;
+        let mirror = member
+            .as_ref()
+            .map(|m| crate::group::mirror::start(Arc::clone(m), &user));
+        let (ledger_actor, ledger_handle) = LedgerActor::start(ledger.clone(), mirror)?;
         let (tx, rx) = std::sync::mpsc::channel::<Started>();
         let shard_count = config.shards;
         let shard_ledger = ledger.clone();
@@ -231,6 +238,7 @@ impl Engine {
             user,
             tasks: Tasks::default(),
             work: InFlight::default(),
+            member,
             config,
             keys,
             next_run: AtomicU64::new(1),

@@ -146,10 +146,16 @@
 //!
 //! None of this runs: the engine behaves as it always did.
 
+mod config;
 mod coordinator;
 mod fence;
+pub(crate) mod member;
+pub(crate) mod mirror;
 mod partition;
+pub(crate) mod restore;
+pub(crate) mod run;
 
+pub use config::{WorkerGroup, DEFAULT_JOIN_DELAY};
 pub use coordinator::{
     Coordinator, Epoch, GroupStatus, JoinRequest, Joined, LogEntry, MemberState, PartitionState,
     Pass, Restored,

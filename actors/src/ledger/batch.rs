@@ -81,7 +81,7 @@ struct BatchBuilder<'a> {
     /// Children to drop from each parent's list, applied once at the end.
     child_removals: HashMap<Vec<u8>, HashSet<StableKey>>,
     /// Whole entries already encoded by their component, stored as given.
-    raw_puts: HashMap<Vec<u8>, Vec<u8>>,
+    raw_puts: HashMap<Vec<u8>, Arc<[u8]>>,
     /// Keys written or removed, and bytes written, for metrics.
     keys: u64,
     bytes: u64,
@@ -126,7 +126,7 @@ impl BatchBuilder<'_> {
         if !self.entries.contains_key(component) {
             let edit = match self.raw_puts.remove(component) {
                 Some(raw) => {
-                    let given = StoredEntry::parse(self.ledger, sled::IVec::from(raw), None)?;
+                    let given = StoredEntry::parse(self.ledger, sled::IVec::from(&*raw), None)?;
                     EntryEdit::read(given, false)
                 }
                 None => match self.ledger.stored_bytes(component)? {
@@ -213,8 +213,9 @@ impl BatchBuilder<'_> {
     /// is large (deleting its key in the first tree, which may hold a
     /// smaller value or a tombstone), else to the first tree (deleting
     /// its key in the other when `was_large`).
-    fn put_own(&mut self, component: &[u8], value: Vec<u8>, was_large: bool) {
+    fn put_own(&mut self, component: &[u8], value: impl AsRef<[u8]>, was_large: bool) {
         let k = key(P_COMPONENT, component);
+        let value = value.as_ref();
         if value.len() >= delta::MIN_OWN {
             // Counted as a key written here, and one removed by `del`.
             self.keys += 1;
@@ -228,7 +229,9 @@ impl BatchBuilder<'_> {
                 self.large.remove(k.clone());
                 self.large_used = true;
             }
-            self.put(k, value);
+            self.keys += 1;
+            self.bytes += (k.len() + value.len()) as u64;
+            self.batch.insert(k, value);
         }
     }
 
@@ -517,7 +520,8 @@ impl BatchBuilder<'_> {
             }
         }
         // New components' entries: packed together when there are enough.
-        let raw: Vec<(Vec<u8>, Vec<u8>)> = std::mem::take(&mut self.raw_puts).into_iter().collect();
+        let raw: Vec<(Vec<u8>, Arc<[u8]>)> =
+            std::mem::take(&mut self.raw_puts).into_iter().collect();
         let mut new_pack: Option<(u64, Vec<Vec<u8>>)> = None;
         // Components whose delta this batch writes (true) or deletes.
         let mut delta_changes: Vec<(Vec<u8>, bool)> = Vec::new();

@@ -251,7 +251,7 @@ mod tests {
         }
         ledger.apply(vec![LedgerOp::PutEntry {
             component: COMPONENT.to_vec(),
-            encoded: rmp_serde::to_vec(&model.entry())?,
+            encoded: rmp_serde::to_vec(&model.entry())?.into(),
             indexed: Vec::new(),
             containers: Vec::new(),
         }])?;
@@ -422,7 +422,7 @@ mod tests {
         };
         ledger.apply(vec![LedgerOp::PutEntry {
             component: COMPONENT.to_vec(),
-            encoded: rmp_serde::to_vec(&again.entry())?,
+            encoded: rmp_serde::to_vec(&again.entry())?.into(),
             indexed: Vec::new(),
             containers: Vec::new(),
         }])?;

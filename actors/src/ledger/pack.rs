@@ -35,20 +35,23 @@ pub(crate) fn tombstone_generation(value: &[u8]) -> Option<u64> {
 }
 
 /// Encodes entries (sorted by component key) into a pack.
-pub(crate) fn encode(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
-    let size: usize = entries.iter().map(|(k, v)| 12 + k.len() + v.len()).sum();
+pub(crate) fn encode<V: AsRef<[u8]>>(entries: &[(Vec<u8>, V)]) -> Vec<u8> {
+    let size: usize = entries
+        .iter()
+        .map(|(k, v)| 12 + k.len() + v.as_ref().len())
+        .sum();
     let mut out = Vec::with_capacity(4 + size);
     out.extend_from_slice(&(entries.len() as u32).to_be_bytes());
     let mut at = 4 + 4 * entries.len();
     for (k, v) in entries {
         out.extend_from_slice(&(at as u32).to_be_bytes());
-        at += 8 + k.len() + v.len();
+        at += 8 + k.len() + v.as_ref().len();
     }
     for (k, v) in entries {
         out.extend_from_slice(&(k.len() as u32).to_be_bytes());
         out.extend_from_slice(k);
-        out.extend_from_slice(&(v.len() as u32).to_be_bytes());
-        out.extend_from_slice(v);
+        out.extend_from_slice(&(v.as_ref().len() as u32).to_be_bytes());
+        out.extend_from_slice(v.as_ref());
     }
     out
 }

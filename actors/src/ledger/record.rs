@@ -125,7 +125,9 @@ pub(crate) enum LedgerOp {
     /// Set the whole entry of a component that had none, already encoded.
     PutEntry {
         component: Vec<u8>,
-        encoded: Vec<u8>,
+        /// Shared, so that a group commit's ops copy cheaply (see
+        /// `apply_group`).
+        encoded: std::sync::Arc<[u8]>,
         /// The paths of its states, to index.
         indexed: Vec<std::sync::Arc<[u8]>>,
         /// The containers its states are below.

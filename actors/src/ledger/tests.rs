@@ -156,7 +156,7 @@ fn fresh(component: &str, path: &str) -> LedgerOp {
     };
     LedgerOp::PutEntry {
         component: component.as_bytes().to_vec(),
-        encoded: rmp_serde::to_vec(&entry).unwrap_or_default(),
+        encoded: rmp_serde::to_vec(&entry).unwrap_or_default().into(),
         indexed: vec![Arc::from(path.as_bytes())],
         containers: Vec::new(),
     }
@@ -684,7 +684,7 @@ fn a_commit_whose_op_fails_fails_alone_and_the_others_of_its_group_land() -> Res
         vec![remove("damaged", "x")],
         vec![fresh("last", "b")],
     ];
-    let results = crate::actors::ledger::apply_group(&ledger, group);
+    let results = crate::actors::ledger::apply_group(&ledger, group, false).0;
     assert!(results[0].is_ok(), "{results:?}");
     assert!(results[1].is_err(), "{results:?}");
     assert!(results[2].is_ok(), "{results:?}");

@@ -245,7 +245,11 @@ where
         return Err(interrupted(parent));
     }
     if !unscoped && parent.path.is_root() && !parent.run.in_scope(&key) {
-        return Err(Error::OutOfScope(parent.path.child(key)));
+        let path = parent.path.child(key.clone());
+        return Err(match &parent.run.engine.member {
+            Some(member) => member.not_held(path, &key),
+            None => Error::OutOfScope(path),
+        });
     }
     parent.add_child(&key)?;
     let child = ComponentState::new(Arc::clone(&parent.run), parent.path.child(key));

@@ -215,7 +215,7 @@ impl<'a> NewEntry<'a> {
         )?;
         Ok(Some(LedgerOp::PutEntry {
             component: own,
-            encoded,
+            encoded: Arc::from(encoded),
             indexed,
             containers,
         }))

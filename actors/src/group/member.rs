@@ -1,0 +1,228 @@
+//! A member of a worker group: its membership, the partitions it holds,
+//! and what it does between runs to converge on its assignment.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::config::{default_member_id, WorkerGroup};
+use super::coordinator::{Epoch, JoinRequest, Joined, Pass};
+use super::fence::Fence;
+use super::partition::{partition_of, PartitionId};
+use crate::error::{Error, Result};
+use crate::model::{keycode, StableKey};
+use crate::scope::RunScope;
+
+/// The membership of an App in a worker group.
+#[allow(dead_code)]
+pub(crate) struct Member {
+    pub(crate) group: WorkerGroup,
+    pub(crate) id: String,
+    name: Arc<str>,
+    state: Mutex<State>,
+}
+
+/// What a member knows of itself.
+#[derive(Default)]
+struct State {
+    /// Set once joined; cleared when the membership expired.
+    joined: Option<Joined>,
+    /// The partitions held, with their epochs.
+    held: BTreeMap<PartitionId, Epoch>,
+    /// The data partitions this member completed a pass of.
+    synced: BTreeSet<u32>,
+}
+
+/// What a member holds for one run.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Holding {
+    /// The partition count.
+    pub partitions: u32,
+    /// The partitions held, with their epochs.
+    pub held: BTreeMap<PartitionId, Epoch>,
+}
+
+impl Holding {
+    /// Whether the root partition is held.
+    pub(crate) fn root(&self) -> bool {
+        self.held.contains_key(&PartitionId::Root)
+    }
+
+    /// The data partitions held.
+    pub(crate) fn data(&self) -> Vec<u32> {
+        self.held
+            .keys()
+            .filter_map(|p| match p {
+                PartitionId::Data(n) => Some(*n),
+                PartitionId::Root => None,
+            })
+            .collect()
+    }
+}
+
+#[allow(dead_code)]
+impl Member {
+    pub(crate) fn new(group: WorkerGroup) -> Self {
+        let id = group.member_id.clone().unwrap_or_else(default_member_id);
+        Self {
+            name: Arc::from(group.name.as_str()),
+            group,
+            id,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Joins the group if not a member (or no longer one: the membership
+    /// expired). Returns whether it joined now, and what joining gave.
+    pub(crate) async fn ensure_joined(&self) -> Result<(bool, Joined)> {
+        if let Some(joined) = self.state().joined.clone() {
+            return Ok((false, joined));
+        }
+        let mut request = JoinRequest::new(self.group.name.clone(), self.id.clone());
+        request.partitions = self.group.partitions;
+        request.lease_ttl = self.group.lease_ttl;
+        request.host = default_member_id();
+        let joined = self.group.coordinator.join(&request).await?;
+        let mut state = self.state();
+        state.held.clear();
+        state.joined = Some(joined.clone());
+        Ok((true, joined))
+    }
+
+    /// The group's partition count, once joined.
+    pub(crate) fn partitions(&self) -> Option<u32> {
+        self.state().joined.as_ref().map(|j| j.partitions)
+    }
+
+    /// The pass this member joined at.
+    pub(crate) fn join_pass(&self) -> Option<Pass> {
+        self.state().joined.as_ref().map(|j| j.join_pass)
+    }
+
+    /// The lease TTL, once joined.
+    pub(crate) fn lease_ttl(&self) -> Option<Duration> {
+        self.state().joined.as_ref().map(|j| j.lease_ttl)
+    }
+
+    /// Renews the membership; when it had expired, every partition is
+    /// dropped and the member joins again before its next run.
+    pub(crate) async fn heartbeat(&self) -> Result<bool> {
+        let alive = self
+            .group
+            .coordinator
+            .heartbeat(&self.group.name, &self.id)
+            .await?;
+        if !alive {
+            let mut state = self.state();
+            state.joined = None;
+            state.held.clear();
+            metrics::counter!(crate::metrics::GROUP_EXPIRIES).increment(1);
+        }
+        Ok(alive)
+    }
+
+    /// What the member holds now.
+    pub(crate) fn holding(&self) -> Holding {
+        let state = self.state();
+        Holding {
+            partitions: state.joined.as_ref().map_or(0, |j| j.partitions),
+            held: state.held.clone(),
+        }
+    }
+
+    /// Notes partitions as held under `epoch` (after an acquire).
+    pub(crate) fn hold(&self, partition: PartitionId, epoch: Epoch) {
+        self.state().held.insert(partition, epoch);
+        self.gauge();
+    }
+
+    /// Forgets partitions (released, or fenced: taken over).
+    pub(crate) fn drop_partitions(&self, partitions: &[PartitionId]) {
+        let mut state = self.state();
+        for p in partitions {
+            state.held.remove(p);
+        }
+        drop(state);
+        self.gauge();
+    }
+
+    /// The epoch a partition is held under.
+    pub(crate) fn epoch(&self, partition: PartitionId) -> Option<Epoch> {
+        self.state().held.get(&partition).copied()
+    }
+
+    /// Notes data partitions as synced by this member (for the CLI's
+    /// closing line).
+    pub(crate) fn note_synced(&self, partitions: &[u32]) {
+        self.state().synced.extend(partitions.iter().copied());
+    }
+
+    /// The data partitions this member synced, sorted.
+    pub(crate) fn synced(&self) -> Vec<u32> {
+        self.state().synced.iter().copied().collect()
+    }
+
+    /// The fence of a sink call carrying actions of `partitions`: their
+    /// epochs as held now. A partition no longer held gets epoch -1,
+    /// which no fence row has: its write is refused.
+    pub(crate) fn fence(&self, partitions: impl IntoIterator<Item = PartitionId>) -> Fence {
+        let state = self.state();
+        let list = partitions
+            .into_iter()
+            .map(|p| (p, state.held.get(&p).copied().unwrap_or(-1)))
+            .collect();
+        Fence::new(Arc::clone(&self.name), list)
+    }
+
+    /// The scope of a run: the root-level components of the data
+    /// partitions held.
+    pub(crate) fn scope(&self, holding: &Holding) -> RunScope {
+        let data: BTreeSet<u32> = holding.data().into_iter().collect();
+        let partitions = holding.partitions;
+        RunScope::filter(move |key| data.contains(&partition_of(key, partitions)))
+    }
+
+    /// The error of a `mount` of a root-level component of a partition
+    /// not held.
+    pub(crate) fn not_held(&self, path: crate::model::ComponentPath, key: &StableKey) -> Error {
+        let partition = partition_of(key, self.partitions().unwrap_or(1));
+        Error::NotHeld {
+            group: self.group.name.clone(),
+            path,
+            partition,
+        }
+    }
+
+    fn gauge(&self) {
+        let held = self.state().held.len();
+        metrics::gauge!(crate::metrics::GROUP_PARTITIONS_HELD).set(held as f64);
+    }
+}
+
+/// The partition of a component, from its encoded key: the root
+/// component, and the containers `mount_target` mounts under the root,
+/// are in the root partition; any other component is in the partition of
+/// its root-level ancestor's key.
+pub(crate) fn component_partition(component: &[u8], partitions: u32) -> PartitionId {
+    let Some(segments) = keycode::decode_component(component) else {
+        return PartitionId::Root;
+    };
+    match segments.first() {
+        None => PartitionId::Root,
+        Some(first) if is_target_key(first) => PartitionId::Root,
+        Some(first) => PartitionId::Data(partition_of(first, partitions)),
+    }
+}
+
+/// Whether a root-level key is one `mount_target` mounts a container
+/// under (`[@target, provider, key]`): the root's own.
+pub(crate) fn is_target_key(key: &StableKey) -> bool {
+    matches!(key, StableKey::Array(parts)
+        if matches!(parts.first(), Some(StableKey::Symbol(s)) if &**s == crate::declare::TARGET_SYMBOL))
+}

@@ -1,0 +1,252 @@
+//! What a member of a worker group does around its runs: join, heartbeat,
+//! converge on its assignment between runs (release, acquire, restore),
+//! replay the root partition, and count its passes.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::config::WorkerGroup;
+use super::coordinator::{Epoch, Pass};
+use super::member::{component_partition, Holding, Member};
+use super::partition::PartitionId;
+use super::restore::{forget_partition, restore_partition};
+use crate::actors::pipeline::Engine;
+use crate::error::{ComponentFailure, Result};
+use crate::model::{keycode, StableKey};
+
+/// What a member holds for one run, and the pass it runs.
+#[derive(Clone, Debug)]
+pub(crate) struct GroupRun {
+    pub holding: Holding,
+    pub pass: Pass,
+}
+
+impl GroupRun {
+    /// The partitions and epochs the run covers.
+    fn partitions(&self) -> Vec<(PartitionId, Epoch)> {
+        self.holding.held.iter().map(|(p, e)| (*p, *e)).collect()
+    }
+}
+
+/// Joins the group of an App being built.
+pub(crate) async fn join(group: WorkerGroup) -> Result<Arc<Member>> {
+    let member = Arc::new(Member::new(group));
+    let (_, joined) = member.ensure_joined().await?;
+    if joined.first {
+        // Members started together: let the others join before the first
+        // assignment, so that they split the work from the start.
+        tokio::time::sleep(member.group.join_delay).await;
+    }
+    Ok(member)
+}
+
+/// Renews the membership every third of the lease TTL until the App
+/// stops; a renewal of an expired membership drops every partition.
+pub(crate) fn start_heartbeat(engine: &Arc<Engine>, member: Arc<Member>) {
+    let period = member.lease_ttl().unwrap_or(Duration::from_secs(10)) / 3;
+    let task = engine.user.spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            if let Err(e) = member.heartbeat().await {
+                // Counted as a missed renewal: the lease runs out unless a
+                // later one lands.
+                let _ = e;
+            }
+        }
+    });
+    engine.tasks.track(&task);
+}
+
+/// Converges on the member's assignment before a run: gives up what is no
+/// longer its own (forgetting its local copy), takes what is (restoring
+/// it from the changelog), replays the root partition unless it holds it,
+/// and begins a pass of what it holds.
+pub(crate) async fn before_run(engine: &Engine, member: &Member) -> Result<GroupRun> {
+    let (rejoined, _) = member.ensure_joined().await?;
+    if rejoined {
+        forget_every_data_partition(engine, member).await?;
+    }
+    let partitions = member.partitions().unwrap_or(1);
+    let states = member
+        .group
+        .coordinator
+        .assign(&member.group.name, &member.id)
+        .await?;
+    let held = member.holding();
+    let mine: BTreeSet<PartitionId> = states
+        .iter()
+        .filter(|s| s.target.as_deref() == Some(member.id.as_str()))
+        .map(|s| s.partition)
+        .collect();
+    let give_up: Vec<PartitionId> = held
+        .held
+        .keys()
+        .filter(|p| !mine.contains(p))
+        .copied()
+        .collect();
+    if !give_up.is_empty() {
+        release(engine, member, &give_up, partitions).await?;
+    }
+    let mut changed = !give_up.is_empty();
+    for p in mine.iter().filter(|p| !held.held.contains_key(p)) {
+        let taken = member
+            .group
+            .coordinator
+            .acquire(&member.group.name, &member.id, *p)
+            .await?;
+        if let Some(epoch) = taken {
+            restore_partition(
+                &engine.ledger,
+                &engine.ledger_handle,
+                &engine.user,
+                member,
+                *p,
+            )
+            .await?;
+            member.hold(*p, epoch);
+            metrics::counter!(crate::metrics::GROUP_TAKEOVERS).increment(1);
+            changed = true;
+        }
+    }
+    if changed {
+        metrics::counter!(crate::metrics::GROUP_REBALANCES).increment(1);
+    }
+    let holding = member.holding();
+    if !holding.root() {
+        restore_partition(
+            &engine.ledger,
+            &engine.ledger_handle,
+            &engine.user,
+            member,
+            PartitionId::Root,
+        )
+        .await?;
+    }
+    let run = GroupRun { holding, pass: 0 };
+    let pass = if run.holding.held.is_empty() {
+        0
+    } else {
+        member
+            .group
+            .coordinator
+            .begin_pass(&member.group.name, &run.partitions())
+            .await?
+    };
+    Ok(GroupRun { pass, ..run })
+}
+
+/// Gives partitions up: forgets their local copy, then releases them.
+async fn release(
+    engine: &Engine,
+    member: &Member,
+    give_up: &[PartitionId],
+    partitions: u32,
+) -> Result<()> {
+    member.drop_partitions(give_up);
+    for p in give_up {
+        forget_partition(
+            &engine.ledger,
+            &engine.ledger_handle,
+            &engine.user,
+            partitions,
+            *p,
+        )
+        .await?;
+    }
+    member
+        .group
+        .coordinator
+        .release(&member.group.name, &member.id, give_up)
+        .await
+}
+
+/// Forgets the local copy of every data partition (the membership had
+/// expired: another member may own any of them now).
+async fn forget_every_data_partition(engine: &Engine, member: &Member) -> Result<()> {
+    let partitions = member.partitions().unwrap_or(1);
+    for n in 0..partitions {
+        forget_partition(
+            &engine.ledger,
+            &engine.ledger_handle,
+            &engine.user,
+            partitions,
+            PartitionId::Data(n),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Ends a run's pass: the partitions still held under the run's epochs
+/// completed it.
+pub(crate) async fn after_run(
+    member: &Member,
+    run: &GroupRun,
+    failures: &[ComponentFailure],
+) -> Result<()> {
+    let still: Vec<(PartitionId, Epoch)> = run
+        .partitions()
+        .into_iter()
+        .filter(|(p, e)| member.epoch(*p) == Some(*e))
+        .collect();
+    if still.is_empty() || run.pass == 0 {
+        return Ok(());
+    }
+    let _ = failures;
+    member
+        .group
+        .coordinator
+        .complete_pass(&member.group.name, &still, run.pass)
+        .await?;
+    let data: Vec<u32> = still
+        .iter()
+        .filter_map(|(p, _)| match p {
+            PartitionId::Data(n) => Some(*n),
+            PartitionId::Root => None,
+        })
+        .collect();
+    member.note_synced(&data);
+    Ok(())
+}
+
+/// The root-level components of the data partitions held, as the local
+/// ledger knows them: in a group, what the root mounted last time (its
+/// child list spans members).
+#[allow(dead_code)]
+pub(crate) async fn held_root_children(
+    engine: &Engine,
+    holding: &Holding,
+) -> Result<Vec<StableKey>> {
+    let partitions = holding.partitions;
+    let held: BTreeSet<PartitionId> = holding.held.keys().copied().collect();
+    let ledger = engine.ledger.clone();
+    let keys = engine
+        .user
+        .spawn_blocking(move || {
+            ledger.component_keys(|c| {
+                matches!(component_partition(c, partitions), p @ PartitionId::Data(_) if held.contains(&p))
+            })
+        })
+        .await
+        .map_err(|e| crate::Error::Shutdown(format!("listing held components stopped: {e}")))??;
+    let mut out: Vec<StableKey> = keys
+        .iter()
+        .filter_map(|k| keycode::decode_component(k)?.into_iter().next())
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Leaves the group: releases every partition and the membership.
+#[allow(dead_code)]
+pub(crate) async fn leave(member: &Member) -> Result<()> {
+    let held: Vec<PartitionId> = member.holding().held.keys().copied().collect();
+    member.drop_partitions(&held);
+    member
+        .group
+        .coordinator
+        .leave(&member.group.name, &member.id)
+        .await
+}
