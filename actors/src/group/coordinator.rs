@@ -70,6 +70,20 @@ pub struct Joined {
     pub first: bool,
 }
 
+impl Joined {
+    /// What joining gave: the group's partition count and lease TTL, the
+    /// pass taken at the join, and whether the member is the first live
+    /// one. For implementations of [`Coordinator`].
+    pub fn new(partitions: u32, lease_ttl: Duration, join_pass: Pass, first: bool) -> Self {
+        Self {
+            partitions,
+            lease_ttl,
+            join_pass,
+            first,
+        }
+    }
+}
+
 /// Where a partition is, as the assignment sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -86,6 +100,27 @@ pub struct PartitionState {
     pub completed_pass: Option<Pass>,
 }
 
+impl PartitionState {
+    /// A partition's state: its live owner, its target owner, its epoch
+    /// and its last completed pass. For implementations of
+    /// [`Coordinator`].
+    pub fn new(
+        partition: PartitionId,
+        owner: Option<String>,
+        target: Option<String>,
+        epoch: Epoch,
+        completed_pass: Option<Pass>,
+    ) -> Self {
+        Self {
+            partition,
+            owner,
+            target,
+            epoch,
+            completed_pass,
+        }
+    }
+}
+
 /// A live member of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -96,6 +131,18 @@ pub struct MemberState {
     pub host: String,
     /// How long until its membership expires, unless renewed.
     pub expires_in: Duration,
+}
+
+impl MemberState {
+    /// A live member: its id, its host and pid, and how long until its
+    /// membership expires. For implementations of [`Coordinator`].
+    pub fn new(member: impl Into<String>, host: impl Into<String>, expires_in: Duration) -> Self {
+        Self {
+            member: member.into(),
+            host: host.into(),
+            expires_in,
+        }
+    }
 }
 
 /// A group as the service holds it: for [`App::group_status`](crate::App)
@@ -113,6 +160,27 @@ pub struct GroupStatus {
     pub members: Vec<MemberState>,
     /// Every partition (the root first), with owner, target and epoch.
     pub partition_states: Vec<PartitionState>,
+}
+
+impl GroupStatus {
+    /// A group's status: its name, partition count and lease TTL, its live
+    /// members (sorted by id) and every partition's state (the root
+    /// first). For implementations of [`Coordinator`].
+    pub fn new(
+        group: impl Into<String>,
+        partitions: u32,
+        lease_ttl: Duration,
+        members: Vec<MemberState>,
+        partition_states: Vec<PartitionState>,
+    ) -> Self {
+        Self {
+            group: group.into(),
+            partitions,
+            lease_ttl,
+            members,
+            partition_states,
+        }
+    }
 }
 
 /// What a changelog row holds: the whole record of a component after a
@@ -176,6 +244,24 @@ pub struct Restored {
     pub intents: Vec<(Vec<u8>, Vec<u8>)>,
     /// Changelog rows read (snapshot and log), for metrics.
     pub rows: u64,
+}
+
+impl Restored {
+    /// A partition's ledger as read from its changelog: the latest record
+    /// of each component (sorted by component), the intents not collapsed
+    /// yet (in append order), and the rows read. For implementations of
+    /// [`Coordinator`].
+    pub fn new(
+        records: Vec<(Vec<u8>, Vec<u8>)>,
+        intents: Vec<(Vec<u8>, Vec<u8>)>,
+        rows: u64,
+    ) -> Self {
+        Self {
+            records,
+            intents,
+            rows,
+        }
+    }
 }
 
 /// The coordination service of a worker group.

@@ -44,12 +44,16 @@ pub struct Fence {
 }
 
 impl Fence {
-    #[allow(dead_code)] // Made by the member runtime of a group.
-    pub(crate) fn new(group: Arc<str>, mut partitions: Vec<(PartitionId, Epoch)>) -> Self {
+    /// The fence of a call writing for `partitions` (each with the epoch
+    /// it is held under) of the worker group `group`; the list is sorted
+    /// and duplicates dropped. The engine makes one per sink call of a
+    /// member; a sink's tests, or a [`Coordinator`](super::Coordinator)
+    /// checking its own writes, make their own.
+    pub fn new(group: impl Into<Arc<str>>, mut partitions: Vec<(PartitionId, Epoch)>) -> Self {
         partitions.sort_unstable();
         partitions.dedup();
         Self {
-            group,
+            group: group.into(),
             partitions: partitions.into(),
         }
     }
