@@ -9,6 +9,9 @@
 //!   transaction per sink call.
 //! - `ddl`: the SQL text of DDL, upserts and deletes.
 //! - `types`: column types, and columns of values bound as arrays.
+//! - `group`: worker groups coordinated through the database
+//!   ([`PostgresCoordinator`]), and the fence check of a writer's
+//!   transaction ([`check_fence`]).
 //!
 //! # Model
 //!
@@ -118,6 +121,7 @@
 //! ```
 
 mod ddl;
+mod group;
 mod sink;
 mod target;
 mod types;
@@ -137,6 +141,7 @@ use weir_actors::{
 use crate::sql::{validate_identifier, Row, TableSchema};
 use target::{DbShared, PostgresTableHandler, TableMeta, TableSpec};
 
+pub use group::{check_fence, PostgresCoordinator, DEFAULT_COMPACT_MIN_ROWS};
 pub use sink::ROWS_PER_STATEMENT;
 pub use target::ROW_SINK_CONCURRENT_CALLS;
 
