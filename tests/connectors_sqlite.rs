@@ -243,6 +243,13 @@ async fn connect_read_only_creates_no_file_and_changes_none() -> Result<()> {
         .execute(&pool)
         .await?;
     pool.close().await;
+    // The pool reports itself closed a little before SQLite, on the
+    // connection's thread, removes the log files of the last connection.
+    let wal = dir.path().join("test.db-wal");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while wal.exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     let listing = || -> Result<Vec<(String, Vec<u8>)>> {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(dir.path())? {

@@ -18,7 +18,7 @@ use crate::config::{
 };
 use crate::ctx::{ContextKey, Ctx};
 use crate::error::{ComponentFailure, Error, Result};
-use crate::group::WorkerGroup;
+use crate::group::{GroupStatus, WorkerGroup};
 use crate::ledger::record::LedgerOp;
 use crate::ledger::{Ledger, DEFAULT_LEDGER_CACHE_BYTES};
 use crate::model::ComponentPath;
@@ -380,6 +380,67 @@ impl App {
             .map_err(|e| Error::Shutdown(e.to_string()))?
     }
 
+    /// In a worker group, the group as the coordinator sees it: its
+    /// partition count, lease TTL, live members and each partition's
+    /// owner and epoch. `None` outside a group.
+    ///
+    /// # Errors
+    /// When the coordinator cannot be reached.
+    pub async fn group_status(&self) -> Result<Option<GroupStatus>> {
+        let Some(member) = &self.engine.member else {
+            return Ok(None);
+        };
+        let status = member.group.coordinator.status(&member.group.name).await?;
+        Ok(Some(status))
+    }
+
+    /// In a worker group, the data partitions this member has completed a
+    /// pass of, sorted (empty outside a group).
+    pub fn synced_partitions(&self) -> Vec<u32> {
+        self.engine
+            .member
+            .as_ref()
+            .map(|m| m.synced())
+            .unwrap_or_default()
+    }
+
+    /// In a worker group, whether every partition has completed a pass
+    /// that began after this member joined, whoever ran it: a one-shot
+    /// sync in a group runs until this holds. `true` outside a group.
+    ///
+    /// # Errors
+    /// When the coordinator cannot be reached.
+    pub async fn group_synced(&self) -> Result<bool> {
+        let Some(member) = &self.engine.member else {
+            return Ok(true);
+        };
+        let Some(pass) = member.join_pass() else {
+            return Ok(false);
+        };
+        member
+            .group
+            .coordinator
+            .all_completed_after(&member.group.name, pass)
+            .await
+    }
+
+    /// Leaves the worker group at once: releases every partition this
+    /// member holds and its membership, so that other members take them
+    /// over without waiting for the lease to expire. Call it when the
+    /// program exits cleanly (a later run joins again). Nothing to do
+    /// outside a group.
+    ///
+    /// # Errors
+    /// When the coordinator cannot be reached (the leases then expire
+    /// after their TTL).
+    pub async fn leave_group(&self) -> Result<()> {
+        let Some(member) = &self.engine.member else {
+            return Ok(());
+        };
+        let _one_at_a_time = self.engine.run_lock.lock().await;
+        crate::group::run::leave(member).await
+    }
+
     /// The components whose last run failed, with the cause and how many
     /// runs in a row they have failed, sorted by path: to retry just them
     /// (see [`App::scoped`]), or to report them.
@@ -589,7 +650,9 @@ async fn count_failed_runs(run: &Run, failures: &mut [ComponentFailure]) -> Resu
         .iter()
         .map(|f| crate::model::keycode::component_key(f.path.segments()))
         .collect();
-    let mut distinct = keys.clone();
+    // A member that does not hold the root partition records nothing of
+    // it: the root's holder counts its failures.
+    let mut distinct: Vec<Vec<u8>> = keys.iter().filter(|k| run.may_write(k)).cloned().collect();
     distinct.sort();
     distinct.dedup();
     if !distinct.is_empty() {

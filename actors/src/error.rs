@@ -209,6 +209,19 @@ pub enum Error {
         /// The partitions taken over.
         partitions: Vec<crate::group::PartitionId>,
     },
+    /// A member of a worker group that does not hold the root partition
+    /// declares root states (tables, say) that would need an action
+    /// against what the root's holder applied: during a rolling update,
+    /// another version of the code declares them otherwise. The root
+    /// holder's declaration wins; this member writes nothing until they
+    /// agree, and its next run tries again.
+    #[error("worker group {group}: {detail}, which differs from what the member holding the root partition applied; the holder's declaration wins, so this member writes nothing until they agree (during a rolling update: until every member runs the same version)")]
+    RootPending {
+        /// The worker group.
+        group: String,
+        /// What this member declares that would need an action.
+        detail: String,
+    },
 }
 
 impl Error {
@@ -242,6 +255,17 @@ impl Error {
     /// member runs it, and nothing of it was run or deleted here.
     pub fn is_not_held(&self) -> bool {
         matches!(self, Error::NotHeld { .. })
+    }
+
+    /// Whether this member of a worker group waits for the root partition's
+    /// holder, whose declaration of a root state differs from its own
+    /// (see [`Error::RootPending`]).
+    pub fn is_root_pending(&self) -> bool {
+        match self {
+            Error::RootPending { .. } => true,
+            Error::Sink { cause, .. } | Error::Reconcile { cause, .. } => cause.is_root_pending(),
+            _ => false,
+        }
     }
 
     /// Whether a write was refused because another member of the worker
@@ -286,7 +310,7 @@ impl Error {
             Error::Shutdown(_) | Error::Interrupted(_) => ErrorKind::Shutdown,
             Error::Cancelled(_) => ErrorKind::Cancelled,
             Error::OutOfScope(_) | Error::NotHeld { .. } => ErrorKind::OutOfScope,
-            Error::Fenced { .. } => ErrorKind::Fenced,
+            Error::Fenced { .. } | Error::RootPending { .. } => ErrorKind::Fenced,
         }
     }
 
@@ -299,7 +323,7 @@ impl Error {
             Error::Database(e) => sqlx_is_retriable(e),
             Error::Reconcile { cause, .. } | Error::Sink { cause, .. } => cause.is_retriable(),
             Error::ComponentsFailed(failures) => failures.iter().all(|f| f.retriable),
-            Error::Interrupted(_) | Error::Cancelled(_) => true,
+            Error::Interrupted(_) | Error::Cancelled(_) | Error::RootPending { .. } => true,
             _ => false,
         }
     }

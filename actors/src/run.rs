@@ -120,7 +120,6 @@ pub(crate) struct Run {
     pub group: Option<crate::group::run::GroupRun>,
 }
 
-#[allow(dead_code)]
 impl Run {
     pub(crate) fn new(
         engine: Arc<Engine>,
@@ -183,6 +182,13 @@ impl Run {
         self.group.as_ref().is_none_or(|g| g.holding.root())
     }
 
+    /// Whether this run may write the ledger records of `component`: all
+    /// but those of the root partition in a member that does not hold it.
+    pub(crate) fn may_write(&self, component: &[u8]) -> bool {
+        self.root_writable()
+            || self.partition_of(component) != Some(crate::group::PartitionId::Root)
+    }
+
     /// Whether a component of this run was cancelled before it committed.
     pub(crate) fn had_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Relaxed) > 0
@@ -203,6 +209,7 @@ impl Run {
             retry: self.engine.config.retry,
             activity: Arc::clone(&self.activity),
             intent_ids: Arc::clone(&self.intent_ids),
+            member: self.engine.member.clone(),
         };
         let core = Arc::clone(core);
         let id = core.id;

@@ -67,6 +67,31 @@ struct IntoArg {
     into: String,
 }
 
+/// Membership of a worker group: several `weir sync` processes, on one
+/// machine or many, split the work.
+#[derive(Debug, Default, Args)]
+pub(crate) struct GroupArg {
+    /// Run as a member of the worker group NAME: processes syncing the
+    /// same directory into the same PostgreSQL database with the same
+    /// group split the files between them by partition, take over the
+    /// files of a member that died, and never write for a partition they
+    /// lost. Each member keeps its own --ledger. PostgreSQL only.
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
+    /// The partition count of a new group (an existing group must have it;
+    /// default 64).
+    #[arg(long, requires = "group", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub partitions: Option<u32>,
+    /// The lease TTL of a new group, in seconds (default 10): how long a
+    /// member that stopped answering keeps its partitions.
+    #[arg(long, requires = "group", value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub lease_ttl: Option<u64>,
+    /// This member's id, unique among the group's live members (default:
+    /// the host name and the process id).
+    #[arg(long, requires = "group", value_name = "ID")]
+    pub member_id: Option<String>,
+}
+
 #[derive(Debug, Args)]
 struct SyncArgs {
     /// The directory to sync.
@@ -81,7 +106,7 @@ struct SyncArgs {
     /// Print what a sync would do (per table: rows to create, update and
     /// delete, and tables to create, alter or drop), writing nothing: not
     /// the database, not the ledger. Once only: not with --live.
-    #[arg(long, conflicts_with_all = ["live", "metrics"])]
+    #[arg(long, conflicts_with_all = ["live", "metrics", "group"])]
     dry_run: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (ADDR defaults to
     /// the loopback address 127.0.0.1:9464).
@@ -99,6 +124,8 @@ struct SyncArgs {
     /// In live mode, wait this long for a burst of changes to settle.
     #[arg(long, default_value_t = 200, value_name = "MS")]
     debounce_ms: u64,
+    #[command(flatten)]
+    group: GroupArg,
 }
 
 #[derive(Debug, Args)]
@@ -139,7 +166,8 @@ struct DropArgs {
 /// Logs to stderr: info by default, more with -v; RUST_LOG overrides.
 pub fn init_logging(verbose: u8) {
     let default = match verbose {
-        0 => "info",
+        // PostgreSQL's notices ("already exists, skipping") are noise.
+        0 => "info,sqlx::postgres::notice=warn",
         1 => "debug",
         _ => "trace",
     };

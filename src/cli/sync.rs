@@ -118,6 +118,7 @@ pub async fn retry(args: RetryArgs) -> Result<u8> {
         exclude: Vec::new(),
         no_gitignore: args.no_gitignore,
         debounce_ms: 0,
+        group: super::GroupArg::default(),
     };
     let prepared = prepare(&args).await?;
     sync(args, prepared, true).await
@@ -154,7 +155,7 @@ async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
         weir::metrics::install_prometheus(addr)?;
         tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
     }
-    let target = target::open(&db, &args.ledger.ledger).await?;
+    let target = target::open(&db, &args.ledger.ledger, &args.group).await?;
     if lost_all_tables(&target, &args.ledger.ledger).await? {
         eprintln!(
             "note: {} has none of the tables the ledger tracks there (the database was deleted or replaced, or an earlier sync failed to create them): syncing every file again",
@@ -179,13 +180,19 @@ async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
     job.set_scope(scope);
     let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
     let code = if args.live {
+        let tick = args.group.group.as_ref().map(|_| group_tick(&args.group));
         live(
             &target,
             job,
             Duration::from_millis(args.debounce_ms),
+            tick,
             &saver,
         )
         .await
+    } else if args.group.group.is_some() {
+        let code = once_in_group(&target, job).await;
+        saver.save();
+        code
     } else {
         let code = once(&target, job).await;
         saver.save();
@@ -193,8 +200,72 @@ async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
     };
     saver.finish().await;
     signals.abort();
+    leave_group(&target).await;
     target.close().await;
     code
+}
+
+/// Leaves the worker group (if any) on a clean exit, so that the other
+/// members take this one's partitions over at once rather than after the
+/// lease TTL.
+async fn leave_group(target: &target::Target) {
+    if let Err(e) = target.app.leave_group().await {
+        tracing::warn!("leaving the worker group failed (its leases expire after their TTL): {e}");
+    }
+}
+
+/// How long a one-shot member waits between passes while other members
+/// finish theirs.
+const GROUP_PASS_WAIT: Duration = Duration::from_millis(500);
+
+/// A one-shot sync as a member of a worker group: passes over the
+/// partitions this member holds, until every partition of the group
+/// completed a pass begun after this member joined (whoever ran it: a
+/// member that died is taken over). Prints which partitions this member
+/// synced.
+async fn once_in_group(target: &target::Target, job: Arc<Job>) -> Result<u8> {
+    let stopping = target.app.shutdown_handle();
+    let mut code = EXIT_OK;
+    loop {
+        match once(target, Arc::clone(&job)).await {
+            Ok(c) => code = c,
+            // A member whose declaration of the tables differs from the
+            // root holder's (a rolling update) waits, and tries again.
+            Err(e) if e.is_root_pending() => tracing::warn!("{e}"),
+            Err(e) => return Err(e),
+        }
+        if stopping.is_requested() || target.app.group_synced().await? {
+            break;
+        }
+        tokio::time::sleep(GROUP_PASS_WAIT).await;
+    }
+    println!(
+        "partitions synced by this member: {}",
+        ranges(&target.app.synced_partitions())
+    );
+    Ok(code)
+}
+
+/// `0-3, 7, 9-10`: sorted partitions as ranges (`none` when empty).
+fn ranges(partitions: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut iter = partitions.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.next_if(|&n| n == end + 1).is_some() {
+            end += 1;
+        }
+        out.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+    }
+    if out.is_empty() {
+        "none".to_string()
+    } else {
+        out.join(", ")
+    }
 }
 
 /// Whether the database has none of the tables the ledger tracks there
@@ -500,18 +571,40 @@ fn summarize(root: &Path, db: &Database, files: u64, report: &RunReport, interru
 struct Feed {
     watcher: DirWatcher,
     debounce: Duration,
+    /// In a worker group: a run at least this often, with or without a
+    /// change, so that partitions taken over (from a member that died or
+    /// left) are synced, and a run that waited for the root partition's
+    /// holder tries again.
+    tick: Option<Duration>,
 }
 
 impl ChangeFeed for Feed {
     async fn next_change(&mut self) -> Option<Vec<String>> {
-        self.watcher.changed(self.debounce).await
+        let Some(tick) = self.tick else {
+            return self.watcher.changed(self.debounce).await;
+        };
+        match tokio::time::timeout(tick, self.watcher.changed(self.debounce)).await {
+            Ok(changes) => changes,
+            Err(_) => Some(Vec::new()),
+        }
     }
+}
+
+/// How often a live member of a worker group runs without a change: a
+/// third of the lease TTL, so that a partition taken over is synced
+/// within about one TTL of its owner's death.
+fn group_tick(group: &super::GroupArg) -> Duration {
+    let ttl = group
+        .lease_ttl
+        .map_or(weir::group::DEFAULT_LEASE_TTL, Duration::from_secs);
+    ttl / 3
 }
 
 async fn live(
     target: &target::Target,
     job: Arc<Job>,
     debounce: Duration,
+    tick: Option<Duration>,
     saver: &CacheSaver,
 ) -> Result<u8> {
     // Watch before the first run, so that nothing changed during it is
@@ -536,7 +629,11 @@ async fn live(
     target
         .app
         .watch(
-            Feed { watcher, debounce },
+            Feed {
+                watcher,
+                debounce,
+                tick,
+            },
             move |ctx| Arc::clone(&run).run(ctx),
             |event| match event {
                 WatchEvent::Ran { changes, report } => {

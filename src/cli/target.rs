@@ -1,12 +1,14 @@
 //! The database given with `--into`, and the app that writes to it.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use weir::connectors::sqlite;
+use weir::connectors::{postgres, sqlite};
+use weir::group::WorkerGroup;
 use weir::{App, ContextKey, Error, Result, UpdateStats};
 
-use super::job;
+use super::{job, GroupArg};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
@@ -144,13 +146,21 @@ const POSTGRES_TABLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_class \
      WHERE oid = to_regclass(quote_ident($1)) AND relkind IN ('r', 'p'))";
 
 impl Target {
-    /// Closes the database's connections. SQLite folds its write-ahead log
-    /// into the database file when the last connection closes, so that
-    /// after a sync the file alone holds every row (a copy of it is whole),
-    /// with no `-wal` or `-shm` file left beside it.
+    /// Closes the database's connections. SQLite's write-ahead log is
+    /// folded into the database file first, so that after a sync the file
+    /// alone holds every row (a copy of it is whole); SQLite removes the
+    /// emptied log when its last connection closes.
     pub async fn close(self) {
         match self.pool {
-            Pool::Sqlite(pool) => pool.close().await,
+            Pool::Sqlite(pool) => {
+                if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .execute(&pool)
+                    .await
+                {
+                    tracing::warn!("folding the write-ahead log into {} failed (SQLite does it on its next open): {e}", self.into.display());
+                }
+                pool.close().await;
+            }
             Pool::Postgres(pool) => pool.close().await,
         }
     }
@@ -206,16 +216,26 @@ impl Target {
 
 /// Connects to the database and opens the ledger (creating both if
 /// missing), after checking that the ledger belongs to this database.
-pub async fn open(into: &Database, ledger: &Path) -> Result<Target> {
+pub async fn open(into: &Database, ledger: &Path, group: &GroupArg) -> Result<Target> {
     check_marker(ledger, into)?;
     let pool = match into {
         Database::Sqlite(path) => {
+            if let Some(name) = &group.group {
+                return Err(Error::msg(format!(
+                    "worker group {name}: a group needs a PostgreSQL database (--into postgres://...), which fences each member's writes; {} is a SQLite file, which one process writes",
+                    into.display()
+                )));
+            }
             check_sqlite_dir(path)?;
             Pool::Sqlite(sqlite::connect(path).await?)
         }
         Database::Postgres(url) => Pool::Postgres(connect_postgres(url, false).await?),
     };
-    let target = build(into, ledger, pool).await?;
+    let worker_group = match (&group.group, into) {
+        (Some(name), Database::Postgres(url)) => Some(worker_group(name, group, url).await?),
+        _ => None,
+    };
+    let target = build(into, ledger, pool, worker_group).await?;
     write_marker(ledger, into)?;
     Ok(target)
 }
@@ -248,7 +268,36 @@ pub async fn open_dry(into: &Database, ledger: &Path, scratch: &Path) -> Result<
         }
         Database::Postgres(url) => Pool::Postgres(connect_postgres(url, true).await?),
     };
-    build(into, scratch, pool).await
+    build(into, scratch, pool, None).await
+}
+
+/// Connections of a member's coordinator: heartbeats and lease changes
+/// run on their own, never behind the member's writers.
+const COORDINATOR_CONNECTIONS: u32 = 2;
+
+/// The membership of the worker group `name`, coordinated in the database
+/// at `url` on a pool of its own.
+async fn worker_group(name: &str, group: &GroupArg, url: &str) -> Result<WorkerGroup> {
+    let options: PgConnectOptions = url.parse().map_err(|e| pg_error(url, &e))?;
+    let options = options.application_name("weir-coordinator");
+    let pool = PgPoolOptions::new()
+        .max_connections(COORDINATOR_CONNECTIONS)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(|e| pg_error(url, &e))?;
+    let coordinator = Arc::new(postgres::PostgresCoordinator::new(pool));
+    let mut membership = WorkerGroup::new(name, coordinator);
+    if let Some(n) = group.partitions {
+        membership = membership.partitions(n);
+    }
+    if let Some(secs) = group.lease_ttl {
+        membership = membership.lease_ttl(Duration::from_secs(secs));
+    }
+    if let Some(id) = &group.member_id {
+        membership = membership.member_id(id.clone());
+    }
+    Ok(membership)
 }
 
 /// A SQLite file can only be created in a directory that exists.
@@ -287,7 +336,12 @@ async fn connect_postgres(url: &str, read_only: bool) -> Result<PgPool> {
 }
 
 /// The app on the ledger at `ledger`, given the database's pool.
-async fn build(into: &Database, ledger: &Path, pool: Pool) -> Result<Target> {
+async fn build(
+    into: &Database,
+    ledger: &Path,
+    pool: Pool,
+    group: Option<WorkerGroup>,
+) -> Result<Target> {
     // A file's rows stay in memory until its component commits: fewer
     // files in flight than the engine's default bound the memory a tree of
     // large text files can take (1024 × 2 × MAX_CONTENT_BYTES at most).
@@ -297,6 +351,10 @@ async fn build(into: &Database, ledger: &Path, pool: Pool) -> Result<Target> {
     let builder = match &pool {
         Pool::Sqlite(pool) => builder.provide_key(&SQLITE.sqlite(), pool.clone()),
         Pool::Postgres(pool) => builder.provide_key(&POSTGRES.postgres(), pool.clone()),
+    };
+    let builder = match group {
+        Some(group) => builder.worker_group(group),
+        None => builder,
     };
     let app = builder.build().await?;
     Ok(Target {

@@ -244,7 +244,9 @@ async fn apply_orphans(run: &Run, outcomes: Vec<OrphanOutcome>) -> Result<bool> 
     let mut waiting: HashMap<Vec<u8>, UnitWaiter> = HashMap::new();
     for (component, unit) in &units {
         if unit.error.is_none() {
-            waiting.insert(component.clone(), dispatch_unit(run, unit));
+            let waiter = UnitWaiter::in_partition(run.partition_of(component));
+            dispatch_unit(run, unit, &waiter);
+            waiting.insert(component.clone(), waiter);
         }
     }
     run.activity.leave();
@@ -295,8 +297,7 @@ fn group_units(outcomes: Vec<OrphanOutcome>) -> BTreeMap<Vec<u8>, Unit> {
 }
 
 /// Sends a unit's deletes to their sinks.
-fn dispatch_unit(run: &Run, unit: &Unit) -> UnitWaiter {
-    let waiter = UnitWaiter::new();
+fn dispatch_unit(run: &Run, unit: &Unit, waiter: &UnitWaiter) {
     let mut groups = SinkGroups::default();
     for (orphan, provider, key, out) in &unit.items {
         let Some(out) = out else { continue };
@@ -312,8 +313,7 @@ fn dispatch_unit(run: &Run, unit: &Unit) -> UnitWaiter {
         };
         groups.add(&out.sink, &provider.path.name, &provider.path.root, planned);
     }
-    groups.dispatch(run, &waiter);
-    waiter
+    groups.dispatch(run, waiter);
 }
 
 /// What a unit commits: its states removed, or (when its deletes failed)
@@ -369,10 +369,15 @@ async fn forget_removed(run: &Run, removed: Vec<ComponentPath>) -> Result<()> {
     {
         let mut declared_last = lock(&run.engine.declared_last);
         for path in removed.into_iter().rev() {
-            let parent = path.parent().and_then(|p| {
-                let key = path.segments().last()?.clone();
-                Some((keycode::component_key(p.segments()), key))
-            });
+            // In a worker group the root's child list is not recorded
+            // (its children span members).
+            let parent = path
+                .parent()
+                .filter(|p| run.group.is_none() || !p.segments().is_empty())
+                .and_then(|p| {
+                    let key = path.segments().last()?.clone();
+                    Some((keycode::component_key(p.segments()), key))
+                });
             let component = keycode::component_key(path.segments());
             declared_last.remove(component.as_slice());
             ops.push(LedgerOp::RemoveComponent { component, parent });

@@ -176,10 +176,7 @@ fn run(ledger: Ledger, rx: Receiver<LedgerMsg>, mirror: Option<MirrorHook>) {
             }
         }
         let shutdown = group.shutdown;
-        write_group(&ledger, group, mirror.as_ref());
-        metrics::counter!(crate::metrics::LEDGER_COMMITS).increment(1);
-        metrics::histogram!(crate::metrics::LEDGER_COMMIT_DURATION)
-            .record(group_started.elapsed().as_secs_f64());
+        write_group(&ledger, group, mirror.as_ref(), group_started);
         if shutdown {
             break;
         }
@@ -200,7 +197,12 @@ struct Group {
 /// Writes a group: its commits in one sled batch (or one by one, should
 /// that fail), one flush, then the answers; in a worker group, the
 /// answers wait for the changelog (see [`crate::group`]).
-fn write_group(ledger: &Ledger, group: Group, mirror: Option<&MirrorHook>) {
+fn write_group(
+    ledger: &Ledger,
+    group: Group,
+    mirror: Option<&MirrorHook>,
+    started: std::time::Instant,
+) {
     let Group {
         intents,
         commits,
@@ -229,6 +231,11 @@ fn write_group(ledger: &Ledger, group: Group, mirror: Option<&MirrorHook>) {
     } else {
         ledger.flush()
     };
+    // Counted before anyone is answered: a caller that reads the metrics
+    // once its commit returned sees it.
+    metrics::counter!(crate::metrics::LEDGER_COMMITS).increment(1);
+    metrics::histogram!(crate::metrics::LEDGER_COMMIT_DURATION)
+        .record(started.elapsed().as_secs_f64());
     let commit_result = |applied: Result<()>| match (applied, &flushed) {
         (Err(e), _) => Err(Error::msg(format!("ledger write failed: {e}"))),
         (_, Err(e)) => Err(Error::msg(format!("ledger flush failed: {e}"))),

@@ -189,6 +189,11 @@ type Started = (
 );
 
 impl Engine {
+    /// The name of the worker group the App is a member of, if any.
+    pub(crate) fn group_name(&self) -> Option<String> {
+        self.member.as_ref().map(|m| m.group.name().to_string())
+    }
+
     pub(crate) fn start(
         ledger: Ledger,
         config: EngineConfig,

@@ -86,7 +86,6 @@ impl Fence {
     }
 
     /// Runs `f` (a sink call) with `fence` as its [`Fence::current`].
-    #[allow(dead_code)] // Used by the sink calls of a group's member.
     pub(crate) async fn scope<F: Future>(fence: Option<Fence>, f: F) -> F::Output {
         match fence {
             Some(fence) => FENCE.scope(fence, f).await,

@@ -14,7 +14,6 @@ use crate::model::{keycode, StableKey};
 use crate::scope::RunScope;
 
 /// The membership of an App in a worker group.
-#[allow(dead_code)]
 pub(crate) struct Member {
     pub(crate) group: WorkerGroup,
     pub(crate) id: String,
@@ -60,7 +59,6 @@ impl Holding {
     }
 }
 
-#[allow(dead_code)]
 impl Member {
     pub(crate) fn new(group: WorkerGroup) -> Self {
         let id = group.member_id.clone().unwrap_or_else(default_member_id);
@@ -113,6 +111,10 @@ impl Member {
     /// Renews the membership; when it had expired, every partition is
     /// dropped and the member joins again before its next run.
     pub(crate) async fn heartbeat(&self) -> Result<bool> {
+        if self.state().joined.is_none() {
+            // Not a member now (it left): the next run joins again.
+            return Ok(false);
+        }
         let alive = self
             .group
             .coordinator
@@ -148,6 +150,15 @@ impl Member {
         for p in partitions {
             state.held.remove(p);
         }
+        drop(state);
+        self.gauge();
+    }
+
+    /// Forgets the membership (after leaving): the next run joins again.
+    pub(crate) fn forget_membership(&self) {
+        let mut state = self.state();
+        state.joined = None;
+        state.held.clear();
         drop(state);
         self.gauge();
     }

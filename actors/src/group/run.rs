@@ -32,13 +32,36 @@ impl GroupRun {
 /// Joins the group of an App being built.
 pub(crate) async fn join(group: WorkerGroup) -> Result<Arc<Member>> {
     let member = Arc::new(Member::new(group));
-    let (_, joined) = member.ensure_joined().await?;
-    if joined.first {
-        // Members started together: let the others join before the first
-        // assignment, so that they split the work from the start.
-        tokio::time::sleep(member.group.join_delay).await;
-    }
+    member.ensure_joined().await?;
+    settle_joins(&member).await?;
     Ok(member)
+}
+
+/// How many join delays a member waits at most for others to join.
+const MAX_JOIN_DELAYS: u32 = 5;
+
+/// Waits before the first assignment while members join: a join delay,
+/// extended by another each time the group grew meanwhile (up to
+/// [`MAX_JOIN_DELAYS`]), renewing the membership as it waits. Members
+/// started together then split the work from their first run, rather
+/// than the first taking everything and giving most of it up again.
+async fn settle_joins(member: &Member) -> Result<()> {
+    let delay = member.group.join_delay;
+    if delay.is_zero() {
+        return Ok(());
+    }
+    let coordinator = &member.group.coordinator;
+    let mut seen = coordinator.status(&member.group.name).await?.members.len();
+    for _ in 0..MAX_JOIN_DELAYS {
+        tokio::time::sleep(delay).await;
+        member.heartbeat().await?;
+        let now = coordinator.status(&member.group.name).await?.members.len();
+        if now == seen {
+            break;
+        }
+        seen = now;
+    }
+    Ok(())
 }
 
 /// Renews the membership every third of the lease TTL until the App
@@ -210,10 +233,10 @@ pub(crate) async fn after_run(
     Ok(())
 }
 
-/// The root-level components of the data partitions held, as the local
-/// ledger knows them: in a group, what the root mounted last time (its
-/// child list spans members).
-#[allow(dead_code)]
+/// The root-level components of the partitions held, as the local ledger
+/// knows them: in a group, what the root mounted last time (its child list
+/// spans members, so it is not recorded). The root's own containers
+/// (mounted by `mount_target`) count when the root partition is held.
 pub(crate) async fn held_root_children(
     engine: &Engine,
     holding: &Holding,
@@ -224,8 +247,10 @@ pub(crate) async fn held_root_children(
     let keys = engine
         .user
         .spawn_blocking(move || {
-            ledger.component_keys(|c| {
-                matches!(component_partition(c, partitions), p @ PartitionId::Data(_) if held.contains(&p))
+            ledger.component_keys(|c| match component_partition(c, partitions) {
+                p @ PartitionId::Data(_) => held.contains(&p),
+                // The root's own containers (`mount_target`): its holder's.
+                PartitionId::Root => held.contains(&PartitionId::Root),
             })
         })
         .await
@@ -240,10 +265,8 @@ pub(crate) async fn held_root_children(
 }
 
 /// Leaves the group: releases every partition and the membership.
-#[allow(dead_code)]
 pub(crate) async fn leave(member: &Member) -> Result<()> {
-    let held: Vec<PartitionId> = member.holding().held.keys().copied().collect();
-    member.drop_partitions(&held);
+    member.forget_membership();
     member
         .group
         .coordinator

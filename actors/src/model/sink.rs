@@ -60,6 +60,9 @@ pub(crate) struct SinkCore {
     pub child_handler: Option<Box<ChildFn>>,
     /// How many calls may run at once (at least 1).
     pub concurrency: AtomicUsize,
+    /// Whether the sink checks each call's [`Fence`](crate::Fence) in the
+    /// transaction it writes with (required in a worker group).
+    pub checks_fence: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for SinkCore {
@@ -149,6 +152,7 @@ where
             apply: make_apply(apply),
             child_handler: None,
             concurrency: AtomicUsize::new(1),
+            checks_fence: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -171,6 +175,7 @@ where
             apply: make_apply(apply),
             child_handler: Some(child),
             concurrency: AtomicUsize::new(1),
+            checks_fence: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -194,6 +199,17 @@ impl<A> TargetActionSink<A> {
     /// identity: clones included. `0` counts as 1.
     pub fn concurrent_calls(self, calls: usize) -> Self {
         self.core.concurrency.store(calls.max(1), Ordering::Relaxed);
+        self
+    }
+
+    /// Declares that this sink checks the [`Fence`](crate::Fence) of each
+    /// call in the transaction it writes with, failing with
+    /// [`Fence::fenced`](crate::Fence::fenced) when a partition moved on
+    /// (see [`crate::group`]). In a worker group the engine refuses to
+    /// call a sink that does not: a paused member could otherwise write
+    /// stale data. Applies to the identity: clones included.
+    pub fn checks_fence(self) -> Self {
+        self.core.checks_fence.store(true, Ordering::Relaxed);
         self
     }
 

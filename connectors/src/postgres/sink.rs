@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgDatabaseError;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
-use weir_actors::{Error, Result, StableKey, TargetAction};
+use weir_actors::{Error, Fence, Result, StableKey, TargetAction};
 
 use super::target::{DbInner, RowAction, TableAction, TableMeta};
 use super::types::{copy_binary, ColumnArray};
@@ -40,6 +40,7 @@ pub(crate) async fn apply_tables(
         return Ok(());
     }
     let mut tx = pool.begin().await?;
+    check_fence_of_call(&mut tx).await?;
     for (table, statement) in statements {
         sqlx::query(&statement)
             .persistent(false)
@@ -219,6 +220,7 @@ type Deletes = Vec<(Arc<TableMeta>, Rows)>;
 
 async fn write_all(conn: &mut PgConnection, upserts: Upserts, deletes: Deletes) -> Result<()> {
     let mut tx = conn.begin().await?;
+    check_fence_of_call(&mut tx).await?;
     for (meta, rows, created) in upserts {
         copy_then_upsert(&mut tx, &meta, rows, &created).await?;
     }
@@ -227,6 +229,17 @@ async fn write_all(conn: &mut PgConnection, upserts: Upserts, deletes: Deletes) 
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// In a worker group, checks the call's fence first thing in its
+/// transaction: the partitions' fence rows stay share-locked until it
+/// commits, so a takeover waits for it, and a call of a partition taken
+/// over writes nothing (see `weir::group`).
+async fn check_fence_of_call(tx: &mut Transaction<'_, Postgres>) -> Result<()> {
+    match Fence::current() {
+        Some(fence) => super::check_fence(tx, &fence).await,
+        None => Ok(()),
+    }
 }
 
 /// A pooled connection that is closed, not given back, when dropped before

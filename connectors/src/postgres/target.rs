@@ -154,7 +154,8 @@ impl DbShared {
         let row_sink = TargetActionSink::from_async_fn(move |actions| {
             sink::apply_rows(Arc::clone(&for_rows), actions)
         })
-        .concurrent_calls(ROW_SINK_CONCURRENT_CALLS);
+        .concurrent_calls(ROW_SINK_CONCURRENT_CALLS)
+        .checks_fence();
         let rows_for_tables = row_sink.clone();
         let for_tables = Arc::clone(&inner);
         let pool = inner.pool.clone();
@@ -185,7 +186,8 @@ impl DbShared {
                     sink: rows_for_tables.clone(),
                 }))
             },
-        );
+        )
+        .checks_fence();
         Self {
             inner,
             table_sink,

@@ -53,6 +53,24 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         prev_failure,
         fresh,
     } = reconciled;
+    let prev_children = match &run.group {
+        Some(group) if state.is_group_root() => {
+            crate::group::run::held_root_children(&run.engine, &group.holding).await?
+        }
+        _ => prev_children,
+    };
+    if state.read_only_root() && !run.preview {
+        state.leave_activity();
+        let pending = root_actions_pending(state, &decls, &results, orphans.len());
+        if let Some(detail) = pending {
+            return Err(Error::RootPending {
+                group: run.engine.group_name().unwrap_or_default(),
+                detail,
+            });
+        }
+        note_children_and_orphans(state, &prev_children, Vec::new());
+        return Ok(());
+    }
 
     if run.preview {
         let mut preview = lock(&run.preview_actions);
@@ -75,7 +93,7 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     }
 
     // Apply wave by wave: containers before their children.
-    let waiter = UnitWaiter::new();
+    let waiter = UnitWaiter::in_partition(run.partition_of(&state.key));
     let mut attempted: Vec<usize> = Vec::new();
     let mut failure: Option<Error> = None;
     let mut records: Option<Result<SuccessRecords>> = None;
@@ -185,7 +203,9 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         run.counters.count_action(kind, n);
     }
     let own = state.key.to_vec();
-    if let Some(children) = children_change(state, &prev_children) {
+    if let Some(children) =
+        children_change(state, &prev_children).filter(|_| !state.is_group_root())
+    {
         ops.push(LedgerOp::AddChildren {
             component: own.clone(),
             children,
@@ -217,6 +237,45 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     note_children_and_orphans(state, &prev_children, orphans);
     free_later(run, (decls, results));
     Ok(())
+}
+
+/// In a member that does not hold the root partition: what the
+/// component's declarations of root states would need done against the
+/// holder's records (`None`: nothing; a container's refresh is nothing).
+fn root_actions_pending(
+    state: &ComponentState,
+    decls: &[super::Declaration],
+    results: &Outcomes,
+    orphans: usize,
+) -> Option<String> {
+    let needed: Vec<String> = results
+        .iter()
+        .filter_map(|(i, r)| {
+            let d = decls.get(i)?;
+            let out = r.output.as_ref()?;
+            (!is_refresh(state, d, r)).then(|| {
+                format!(
+                    "{} {} of {}",
+                    out.kind.as_str(),
+                    d.key,
+                    d.provider.path.name
+                )
+            })
+        })
+        .take(3)
+        .collect();
+    match (needed.is_empty(), orphans) {
+        (true, 0) => None,
+        (true, n) => Some(format!(
+            "component {} no longer declares {n} root state(s)",
+            state.path
+        )),
+        (false, _) => Some(format!(
+            "component {} declares root states that need an action ({})",
+            state.path,
+            needed.join(", ")
+        )),
+    }
 }
 
 /// The number of declarations from which a component's are freed on a

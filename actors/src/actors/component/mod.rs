@@ -190,6 +190,22 @@ pub(crate) struct ComponentState {
 const SIZE_HINT_FROM: usize = 1024;
 
 impl ComponentState {
+    /// In a worker group, whether this is the root component: its
+    /// children span members, so its child list is not recorded (each
+    /// member finds the children of the partitions it holds in its
+    /// ledger).
+    pub(crate) fn is_group_root(&self) -> bool {
+        self.run.group.is_some() && self.path.segments().is_empty()
+    }
+
+    /// In a worker group, whether this component is in the root
+    /// partition and this member does not hold it: it reads what the
+    /// holder applied, and writes nothing.
+    pub(crate) fn read_only_root(&self) -> bool {
+        self.run.partition_of(&self.key) == Some(crate::group::PartitionId::Root)
+            && !self.run.root_writable()
+    }
+
     pub(crate) fn new(run: Arc<Run>, path: ComponentPath) -> Arc<Self> {
         let key: Arc<[u8]> = Arc::from(crate::model::keycode::component_key(path.segments()));
         let declared_last = lock(&run.engine.declared_last)

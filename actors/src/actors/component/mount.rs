@@ -147,7 +147,7 @@ impl Drop for CancelGuard {
         run.note_cancelled();
         let err = Error::Cancelled(state.path.clone());
         run.fail(ComponentFailure::new(state.path.clone(), &err));
-        if run.preview {
+        if run.preview || state.read_only_root() {
             return;
         }
         // Sent without waiting (nothing can wait here); the ledger writes
@@ -194,7 +194,7 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// Remembers in the ledger that the component failed; its states stay as
 /// they were.
 pub(super) async fn record_failure(state: &ComponentState, err: &Error) {
-    if state.run.preview {
+    if state.run.preview || state.read_only_root() {
         return;
     }
     // The failure itself is reported to the caller; a ledger error here
@@ -220,6 +220,9 @@ fn failure_ops(state: &ComponentState, err: &Error) -> Vec<LedgerOp> {
 /// Lists the children mounted in this run in the component's child list,
 /// so that they are found again even when the component fails.
 pub(super) fn mounted_children_op(state: &ComponentState) -> Option<LedgerOp> {
+    if state.is_group_root() {
+        return None;
+    }
     let children = lock(&state.children);
     (!children.keys.is_empty()).then(|| LedgerOp::AddChildren {
         component: state.key.to_vec(),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::SinkEnv;
 use crate::config::RetryPolicy;
 use crate::error::{Error, Result};
+use crate::group::Fence;
 use crate::model::sink::{panic_error, EncodedAction, SinkCore};
 
 /// The delay before retry number `attempt` (1-based): exponential, capped,
@@ -23,6 +24,7 @@ pub(super) async fn call_sink(
     core: Arc<SinkCore>,
     env: &SinkEnv,
     actions: Vec<EncodedAction>,
+    fence: Option<Fence>,
 ) -> Result<()> {
     // The user's function runs on the user's runtime, inside the task, so
     // that even a panic before it returns a future is caught there. The
@@ -32,7 +34,8 @@ pub(super) async fn call_sink(
     let token = env.work.token();
     let handle = env.user.spawn(async move {
         let _counted = token;
-        let call = (core.apply)(actions);
+        // The fence is current from before the user's function is called.
+        let call = Fence::scope(fence, async move { (core.apply)(actions).await });
         match limit {
             Some(limit) => tokio::time::timeout(limit, call).await.map_err(|_| {
                 Error::msg(format!(

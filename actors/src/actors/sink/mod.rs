@@ -33,6 +33,7 @@ use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Wrap
 use crate::actors::ledger::LedgerHandle;
 use crate::config::{BatchPolicy, RetryPolicy};
 use crate::error::{Error, Result};
+use crate::group::Fence;
 use crate::ledger::record::Intent;
 use crate::model::sink::{EncodedAction, SinkCore};
 use crate::model::ActionKind;
@@ -70,6 +71,9 @@ pub(crate) struct SinkEnv {
     pub activity: Arc<Activity>,
     /// Intent batch ids written in this run, deleted when the run ends.
     pub intent_ids: Arc<Mutex<Vec<u64>>>,
+    /// In a worker group, the App's membership: each call is fenced with
+    /// the epochs of the partitions its actions are written for.
+    pub member: Option<Arc<crate::group::member::Member>>,
 }
 
 /// The address of a sink actor, counting the messages on their way to it.
@@ -405,6 +409,14 @@ impl SinkActor {
             self.release(claimed);
             return;
         }
+        let fence = match self.fence_of(&batch) {
+            Ok(fence) => fence,
+            Err(refused) => {
+                self.fail_unfenced(batch, &refused);
+                self.release(claimed);
+                return;
+            }
+        };
         let env = self.env.clone();
         let core = Arc::clone(&self.core);
         let actions: Vec<EncodedAction> = batch
@@ -430,7 +442,7 @@ impl SinkActor {
         let fut = async move {
             let started = std::time::Instant::now();
             crate::fault::point(crate::fault::SINK_BEFORE_APPLY);
-            let res = call_sink(core, &env, actions).await;
+            let res = call_sink(core, &env, actions, fence).await;
             if res.is_ok() {
                 crate::fault::point(crate::fault::SINK_AFTER_APPLY);
             }
@@ -448,6 +460,72 @@ impl SinkActor {
             }
             act.maybe_flush(ctx);
         }));
+    }
+
+    /// In a worker group, the fence of a call of `batch`: the partitions
+    /// of its components with the epochs held now. A sink that does not
+    /// check fences is refused there (the error to fail the batch with).
+    fn fence_of(&self, batch: &Batch) -> std::result::Result<Option<Fence>, String> {
+        let Some(member) = &self.env.member else {
+            return Ok(None);
+        };
+        if !self.core.checks_fence.load(Ordering::Relaxed) {
+            return Err(format!(
+                "in worker group {}, every sink must check its calls' fence (TargetActionSink::checks_fence), so that a member that lost a partition writes nothing for it; this one does not: write to PostgreSQL, or make the sink check Fence::current()",
+                member.group.name()
+            ));
+        }
+        Ok(Some(member.fence(
+            batch.parts.iter().filter_map(|p| p.unit.partition()),
+        )))
+    }
+
+    /// Fails every part of a batch with a sink that cannot be fenced,
+    /// without calling it.
+    fn fail_unfenced(&mut self, batch: Batch, refused: &str) {
+        for part in batch.parts {
+            part.unit.ack(
+                part.actions.len(),
+                Err(Error::Sink {
+                    sink: part.unit.provider.to_string(),
+                    actions: part.actions.len(),
+                    keys: String::new(),
+                    cause: Box::new(Error::permanent(refused)),
+                }),
+            );
+        }
+    }
+
+    /// Settles a call refused by the fence: the parts of the partitions
+    /// taken over are dropped (their member no longer holds them, and
+    /// their new owner runs them), the others go on as a batch of their
+    /// own, without counting an attempt.
+    fn drop_fenced(&mut self, batch: Batch, err: &Error) {
+        let stale = fenced_partitions(err);
+        let member = self.env.member.clone();
+        if let Some(member) = &member {
+            member.drop_partitions(&stale);
+        }
+        let group = member
+            .as_ref()
+            .map_or_else(String::new, |m| m.group.name().to_string());
+        let (dropped, kept): (Vec<Part>, Vec<Part>) = batch.parts.into_iter().partition(|p| {
+            stale.is_empty() || p.unit.partition().is_none_or(|q| stale.contains(&q))
+        });
+        metrics::counter!(crate::metrics::GROUP_FENCED_WRITES).increment(dropped.len() as u64);
+        for part in dropped {
+            let partitions = part.unit.partition().into_iter().collect();
+            part.unit.ack(
+                part.actions.len(),
+                Err(Error::Fenced {
+                    group: group.clone(),
+                    partitions,
+                }),
+            );
+        }
+        if !kept.is_empty() {
+            self.ready.push_front(Batch { parts: kept });
+        }
     }
 
     /// Fails every part of a batch without retrying.
@@ -504,6 +582,10 @@ impl SinkActor {
             }
             Err(e) => e,
         };
+        if err.is_fenced() {
+            self.drop_fenced(batch, &err);
+            return None;
+        }
         if batch.parts.len() > 1 {
             metrics::counter!(crate::metrics::SINK_SPLITS, "sink" => label).increment(1);
             // Split along component boundaries and try each half.
@@ -539,6 +621,16 @@ impl SinkActor {
             }),
         );
         None
+    }
+}
+
+/// The partitions a fenced write names as taken over (empty: all of the
+/// call's).
+fn fenced_partitions(err: &Error) -> Vec<crate::group::PartitionId> {
+    match err {
+        Error::Fenced { partitions, .. } => partitions.clone(),
+        Error::Sink { cause, .. } | Error::Reconcile { cause, .. } => fenced_partitions(cause),
+        _ => Vec::new(),
     }
 }
 

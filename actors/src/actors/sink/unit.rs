@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::group::PartitionId;
 use crate::ledger::record::Intent;
 use crate::model::sink::EncodedAction;
 use crate::model::StableKey;
@@ -26,6 +27,9 @@ pub(crate) struct PlannedAction {
 pub(crate) struct UnitWaiter(Arc<Waiter>);
 
 struct Waiter {
+    /// In a worker group, the partition of the unit's component: its
+    /// sink calls are fenced with that partition's epoch.
+    partition: Option<PartitionId>,
     /// Actions dispatched and not acknowledged yet.
     pending: AtomicUsize,
     /// Live `UnitRef`s: when none is left, nothing more can be acknowledged.
@@ -38,8 +42,11 @@ struct Waiter {
 }
 
 impl UnitWaiter {
-    pub(crate) fn new() -> Self {
+    /// A waiter for the actions of a component of `partition` (in a worker
+    /// group; `None` outside one).
+    pub(crate) fn in_partition(partition: Option<PartitionId>) -> Self {
         Self(Arc::new(Waiter {
+            partition,
             pending: AtomicUsize::new(0),
             senders: AtomicUsize::new(0),
             failure: Mutex::new(None),
@@ -108,6 +115,11 @@ pub(crate) struct UnitRef {
 }
 
 impl UnitRef {
+    /// In a worker group, the partition of the unit's component.
+    pub(crate) fn partition(&self) -> Option<PartitionId> {
+        self.waiter.partition
+    }
+
     /// Whether the unit's component stopped waiting for these actions (it
     /// was cancelled): they must not be applied any more.
     pub(crate) fn abandoned(&self) -> bool {
