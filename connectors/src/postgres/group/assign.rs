@@ -20,6 +20,9 @@ use weir_actors::{PartitionId, Result};
 
 use super::member::{lock_group, no_group};
 
+/// A partition's row: number, live owner, target, epoch, completed pass.
+type StateRow = (i32, Option<String>, Option<String>, i64, Option<i64>);
+
 /// Every partition's state, the root first: its owner when the owner's
 /// membership (of the incarnation that took it) is live, its target, its
 /// epoch and its last completed pass.
@@ -27,7 +30,7 @@ pub(super) async fn partition_states(
     conn: &mut PgConnection,
     group: &str,
 ) -> Result<Vec<PartitionState>> {
-    let rows: Vec<(i32, Option<String>, Option<String>, i64, Option<i64>)> = sqlx::query_as(
+    let rows: Vec<StateRow> = sqlx::query_as(
         "SELECT p.partition, CASE WHEN o.member_id IS NULL THEN NULL ELSE p.owner END,
                 p.target, f.epoch, pp.completed_pass
            FROM weir.partition p
