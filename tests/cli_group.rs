@@ -171,8 +171,8 @@ async fn a_member_killed_with_sigkill_is_taken_over_and_its_files_changes_are_sy
         let env = Env::new();
         generate(&env, 40);
         let live = ["--live", "--debounce-ms", "100"];
-        let mut a = start(&env, &pg.url, "kill", 0, &live);
-        let mut b = start(&env, &pg.url, "kill", 1, &live);
+        let mut a = cmd::Running(start(&env, &pg.url, "kill", 0, &live));
+        let mut b = cmd::Running(start(&env, &pg.url, "kill", 1, &live));
         let synced = within(Duration::from_secs(60), || async {
             matches_tree(pg, &env).await
         })
@@ -180,8 +180,7 @@ async fn a_member_killed_with_sigkill_is_taken_over_and_its_files_changes_are_sy
         assert!(synced.is_some(), "the two members did not sync the tree");
 
         // SIGKILL: no leave, the lease runs out after its TTL (3 s).
-        a.kill()?;
-        a.wait()?;
+        a.kill();
         for i in 0..40 {
             env.put(&format!("d{}/f{i}.md", i % 4), format!("changed {i}\n"));
         }
@@ -190,7 +189,7 @@ async fn a_member_killed_with_sigkill_is_taken_over_and_its_files_changes_are_sy
             matches_tree(pg, &env).await
         })
         .await;
-        let (status, stderr) = cmd::terminate(&mut b, Duration::from_secs(20));
+        let (status, stderr) = b.terminate(Duration::from_secs(20));
         assert!(
             taken_over.is_some(),
             "the survivor did not sync every change; its stderr: {stderr}"

@@ -71,6 +71,31 @@ pub fn terminate(child: &mut Child, limit: Duration) -> (Option<ExitStatus>, Str
     (status, stderr)
 }
 
+/// A started process that is killed and reaped when dropped, so a test
+/// that fails midway leaves no process (and no zombie) behind.
+pub struct Running(pub Child);
+
+impl Running {
+    /// Sends SIGTERM and waits up to `limit`: see [`terminate`].
+    pub fn terminate(&mut self, limit: Duration) -> (Option<ExitStatus>, String) {
+        terminate(&mut self.0, limit)
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            self.kill();
+        }
+    }
+}
+
 /// Output bytes as text.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
