@@ -632,3 +632,46 @@ async fn a_panicking_memo_function_runs_the_component_instead() -> Result<()> {
     assert_eq!(rig.store.snapshot(), map(&[("a", "v"), ("b", "v")]));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_without_a_memo_key_that_changed_the_states_forgets_the_memo_key_recorded_before(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let rig = Rig::new();
+    let handler = rig.handler();
+    // One component declaring `keys`; memoized on a fixed key when `memo`.
+    let sync = |keys: Vec<&'static str>, memo: bool| {
+        let handler = handler.clone();
+        app.run_report(move |ctx| async move {
+            let rows =
+                register_root_target_states_provider::<String, _>(&ctx, ROWS, handler.clone())?;
+            let declare = move |ctx: Ctx, keys: Vec<&'static str>| {
+                let rows = rows.clone();
+                async move {
+                    for k in keys {
+                        declare_target_state(&ctx, rows.target_state(k, "v".to_string()))?;
+                    }
+                    Ok(())
+                }
+            };
+            if memo {
+                ctx.mount_each_memo(vec![keys], |_| "only", |_| Ok("fixed"), declare)
+                    .await
+            } else {
+                ctx.mount_each(vec![keys], |_| "only", declare).await
+            }
+        })
+    };
+    sync(vec!["a", "b"], true).await?;
+    sync(vec!["a", "b"], true).await?;
+    // Mounted without a memo key, the component now declares other states.
+    sync(vec!["c"], false).await?;
+    assert_eq!(rig.store.snapshot(), map(&[("c", "v")]));
+    // The memo key of the first runs no longer describes what exists: the
+    // component must run, and bring back a and b.
+    let report = sync(vec!["a", "b"], true).await?;
+    assert_eq!(report.stats.memoized, 0, "{:?}", report.stats);
+    assert_eq!(rig.store.snapshot(), map(&[("a", "v"), ("b", "v")]));
+    Ok(())
+}

@@ -217,17 +217,8 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             failure: None,
         });
     }
-    if let Some(memo) = state.memo.get() {
-        // States it no longer declares, and children it no longer mounts,
-        // are deleted only at the end of the run: until that has happened,
-        // its memo key does not describe what exists, so it is not
-        // recorded (the next run runs the component again and records it).
-        let pending = !orphans.is_empty() || removes_children(state, &prev_children);
-        ops.push(LedgerOp::SetMemo {
-            component: own,
-            memo: (!pending).then(|| memo.clone()),
-        });
-    }
+    let pending = !orphans.is_empty() || removes_children(state, &prev_children);
+    ops.extend(memo_op(state, own, pending, !ops.is_empty()));
     if !ops.is_empty() {
         state
             .committing
@@ -237,6 +228,25 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     note_children_and_orphans(state, &prev_children, orphans);
     free_later(run, (decls, results));
     Ok(())
+}
+
+/// The change to a successful component's memo key, if any. States it no
+/// longer declares, and children it no longer mounts (`pending`), are
+/// deleted only at the end of the run: until that has happened, its memo
+/// key does not describe what exists, so it is not recorded (the next run
+/// runs the component again and records it). Run without a memo key, a
+/// component that changed anything (`changed`, or `pending`) forgets the
+/// one an earlier run recorded, which no longer describes it.
+fn memo_op(state: &ComponentState, own: Vec<u8>, pending: bool, changed: bool) -> Option<LedgerOp> {
+    let memo = match state.memo.get() {
+        Some(memo) => (!pending).then(|| memo.clone()),
+        None if pending || changed => None,
+        None => return None,
+    };
+    Some(LedgerOp::SetMemo {
+        component: own,
+        memo,
+    })
 }
 
 /// In a member that does not hold the root partition: what the
