@@ -669,6 +669,25 @@ async fn the_memo_key_changes_only_after_a_destructive_or_lossy_invalidation() -
     Ok(())
 }
 
+#[tokio::test]
+async fn a_container_dropped_and_declared_again_gives_a_memo_key_it_never_gave_before() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let rig = TableRig::new();
+    let rows = [("a", "1")];
+    let mut seen = vec![sync_table(&app, &rig, "g1", None, &rows).await?];
+    for _ in 0..2 {
+        sync_no_table(&app, &rig).await?;
+        seen.push(sync_table(&app, &rig, "g1", None, &rows).await?);
+    }
+    // Children memoized on the old key would be skipped, and their rows
+    // never written into the new table.
+    let distinct: std::collections::BTreeSet<&String> = seen.iter().collect();
+    assert_eq!(distinct.len(), seen.len(), "{seen:?}");
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // 7. Preview
 // ---------------------------------------------------------------------------

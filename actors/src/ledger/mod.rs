@@ -361,6 +361,11 @@ impl Ledger {
         }
     }
 
+    /// How many commits this ledger has applied: it only grows.
+    pub(crate) fn commits(&self) -> u64 {
+        self.seq.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The memo key a component committed with in its last successful
     /// run, if it was mounted with one and has not failed or been
     /// interrupted since.

@@ -281,6 +281,24 @@ pub(super) async fn reconcile_waves(
     Ok(out)
 }
 
+/// The generation of a container with none of its own (new, or declared
+/// again after it was dropped): above any it had before, so that no record
+/// left from an earlier life of the container is trusted and its
+/// [`memo_key`](crate::TargetStateProvider::memo_key) is one it never gave
+/// before. Each earlier generation was given, or moved on, in a run that
+/// then committed it: the ledger's commit count has passed them all. (In a
+/// worker group, records restored from another member's changelog may
+/// carry generations above this ledger's count; a container dropped there
+/// and declared again here could then repeat one, which only costs the
+/// memo keys' distinctness, as the records below it went with the drop.)
+fn new_container_generation(run: &Run) -> ChildGeneration {
+    let floor = run.engine.ledger.commits() + 1;
+    ChildGeneration {
+        current: floor,
+        destructive_floor: floor,
+    }
+}
+
 /// Builds a container's child handler from its action and resolves the
 /// child provider. Returns the generation given to the children: the
 /// stored one, moved on by the action's invalidation, by a destructive
@@ -309,11 +327,11 @@ fn resolve_child(
         ))
     })?;
     let def = guarded(|| factory(&out.action)).map_err(wrap)?;
-    let prev = r
-        .prev
-        .as_ref()
-        .and_then(|p| p.child_gen)
-        .unwrap_or_default();
+    let Some(prev) = r.prev.as_ref().and_then(|p| p.child_gen) else {
+        let gen = new_container_generation(run);
+        resolve_provider(run, child, def.handler, gen).map_err(wrap)?;
+        return Ok(Some(gen));
+    };
     // A container whose own records went with a destructive change of the
     // container above it is new: whatever its children's records say, they
     // went with it.
