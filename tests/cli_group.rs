@@ -103,16 +103,14 @@ fn synced_by(out: &Output) -> BTreeSet<u32> {
     let stdout = text(&out.stdout);
     let line = stdout
         .lines()
-        .find_map(|l| l.strip_prefix("partitions synced by this member: "))
+        .find_map(|l| l.strip_prefix("partitions synced: "))
         .unwrap_or_else(|| panic!("no partitions line in: {stdout}\n{}", text(&out.stderr)));
     let mut set = BTreeSet::new();
-    for part in line.split(", ").filter(|p| *p != "none") {
-        match part.split_once('-') {
-            Some((a, b)) => set.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
-            None => {
-                set.insert(part.parse::<u32>().unwrap());
-            }
-        }
+    if line == "none" {
+        return set;
+    }
+    for part in line.split(", ") {
+        set.insert(part.parse::<u32>().unwrap());
     }
     set
 }

@@ -200,6 +200,9 @@ async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
     };
     saver.finish().await;
     signals.abort();
+    if args.group.group.is_some() {
+        print_partitions_synced(&target.app.synced_partitions());
+    }
     leave_group(&target).await;
     target.close().await;
     code
@@ -221,8 +224,7 @@ const GROUP_PASS_WAIT: Duration = Duration::from_millis(500);
 /// A one-shot sync as a member of a worker group: passes over the
 /// partitions this member holds, until every partition of the group
 /// completed a pass begun after this member joined (whoever ran it: a
-/// member that died is taken over). Prints which partitions this member
-/// synced.
+/// member that died is taken over).
 async fn once_in_group(target: &target::Target, job: Arc<Job>) -> Result<u8> {
     let stopping = target.app.shutdown_handle();
     let mut code = EXIT_OK;
@@ -239,33 +241,23 @@ async fn once_in_group(target: &target::Target, job: Arc<Job>) -> Result<u8> {
         }
         tokio::time::sleep(GROUP_PASS_WAIT).await;
     }
-    println!(
-        "partitions synced by this member: {}",
-        ranges(&target.app.synced_partitions())
-    );
     Ok(code)
 }
 
-/// `0-3, 7, 9-10`: sorted partitions as ranges (`none` when empty).
-fn ranges(partitions: &[u32]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut iter = partitions.iter().copied().peekable();
-    while let Some(start) = iter.next() {
-        let mut end = start;
-        while iter.next_if(|&n| n == end + 1).is_some() {
-            end += 1;
-        }
-        out.push(if start == end {
-            start.to_string()
-        } else {
-            format!("{start}-{end}")
-        });
+/// Prints the line naming the partitions this member synced itself (in a
+/// live sync, over the whole run): `partitions synced: 0, 3, 7`, or
+/// `partitions synced: none`.
+fn print_partitions_synced(partitions: &[u32]) {
+    println!("partitions synced: {}", partition_list(partitions));
+}
+
+/// `0, 3, 7`: partitions separated by commas (`none` when empty).
+fn partition_list(partitions: &[u32]) -> String {
+    if partitions.is_empty() {
+        return "none".to_string();
     }
-    if out.is_empty() {
-        "none".to_string()
-    } else {
-        out.join(", ")
-    }
+    let list: Vec<String> = partitions.iter().map(u32::to_string).collect();
+    list.join(", ")
 }
 
 /// Whether the database has none of the tables the ledger tracks there
