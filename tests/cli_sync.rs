@@ -208,6 +208,9 @@ async fn the_defaults_sync_the_current_directory_into_weir_db_without_syncing_we
             "weir.db-wal",
             "weir.db-shm",
             "weir.db-journal",
+            // The registry of the tables' owner.
+            "weir.db-weir",
+            "weir.db-weir-journal",
         ],
     );
     assert_eq!(

@@ -85,6 +85,7 @@ pub struct AppBuilder {
     batch: BatchPolicy,
     retry: RetryPolicy,
     quarantine_after: u32,
+    adopt_tables: bool,
     keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
     group: Option<WorkerGroup>,
 }
@@ -162,6 +163,16 @@ impl AppBuilder {
         self
     }
 
+    /// Takes over the tables (and other containers) that another owner
+    /// registered, instead of refusing them (off by default; see
+    /// [`App::owner`]): for when that owner's ledger is lost for good.
+    /// The app then manages them as its own: rows it does not declare are
+    /// deleted, as always.
+    pub fn adopt_tables(mut self, adopt: bool) -> Self {
+        self.adopt_tables = adopt;
+        self
+    }
+
     /// Makes the App a member of a worker group: its runs cover only the
     /// partitions it holds, its writes are fenced, and its ledger is kept
     /// in the group's changelog (see [`crate::group`]). `build` joins the
@@ -232,6 +243,7 @@ impl AppBuilder {
             batch: self.batch,
             retry: self.retry,
             quarantine_after: self.quarantine_after,
+            adopt_tables: self.adopt_tables,
         };
         let member = match self.group {
             Some(group) => Some(crate::group::run::join(group).await?),
@@ -267,6 +279,7 @@ impl App {
             batch: BatchPolicy::default(),
             retry: RetryPolicy::default(),
             quarantine_after: DEFAULT_QUARANTINE_AFTER,
+            adopt_tables: false,
             keys: HashMap::new(),
             group: None,
         }
@@ -275,6 +288,19 @@ impl App {
     /// The app's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The owner of what this app creates: its worker group when it has
+    /// one, otherwise its ledger (named by the identity the ledger was
+    /// given when it was created, and where it is). Connectors register
+    /// the tables they create with it, and refuse to manage a table that
+    /// another owner registered: two ledgers writing one table would undo
+    /// each other's work.
+    ///
+    /// # Errors
+    /// When the ledger cannot be read.
+    pub fn owner(&self) -> Result<crate::Owner> {
+        self.engine.owner()
     }
 
     /// Runs `f` as the root component, then brings every target to what was

@@ -153,6 +153,21 @@ impl Ctx {
         self.state.poison(error);
     }
 
+    /// The owner of what this app creates (see [`App::owner`](crate::App::owner)),
+    /// which connectors register with the tables they create.
+    ///
+    /// # Errors
+    /// When the ledger cannot be read.
+    pub fn owner(&self) -> Result<crate::Owner> {
+        self.state.run.engine.owner()
+    }
+
+    /// Whether this app takes over tables another owner registered (see
+    /// [`AppBuilder::adopt_tables`](crate::AppBuilder::adopt_tables)).
+    pub fn adopts_tables(&self) -> bool {
+        self.state.run.engine.config.adopt_tables
+    }
+
     /// The path of this component (`/` for the root).
     pub fn path(&self) -> &ComponentPath {
         &self.state.path

@@ -24,6 +24,7 @@ pub mod fault;
 pub(crate) mod fault;
 pub mod metrics;
 pub mod model;
+mod owner;
 
 mod actors;
 mod app;
@@ -58,6 +59,7 @@ pub use model::{
     TargetActionSink, TargetChildInvalidation, TargetHandler, TargetReconcileOutput, TargetState,
     TargetStateProvider,
 };
+pub use owner::Owner;
 pub use run::{PreviewAction, UpdateStats};
 pub use scope::{RunScope, Scoped};
 

@@ -16,7 +16,7 @@ pub async fn run(args: DropArgs) -> Result<u8> {
             ledger.display()
         )));
     }
-    let target = target::open(&db, ledger, &super::GroupArg::default()).await?;
+    let target = target::open(&db, ledger, &super::GroupArg::default(), false).await?;
     let report = target.app.inspect().await?;
     if !args.yes {
         if !std::io::stdin().is_terminal() {

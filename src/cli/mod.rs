@@ -82,14 +82,28 @@ pub(crate) struct GroupArg {
     /// default 64).
     #[arg(long, requires = "group", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub partitions: Option<u32>,
-    /// The lease TTL of a new group, in seconds (default 10): how long a
-    /// member that stopped answering keeps its partitions.
-    #[arg(long, requires = "group", value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub lease_ttl: Option<u64>,
+    /// The lease TTL of a new group, in seconds, decimals allowed (default
+    /// 10; from 0.5 to 3600): how long a member that stopped answering
+    /// keeps its partitions.
+    #[arg(long, requires = "group", value_name = "SECS", value_parser = parse_lease_ttl)]
+    pub lease_ttl: Option<std::time::Duration>,
     /// This member's id, unique among the group's live members (default:
     /// the host name and the process id).
     #[arg(long, requires = "group", value_name = "ID")]
     pub member_id: Option<String>,
+}
+
+/// Parses `--lease-ttl`: seconds, decimals allowed, from 0.5 to 3600.
+fn parse_lease_ttl(text: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("{text} is not a number of seconds"))?;
+    if !(0.5..=3600.0).contains(&secs) {
+        return Err(format!(
+            "{text}: the lease TTL must be from 0.5 to 3600 seconds"
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 #[derive(Debug, Args)]
@@ -126,6 +140,12 @@ struct SyncArgs {
     debounce_ms: u64,
     #[command(flatten)]
     group: GroupArg,
+    /// Take over the tables another ledger (or worker group) manages,
+    /// for when that ledger is lost for good: without it, such tables are
+    /// refused. Rows the lost ledger wrote for files that are gone stay,
+    /// since no ledger knows them.
+    #[arg(long, conflicts_with = "dry_run")]
+    adopt: bool,
 }
 
 #[derive(Debug, Args)]

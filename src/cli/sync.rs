@@ -119,6 +119,7 @@ pub async fn retry(args: RetryArgs) -> Result<u8> {
         no_gitignore: args.no_gitignore,
         debounce_ms: 0,
         group: super::GroupArg::default(),
+        adopt: false,
     };
     let prepared = prepare(&args).await?;
     sync(args, prepared, true).await
@@ -155,7 +156,7 @@ async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
         weir::metrics::install_prometheus(addr)?;
         tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
     }
-    let target = target::open(&db, &args.ledger.ledger, &args.group).await?;
+    let target = target::open(&db, &args.ledger.ledger, &args.group, args.adopt).await?;
     if lost_all_tables(&target, &args.ledger.ledger).await? {
         eprintln!(
             "note: {} has none of the tables the ledger tracks there (the database was deleted or replaced, or an earlier sync failed to create them): syncing every file again",
@@ -586,10 +587,7 @@ impl ChangeFeed for Feed {
 /// third of the lease TTL, so that a partition taken over is synced
 /// within about one TTL of its owner's death.
 fn group_tick(group: &super::GroupArg) -> Duration {
-    let ttl = group
-        .lease_ttl
-        .map_or(weir::group::DEFAULT_LEASE_TTL, Duration::from_secs);
-    ttl / 3
+    group.lease_ttl.unwrap_or(weir::group::DEFAULT_LEASE_TTL) / 3
 }
 
 async fn live(

@@ -96,14 +96,21 @@ impl Database {
     /// directory that contains them.
     pub fn files(&self) -> Vec<PathBuf> {
         match self {
-            Database::Sqlite(path) => ["", "-wal", "-shm", "-journal"]
-                .iter()
-                .map(|suffix| {
-                    let mut p = path.clone().into_os_string();
-                    p.push(suffix);
-                    PathBuf::from(p)
-                })
-                .collect(),
+            Database::Sqlite(path) => [
+                String::new(),
+                "-wal".into(),
+                "-shm".into(),
+                "-journal".into(),
+                sqlite::OWNERS_FILE_SUFFIX.into(),
+                format!("{}-journal", sqlite::OWNERS_FILE_SUFFIX),
+            ]
+            .iter()
+            .map(|suffix| {
+                let mut p = path.clone().into_os_string();
+                p.push(suffix);
+                PathBuf::from(p)
+            })
+            .collect(),
             Database::Postgres(_) => Vec::new(),
         }
     }
@@ -204,6 +211,34 @@ impl Target {
         Ok(self.app.inspect().await?.target_states > 0)
     }
 
+    /// Refuses tables another owner manages (another ledger, or a worker
+    /// group), before anything runs, unless `adopt` takes them over: the
+    /// error names the owner and says how to take them over.
+    pub async fn check_owners(&self, adopt: bool) -> Result<()> {
+        let ours = self.app.owner()?;
+        for table in job::TABLES {
+            let found = match &self.pool {
+                Pool::Sqlite(pool) => sqlite::table_owner(pool, table).await?,
+                Pool::Postgres(pool) => postgres::table_owner(pool, table).await?,
+            };
+            let Some(found) = found.filter(|f| f.key() != ours.key()) else {
+                continue;
+            };
+            if adopt {
+                tracing::warn!(
+                    "taking table {table} of {} over from {found} (--adopt): rows it wrote for files that are gone now stay, since no ledger knows them (drop the tables and sync again for an exact copy)",
+                    self.into.display()
+                );
+                continue;
+            }
+            return Err(Error::msg(format!(
+                "table {table} of {} is managed by {found}, not by this ledger ({ours}); nothing was changed. Two ledgers writing one table would undo each other's work: sync with the ledger that manages it (--ledger), or into another database. If that ledger is lost for good, run this sync again with --adopt to take the tables over",
+                self.into.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// Deletes what weir created in the database (its tables, which take
     /// their rows with them), and forgets it.
     pub async fn drop_all(&self) -> Result<UpdateStats> {
@@ -216,7 +251,7 @@ impl Target {
 
 /// Connects to the database and opens the ledger (creating both if
 /// missing), after checking that the ledger belongs to this database.
-pub async fn open(into: &Database, ledger: &Path, group: &GroupArg) -> Result<Target> {
+pub async fn open(into: &Database, ledger: &Path, group: &GroupArg, adopt: bool) -> Result<Target> {
     check_marker(ledger, into)?;
     let pool = match into {
         Database::Sqlite(path) => {
@@ -235,7 +270,8 @@ pub async fn open(into: &Database, ledger: &Path, group: &GroupArg) -> Result<Ta
         (Some(name), Database::Postgres(url)) => Some(worker_group(name, group, url).await?),
         _ => None,
     };
-    let target = build(into, ledger, pool, worker_group).await?;
+    let target = build(into, ledger, pool, worker_group, adopt).await?;
+    target.check_owners(adopt).await?;
     write_marker(ledger, into)?;
     Ok(target)
 }
@@ -268,7 +304,7 @@ pub async fn open_dry(into: &Database, ledger: &Path, scratch: &Path) -> Result<
         }
         Database::Postgres(url) => Pool::Postgres(connect_postgres(url, true).await?),
     };
-    build(into, scratch, pool, None).await
+    build(into, scratch, pool, None, false).await
 }
 
 /// Connections of a member's coordinator: heartbeats and lease changes
@@ -291,8 +327,8 @@ async fn worker_group(name: &str, group: &GroupArg, url: &str) -> Result<WorkerG
     if let Some(n) = group.partitions {
         membership = membership.partitions(n);
     }
-    if let Some(secs) = group.lease_ttl {
-        membership = membership.lease_ttl(Duration::from_secs(secs));
+    if let Some(ttl) = group.lease_ttl {
+        membership = membership.lease_ttl(ttl);
     }
     if let Some(id) = &group.member_id {
         membership = membership.member_id(id.clone());
@@ -341,13 +377,15 @@ async fn build(
     ledger: &Path,
     pool: Pool,
     group: Option<WorkerGroup>,
+    adopt: bool,
 ) -> Result<Target> {
     // A file's rows stay in memory until its component commits: fewer
     // files in flight than the engine's default bound the memory a tree of
     // large text files can take (1024 × 2 × MAX_CONTENT_BYTES at most).
     let builder = App::builder("weir")
         .ledger_path(ledger)
-        .max_inflight_components(MAX_INFLIGHT_FILES);
+        .max_inflight_components(MAX_INFLIGHT_FILES)
+        .adopt_tables(adopt);
     let builder = match &pool {
         Pool::Sqlite(pool) => builder.provide_key(&SQLITE.sqlite(), pool.clone()),
         Pool::Postgres(pool) => builder.provide_key(&POSTGRES.postgres(), pool.clone()),

@@ -33,6 +33,8 @@ pub(crate) struct EngineConfig {
     pub retry: RetryPolicy,
     /// Failed runs in a row from which a component is quarantined.
     pub quarantine_after: u32,
+    /// Whether connectors take over tables another owner registered.
+    pub adopt_tables: bool,
 }
 
 struct ActixParts {
@@ -190,6 +192,20 @@ type Started = (
 
 impl Engine {
     /// The name of the worker group the App is a member of, if any.
+    /// The owner of what this engine's app creates: its worker group, or
+    /// its ledger.
+    pub(crate) fn owner(&self) -> crate::Result<crate::Owner> {
+        if let Some(name) = self.group_name() {
+            return Ok(crate::Owner::group(&name));
+        }
+        let dir = self.ledger.dir();
+        let path = std::fs::canonicalize(dir)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| dir.to_string());
+        let location = format!("{}:{path}", crate::owner::host_name());
+        Ok(crate::Owner::ledger(&self.ledger.id()?, &location))
+    }
+
     pub(crate) fn group_name(&self) -> Option<String> {
         self.member.as_ref().map(|m| m.group.name().to_string())
     }

@@ -98,11 +98,5 @@ impl fmt::Debug for WorkerGroup {
 
 /// The default member id: the host name and the process id.
 pub(crate) fn default_member_id() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".to_string());
-    format!("{host}:{}", std::process::id())
+    format!("{}:{}", crate::owner::host_name(), std::process::id())
 }

@@ -147,10 +147,20 @@ impl Member {
     /// Forgets partitions (released, or fenced: taken over).
     pub(crate) fn drop_partitions(&self, partitions: &[PartitionId]) {
         let mut state = self.state();
+        let mut lost = Vec::new();
         for p in partitions {
-            state.held.remove(p);
+            if let Some(epoch) = state.held.remove(p) {
+                lost.push(format!("{p:?} (epoch {epoch:?})"));
+            }
         }
         drop(state);
+        if !lost.is_empty() {
+            tracing::warn!(
+                group = %self.group.name(),
+                "lost the lease of partition(s) {}: another member took them over (this member was paused, or cut off from the database, past its lease); their writes were refused and this member no longer runs them",
+                lost.join(", ")
+            );
+        }
         self.gauge();
     }
 

@@ -10,6 +10,7 @@
 //! |--------|---------------------------------|--------------------------------|
 //! | `m`    | `format`                        | the format version, u32 BE     |
 //! | `m`    | `seq`                           | the number of commits, u64 BE  |
+//! | `m`    | `id`                            | the ledger's identity, a UUID  |
 //! | `c`    | encoded component path          | [`ComponentEntry`]: its states |
 //! | `e`    | encoded component path          | changes to its `c` value (see [`delta`]) |
 //! | `h`    | encoded component path          | its child component keys       |
@@ -115,6 +116,10 @@ const P_INTENT: u8 = b'i';
 const P_MEMO: u8 = b'o';
 const P_FAILED_RUNS: u8 = b'f';
 const FORMAT_KEY: &[u8] = b"mformat";
+/// This ledger's identity: a random UUID given when it is created (or
+/// first opened by a build that gives one), which names it as the owner of
+/// the tables it creates.
+const ID_KEY: &[u8] = b"mid";
 const SEQ_KEY: &[u8] = b"mseq";
 /// The file beside the store that holds the commit count last flushed.
 const SEQ_FILE: &str = "weir.seq";
@@ -358,6 +363,14 @@ impl Ledger {
         match self.tree.get(key(P_CHILDREN, component))? {
             Some(v) => self.decode(&v, "a child list"),
             None => Ok(Vec::new()),
+        }
+    }
+
+    /// This ledger's identity (see `ID_KEY`).
+    pub(crate) fn id(&self) -> Result<String> {
+        match self.tree.get(ID_KEY)? {
+            Some(v) => Ok(String::from_utf8_lossy(&v).into_owned()),
+            None => Err(self.corrupt("it has no identity")),
         }
     }
 

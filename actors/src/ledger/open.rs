@@ -12,7 +12,7 @@ use super::index::OwnerIndex;
 use super::journal::{Journal, JournalError};
 use super::record::{Intent, LedgerOp};
 use super::{
-    key, pack, Ledger, ENTRIES_TREE, FORMAT_KEY, FORMAT_VERSION, FORMAT_WITHOUT_DELTAS,
+    key, pack, Ledger, ENTRIES_TREE, FORMAT_KEY, FORMAT_VERSION, FORMAT_WITHOUT_DELTAS, ID_KEY,
     P_COMPONENT, P_DELTA, P_INTENT, P_PACK, SEQ_FILE, SEQ_KEY,
 };
 use crate::error::{Error, Result};
@@ -219,6 +219,7 @@ impl Ledger {
         named(ledger.check_format(existed, flushed_seq.is_some_and(|n| n > 0)))?;
         // Its write of `weir.seq` names the ledger already.
         ledger.check_seq(flushed_seq)?;
+        named(ledger.ensure_id())?;
         named(ledger.load_packs())?;
         named(ledger.load_deltas())?;
         named(ledger.build_index())?;
@@ -259,6 +260,17 @@ impl Ledger {
     pub(super) fn write_seq_file(&self) -> Result<()> {
         let seq = self.seq.load(std::sync::atomic::Ordering::SeqCst);
         write_seq(&self.seq_file, seq).map_err(|e| named_io(e, &self.dir))
+    }
+
+    /// Gives the ledger its identity if it has none yet.
+    fn ensure_id(&self) -> Result<()> {
+        if self.tree.contains_key(ID_KEY)? {
+            return Ok(());
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        self.tree.insert(ID_KEY, id.as_bytes())?;
+        self.tree.flush()?;
+        Ok(())
     }
 
     fn check_format(&self, existed: bool, was_written: bool) -> Result<()> {

@@ -122,6 +122,7 @@
 
 mod ddl;
 mod group;
+mod owners;
 mod sink;
 mod target;
 mod types;
@@ -142,6 +143,7 @@ use crate::sql::{validate_identifier, Row, TableSchema};
 use target::{DbShared, PostgresTableHandler, TableMeta, TableSpec};
 
 pub use group::{check_fence, PostgresCoordinator, DEFAULT_COMPACT_MIN_ROWS};
+pub use owners::table_owner;
 pub use sink::ROWS_PER_STATEMENT;
 pub use target::ROW_SINK_CONCURRENT_CALLS;
 
@@ -210,6 +212,7 @@ fn table_provider(
         &provider_name(db.name()),
         PostgresTableHandler {
             shared: Arc::clone(&shared),
+            owner: ctx.owner()?,
         },
     )?;
     Ok((shared, provider))
@@ -267,6 +270,7 @@ fn prepare(
             table: table_name.to_string(),
             schema: schema.clone(),
             managed_by: options.managed_by,
+            adopt: ctx.adopts_tables(),
         },
         meta,
         key_schema,

@@ -11,6 +11,7 @@ use sqlx::postgres::PgDatabaseError;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 use weir_actors::{Error, Fence, Result, StableKey, TargetAction};
 
+use super::owners;
 use super::target::{DbInner, RowAction, TableAction, TableMeta};
 use super::types::{copy_binary, ColumnArray};
 use crate::sql::value::key_of;
@@ -21,26 +22,38 @@ use crate::sql::SqlValue;
 /// chunk only bounds the size of one statement.
 pub const ROWS_PER_STATEMENT: usize = 10_000;
 
-/// Runs the DDL of every table action, in order, in one transaction. A call
-/// with no DDL (tables unchanged, or user-managed) touches nothing.
+/// Runs the DDL of every table action, in order, in one transaction,
+/// after settling the registration of each table weir manages (see
+/// `crate::sql::owners`): a table another owner registered is refused,
+/// and nothing of the call is changed. A call with no DDL and no table of
+/// weir's (tables unchanged and user-managed) touches nothing.
 pub(crate) async fn apply_tables(
     pool: PgPool,
+    database: String,
     actions: Vec<TargetAction<TableAction>>,
 ) -> Result<()> {
     check_tables_exist(&pool, &actions).await?;
-    let statements: Vec<(String, String)> = actions
-        .into_iter()
-        .flat_map(|a| {
-            let (TargetAction::Create(t) | TargetAction::Update(t) | TargetAction::Delete(t)) = a;
-            let table = t.table;
-            t.ddl.into_iter().map(move |s| (table.clone(), s))
-        })
-        .collect();
-    if statements.is_empty() {
+    let mut claims = Vec::new();
+    let mut statements = Vec::new();
+    for action in actions {
+        let dropping = matches!(action, TargetAction::Delete(_));
+        let (TargetAction::Create(t) | TargetAction::Update(t) | TargetAction::Delete(t)) = action;
+        if let Some(claim) = t.claim {
+            claims.push((t.table.clone(), claim, dropping));
+        }
+        statements.extend(t.ddl.into_iter().map(|s| (t.table.clone(), s)));
+    }
+    if statements.is_empty() && claims.is_empty() {
         return Ok(());
+    }
+    if !claims.is_empty() {
+        owners::migrate(&pool).await?;
     }
     let mut tx = pool.begin().await?;
     check_fence_of_call(&mut tx).await?;
+    for (table, claim, dropping) in &claims {
+        owners::settle(&mut tx, &database, table, claim, *dropping).await?;
+    }
     for (table, statement) in statements {
         sqlx::query(&statement)
             .persistent(false)

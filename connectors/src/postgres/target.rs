@@ -12,7 +12,7 @@ use weir_actors::statediff::{
     TrackingRecordTransition,
 };
 use weir_actors::{
-    ChildTargetDef, ContextKey, Ctx, Error, Fingerprint, Result, StableKey, TargetAction,
+    ChildTargetDef, ContextKey, Ctx, Error, Fingerprint, Owner, Result, StableKey, TargetAction,
     TargetActionSink, TargetChildInvalidation, TargetHandler, TargetReconcileOutput,
 };
 
@@ -20,6 +20,7 @@ use super::ddl;
 use super::sink;
 use super::types;
 use crate::sql::fingerprint::{name_order, row_fingerprint};
+use crate::sql::owners::Claim;
 use crate::sql::{ColumnType, Row, SqlValue, TableSchema};
 
 /// What a table target state declares: the table's name, schema and owner.
@@ -28,6 +29,9 @@ pub(crate) struct TableSpec {
     pub table: String,
     pub schema: TableSchema,
     pub managed_by: ManagedBy,
+    /// Whether this app takes the table over from another owner.
+    #[serde(default)]
+    pub adopt: bool,
 }
 
 /// A table's tracking record: its schema and who manages it.
@@ -41,6 +45,9 @@ pub(crate) struct TableAction {
     pub table: String,
     pub schema: Option<TableSchema>,
     pub ddl: Vec<String>,
+    /// The registration to settle first (a table weir manages).
+    #[serde(default)]
+    pub claim: Option<Claim>,
 }
 
 /// What the row sink does: upsert the row `values` (create, update), or
@@ -159,8 +166,9 @@ impl DbShared {
         let rows_for_tables = row_sink.clone();
         let for_tables = Arc::clone(&inner);
         let pool = inner.pool.clone();
+        let name = format!("postgres database {db_name}");
         let table_sink = TargetActionSink::from_async_fn_with_child_handler(
-            move |actions| sink::apply_tables(pool.clone(), actions),
+            move |actions| sink::apply_tables(pool.clone(), name.clone(), actions),
             move |action: &TableAction| {
                 let schema = action.schema.as_ref().ok_or_else(|| {
                     Error::Usage(format!(
@@ -223,9 +231,18 @@ pub(crate) fn db_shared(ctx: &Ctx, db: &ContextKey<PgPool>) -> Result<Arc<DbShar
 /// The table handler: creates, alters and drops tables.
 pub(crate) struct PostgresTableHandler {
     pub shared: Arc<DbShared>,
+    /// The owner of the app: the tables it creates are registered to it.
+    pub owner: Owner,
 }
 
 impl PostgresTableHandler {
+    fn claim(&self, adopt: bool) -> Claim {
+        Claim {
+            owner: self.owner.clone(),
+            adopt,
+        }
+    }
+
     fn output(
         &self,
         action: TargetAction<TableAction>,
@@ -279,6 +296,7 @@ impl TargetHandler<TableSpec> for PostgresTableHandler {
                             table,
                             schema,
                             ddl: Vec::new(),
+                            claim: None,
                         }),
                         None,
                         None,
@@ -290,6 +308,7 @@ impl TargetHandler<TableSpec> for PostgresTableHandler {
                                 table,
                                 schema: None,
                                 ddl,
+                                claim: Some(self.claim(false)),
                             }),
                             None,
                             Some(TargetChildInvalidation::Destructive),
@@ -320,10 +339,12 @@ impl TargetHandler<TableSpec> for PostgresTableHandler {
             }
         };
         let record = MutualTrackingRecord::new(spec.schema.clone(), spec.managed_by);
+        let claim = (spec.managed_by == ManagedBy::System).then(|| self.claim(spec.adopt));
         let action = TableAction {
             table: spec.table,
             schema: Some(spec.schema),
             ddl,
+            claim,
         };
         // Always an action while declared: the child handler is built from it.
         let action = if first {

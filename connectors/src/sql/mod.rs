@@ -14,6 +14,7 @@ pub(crate) mod fingerprint;
 mod flat;
 pub mod ident;
 pub(crate) mod msgpack;
+pub(crate) mod owners;
 pub mod schema;
 pub mod value;
 

@@ -92,6 +92,7 @@
 //! ```
 
 mod ddl;
+mod owners;
 mod sink;
 mod target;
 mod types;
@@ -112,6 +113,7 @@ use weir_actors::{
 
 pub use crate::sql::PreviewedTable;
 use crate::sql::{validate_identifier, Row, TableSchema};
+pub use owners::{table_owner, FILE_SUFFIX as OWNERS_FILE_SUFFIX};
 use target::{RowSpec, SqliteTableHandler, TableSpec};
 
 /// The `sqlx` this connector is built on, re-exported so that pools and
@@ -248,7 +250,7 @@ fn table_provider(
     register_root_target_states_provider(
         ctx,
         &provider_name(db.name()),
-        SqliteTableHandler::new(sink::table_sink(database)),
+        SqliteTableHandler::new(sink::table_sink(database), ctx.owner()?),
     )
 }
 
@@ -287,6 +289,7 @@ fn table_state(
         TableSpec {
             schema: schema.clone(),
             managed_by: options.managed_by,
+            adopt: ctx.adopts_tables(),
             name: table_name.to_string(),
         },
     ))

@@ -17,10 +17,11 @@ use rustc_hash::FxHashSet;
 use std::sync::{Arc, Mutex, RwLock};
 
 use sqlx::sqlite::{Sqlite, SqliteArguments};
-use sqlx::{Arguments as _, Row as _, SqlitePool};
+use sqlx::{Arguments as _, Connection as _, Row as _, SqlitePool};
 use weir_actors::{ChildTargetDef, Error, Result, StableKey, TargetAction, TargetActionSink};
 
 use super::ddl;
+use super::owners;
 use super::target::{RowSpec, RowWrite, SqliteRowHandler, TableAction, TableDdl};
 use crate::sql::value::key_of;
 use crate::sql::{SqlValue, TableSchema};
@@ -184,17 +185,28 @@ async fn apply_tables(db: &Database, actions: Vec<TargetAction<TableAction>>) ->
     check_tables_exist(db, &actions).await?;
     if actions
         .iter()
-        .all(|a| action_of(a).ddl == TableDdl::Nothing)
+        .all(|a| action_of(a).ddl == TableDdl::Nothing && action_of(a).claim.is_none())
     {
         return Ok(());
     }
     let context =
         |what: &str, table: &str| format!("sqlite database {}, table {table}: {what}", db.name);
-    let mut tx = db
-        .pool
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(|e| db_error(e, &format!("sqlite database {}: begin", db.name)))?;
+    let begin = |e| db_error(e, &format!("sqlite database {}: begin", db.name));
+    let mut conn = db.pool.acquire().await.map_err(begin)?;
+    let claims = actions.iter().any(|a| action_of(a).claim.is_some());
+    let registry = claims && owners::attach(&mut conn).await?;
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(begin)?;
+    let database = format!("sqlite database {}", db.name);
+    for action in actions.iter().filter(|_| registry) {
+        let dropping = matches!(action, TargetAction::Delete(_));
+        let action = action_of(action);
+        // A drop of a table declared in this run under another spelling
+        // (see below) leaves the table, and its registration.
+        let kept = dropping && db.declared_in_any_spelling(&action.table)?;
+        if let Some(claim) = action.claim.as_ref().filter(|_| !kept) {
+            owners::settle(&mut tx, &database, &action.table, claim, dropping).await?;
+        }
+    }
     for action in &actions {
         let action = action_of(action);
         let table = action.table.as_str();
@@ -273,9 +285,9 @@ fn action_of<A>(action: &TargetAction<A>) -> &A {
     }
 }
 
-type Tx = sqlx::Transaction<'static, Sqlite>;
+type Tx<'c> = sqlx::Transaction<'c, Sqlite>;
 
-async fn execute(tx: &mut Tx, sql: &str, context: &str) -> Result<()> {
+async fn execute(tx: &mut Tx<'_>, sql: &str, context: &str) -> Result<()> {
     sqlx::query(sql)
         .execute(&mut **tx)
         .await
@@ -293,7 +305,7 @@ struct ActualColumn {
 
 /// Adds, drops and retypes (drop then add) columns until the table has the
 /// columns of `schema`. Idempotent: it compares with the table as it is.
-async fn converge(tx: &mut Tx, table: &str, schema: &TableSchema, context: &str) -> Result<()> {
+async fn converge(tx: &mut Tx<'_>, table: &str, schema: &TableSchema, context: &str) -> Result<()> {
     let rows = sqlx::query(&ddl::table_info(table))
         .fetch_all(&mut **tx)
         .await
@@ -478,7 +490,7 @@ fn group_by_table(
 }
 
 async fn run_chunk(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     sql: &str,
     rows: &[Vec<SqlValue>],
 ) -> std::result::Result<(), sqlx::Error> {
@@ -500,7 +512,7 @@ async fn run_chunk(
 /// row that violates it alone (inside the same transaction, which is rolled
 /// back anyway) to name its key.
 async fn culprit(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     table: &str,
     writes: &TableWrites,
     rows: &[Vec<SqlValue>],
@@ -522,7 +534,7 @@ async fn culprit(
 }
 
 async fn write_rows(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     db: &Database,
     table: &str,
     writes: &TableWrites,
@@ -585,7 +597,7 @@ async fn write_rows(
 /// multi-row statements again (about a millisecond a call for 4 096 rows
 /// of four columns). Asked inside the call's write transaction, so no
 /// foreign key can appear before the call commits.
-async fn has_foreign_keys(tx: &mut Tx, db: &Database) -> Result<bool> {
+async fn has_foreign_keys(tx: &mut Tx<'_>, db: &Database) -> Result<bool> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pragma_table_list AS t, \
          pragma_foreign_key_list(t.name, t.schema) WHERE t.type = 'table')",

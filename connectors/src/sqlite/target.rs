@@ -11,11 +11,12 @@ use weir_actors::statediff::{
     diff, DiffAction, ManagedBy, MutualTrackingRecord, TrackingRecordTransition,
 };
 use weir_actors::{
-    Error, Fingerprint, Result, StableKey, TargetAction, TargetActionSink, TargetChildInvalidation,
-    TargetHandler, TargetReconcileOutput,
+    Error, Fingerprint, Owner, Result, StableKey, TargetAction, TargetActionSink,
+    TargetChildInvalidation, TargetHandler, TargetReconcileOutput,
 };
 
 use crate::sql::fingerprint::{name_order, row_fingerprint};
+use crate::sql::owners::Claim;
 use crate::sql::{ColumnType, SchemaChange, SqlValue, TableSchema};
 
 /// The declared value of a table.
@@ -29,6 +30,9 @@ pub(crate) struct TableSpec {
     /// SQLite ignores the case of names. When empty, the key's name.
     #[serde(default)]
     pub name: String,
+    /// Whether this app takes the table over from another owner.
+    #[serde(default)]
+    pub adopt: bool,
 }
 
 /// The tracking record of a table: its schema and who owns it.
@@ -57,16 +61,28 @@ pub(crate) struct TableAction {
     pub schema: Option<TableSchema>,
     /// What to do.
     pub ddl: TableDdl,
+    /// The registration to settle first (a table weir manages).
+    #[serde(default)]
+    pub claim: Option<Claim>,
 }
 
 /// The handler of one database's tables (the root provider's handler).
 pub(crate) struct SqliteTableHandler {
     sink: TargetActionSink<TableAction>,
+    /// The owner of the app: the tables it creates are registered to it.
+    owner: Owner,
 }
 
 impl SqliteTableHandler {
-    pub(crate) fn new(sink: TargetActionSink<TableAction>) -> Self {
-        Self { sink }
+    pub(crate) fn new(sink: TargetActionSink<TableAction>, owner: Owner) -> Self {
+        Self { sink, owner }
+    }
+
+    fn claim(&self, adopt: bool) -> Claim {
+        Claim {
+            owner: self.owner.clone(),
+            adopt,
+        }
     }
 }
 
@@ -153,10 +169,12 @@ impl TargetHandler<TableSpec> for SqliteTableHandler {
                     ManagedBy::User => (TableDdl::Nothing, None),
                     ManagedBy::System => plan(&spec.schema, &prev, prev_may_be_missing),
                 };
+                let claim = (spec.managed_by == ManagedBy::System).then(|| self.claim(spec.adopt));
                 let action = TableAction {
                     table,
                     schema: Some(spec.schema.clone()),
                     ddl,
+                    claim,
                 };
                 Ok(Some(TargetReconcileOutput {
                     action: if prev.is_empty() {
@@ -189,6 +207,7 @@ impl TargetHandler<TableSpec> for SqliteTableHandler {
                         } else {
                             TableDdl::Nothing
                         },
+                        claim: created_by_weir.then(|| self.claim(false)),
                     }),
                     sink: self.sink.clone(),
                     tracking_record: None,

@@ -1,0 +1,137 @@
+//! The registry of table owners in PostgreSQL: `weir.table_owner` (see
+//! `crate::sql::owners` for what it is for).
+
+use sqlx::{PgConnection, PgPool};
+use weir_actors::{Owner, Result};
+
+use crate::sql::owners::{judge, refused, Claim, Verdict};
+
+/// The advisory lock key of the registry's creation (`weirown1` in ASCII).
+const MIGRATION_LOCK: i64 = 0x7765_6972_6f77_6e31;
+
+/// Creates the registry if it is missing: one query when it exists.
+pub(crate) async fn migrate(pool: &PgPool) -> Result<()> {
+    let present: bool = sqlx::query_scalar("SELECT to_regclass('weir.table_owner') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if present {
+        return Ok(());
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS weir")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS weir.table_owner (
+            table_name text PRIMARY KEY,
+            owner text NOT NULL,
+            description text NOT NULL,
+            registered_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Whether the table `table` exists where an unqualified name finds it.
+async fn table_exists(conn: &mut PgConnection, table: &str) -> Result<bool> {
+    Ok(
+        sqlx::query_scalar("SELECT to_regclass(quote_ident($1)) IS NOT NULL")
+            .bind(table)
+            .fetch_one(&mut *conn)
+            .await?,
+    )
+}
+
+/// The owner registered for `table` in the database of `pool`, if any: a
+/// registration of a table that no longer exists is none.
+///
+/// # Errors
+/// When the database cannot be read.
+pub async fn table_owner(pool: &PgPool, table: &str) -> Result<Option<Owner>> {
+    let present: bool = sqlx::query_scalar("SELECT to_regclass('weir.table_owner') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !present {
+        return Ok(None);
+    }
+    let mut conn = pool.acquire().await?;
+    if !table_exists(&mut conn, table).await? {
+        return Ok(None);
+    }
+    let row: Option<(String, String)> =
+        sqlx::query_as("SELECT owner, description FROM weir.table_owner WHERE table_name = $1")
+            .bind(table)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(row.map(|(key, description)| Owner::from_parts(key, description)))
+}
+
+/// Settles the registration of `table` for an action of `claim`, in the
+/// action's transaction (the registration row stays locked until it
+/// ends). With `dropping`, the table's registration goes with it.
+///
+/// # Errors
+/// When another owner holds the table (and the claim does not adopt it).
+pub(crate) async fn settle(
+    tx: &mut PgConnection,
+    database: &str,
+    table: &str,
+    claim: &Claim,
+    dropping: bool,
+) -> Result<()> {
+    if !dropping {
+        // A table no one registered is registered at once: two owners
+        // registering one table at the same time cannot both succeed.
+        let inserted = sqlx::query(
+            "INSERT INTO weir.table_owner (table_name, owner, description) VALUES ($1, $2, $3)
+             ON CONFLICT (table_name) DO NOTHING",
+        )
+        .bind(table)
+        .bind(claim.owner.key())
+        .bind(claim.owner.description())
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() == 1 {
+            return Ok(());
+        }
+    }
+    let found: Option<(String, String)> = sqlx::query_as(
+        "SELECT owner, description FROM weir.table_owner WHERE table_name = $1 FOR UPDATE",
+    )
+    .bind(table)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let found = found.map(|(key, description)| Owner::from_parts(key, description));
+    let exists = table_exists(tx, table).await?;
+    if dropping {
+        if let Some(found) = found.filter(|f| f.key() != claim.owner.key() && exists) {
+            return Err(refused(database, table, &found, &claim.owner));
+        }
+        sqlx::query("DELETE FROM weir.table_owner WHERE table_name = $1")
+            .bind(table)
+            .execute(&mut *tx)
+            .await?;
+        return Ok(());
+    }
+    match judge(database, table, claim, found, exists)? {
+        Verdict::Ours | Verdict::Register => Ok(()),
+        Verdict::Adopt(_) => {
+            sqlx::query(
+                "UPDATE weir.table_owner SET owner = $2, description = $3, registered_at = now()
+                 WHERE table_name = $1",
+            )
+            .bind(table)
+            .bind(claim.owner.key())
+            .bind(claim.owner.description())
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        }
+    }
+}
