@@ -209,3 +209,71 @@ fn a_group_with_a_sqlite_database_is_refused_with_what_to_do() {
     assert!(stderr.contains("PostgreSQL"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_group_shows_members_and_partitions_and_drop_group_removes_the_group_and_its_tables(
+) -> TestResult {
+    PgDatabase::around("cli_group_admin", async |pg| {
+        let env = Env::new();
+        generate(&env, 12);
+        let live = ["--live", "--debounce-ms", "100"];
+        let mut member = cmd::Running(start(&env, &pg.url, "admin", 0, &live));
+        let synced = within(Duration::from_secs(60), || async {
+            matches_tree(pg, &env).await
+        })
+        .await;
+        assert!(synced.is_some(), "the member did not sync the tree");
+        let into = pg.url.as_str();
+        let inspect = |extra: &[&str]| {
+            let mut args = vec!["inspect", "--group", "admin", "--into", into];
+            args.extend_from_slice(extra);
+            env.weir(&args)
+        };
+        let out = inspect(&[]);
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(
+            stdout.contains("worker group admin: 8 partitions, lease TTL 3.0s"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("members: 1"), "{stdout}");
+        assert!(stdout.contains("member-0 on "), "{stdout}");
+        assert!(
+            stdout.contains("9 partition(s), lease expires in"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("root  owner member-0, epoch"), "{stdout}");
+
+        // The group's tables are its own: a ledger outside it is refused.
+        let outsider = env.tmp.path().join("outsider");
+        let out = env.weir(&cli::sync_args(&env.tree, into, &outsider, &[]));
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+        assert!(text(&out.stderr).contains("is managed by worker group admin"));
+
+        // Not while a member runs.
+        let drop_group = || env.weir(&["drop", "--group", "admin", "--into", into, "--yes"]);
+        let refused = drop_group();
+        assert_eq!(refused.status.code(), Some(2));
+        assert!(text(&refused.stderr).contains("live members (member-0)"));
+        assert!(
+            matches_tree(pg, &env).await,
+            "a refused drop changed nothing"
+        );
+
+        let (status, stderr) = member.terminate(Duration::from_secs(20));
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{stderr}");
+        let out = drop_group();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("tables chunks, documents"),
+            "{}",
+            text(&out.stdout)
+        );
+        assert_eq!(pg.tables().await, Vec::<String>::new());
+        let gone = inspect(&[]);
+        assert_eq!(gone.status.code(), Some(2));
+        assert!(text(&gone.stderr).contains("worker group admin does not exist"));
+        TestResult::Ok(())
+    })
+    .await
+}

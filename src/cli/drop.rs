@@ -8,6 +8,9 @@ use super::target::{self, Database};
 use super::{DropArgs, EXIT_OK};
 
 pub async fn run(args: DropArgs) -> Result<u8> {
+    if let Some(name) = &args.group {
+        return super::group::drop(name, &args.into.into, args.yes).await;
+    }
     let db = Database::parse(&args.into.into)?;
     let ledger = &args.ledger.ledger;
     if !App::ledger_exists(ledger)? {

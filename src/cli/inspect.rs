@@ -6,6 +6,9 @@ use super::target::tracked_database;
 use super::{InspectArgs, EXIT_OK};
 
 pub async fn run(args: InspectArgs) -> Result<u8> {
+    if let Some(name) = &args.group {
+        return super::group::inspect(name, &args.into.into).await;
+    }
     let ledger = &args.ledger.ledger;
     // `inspect` and `drop` must not create a ledger where there is none.
     if !App::ledger_exists(ledger)? {

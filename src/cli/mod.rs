@@ -3,6 +3,7 @@
 mod chunk;
 mod drop;
 mod dry_run;
+mod group;
 mod inspect;
 mod job;
 mod progress;
@@ -152,6 +153,12 @@ struct SyncArgs {
 struct InspectArgs {
     #[command(flatten)]
     ledger: LedgerArg,
+    /// Show the worker group NAME instead of a ledger: its members, and
+    /// each partition's owner, epoch and lease (with --into postgres://...).
+    #[arg(long, value_name = "NAME", conflicts_with = "failed")]
+    group: Option<String>,
+    #[command(flatten)]
+    into: IntoArg,
     /// List only the files that failed in the last sync: why, and how many
     /// syncs in a row they have failed.
     #[arg(long)]
@@ -178,6 +185,11 @@ struct DropArgs {
     into: IntoArg,
     #[command(flatten)]
     ledger: LedgerArg,
+    /// Remove the worker group NAME instead of what a ledger tracks: its
+    /// tables and their rows, its leases, its changelog and its
+    /// registration. Its members must be stopped first.
+    #[arg(long, value_name = "NAME")]
+    group: Option<String>,
     /// Do not ask for confirmation.
     #[arg(long)]
     yes: bool,

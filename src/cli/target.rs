@@ -311,18 +311,31 @@ pub async fn open_dry(into: &Database, ledger: &Path, scratch: &Path) -> Result<
 /// run on their own, never behind the member's writers.
 const COORDINATOR_CONNECTIONS: u32 = 2;
 
-/// The membership of the worker group `name`, coordinated in the database
-/// at `url` on a pool of its own.
-async fn worker_group(name: &str, group: &GroupArg, url: &str) -> Result<WorkerGroup> {
+/// The coordinator of worker groups in the database at `url`, on a pool
+/// of its own (and the pool, for the group's tables).
+pub async fn coordinator(url: &str) -> Result<postgres::PostgresCoordinator> {
+    Ok(postgres::PostgresCoordinator::new(
+        coordinator_pool(url).await?,
+    ))
+}
+
+/// A pool of [`COORDINATOR_CONNECTIONS`] connections to `url`, named
+/// `weir-coordinator` in PostgreSQL.
+pub async fn coordinator_pool(url: &str) -> Result<PgPool> {
     let options: PgConnectOptions = url.parse().map_err(|e| pg_error(url, &e))?;
     let options = options.application_name("weir-coordinator");
-    let pool = PgPoolOptions::new()
+    PgPoolOptions::new()
         .max_connections(COORDINATOR_CONNECTIONS)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await
-        .map_err(|e| pg_error(url, &e))?;
-    let coordinator = Arc::new(postgres::PostgresCoordinator::new(pool));
+        .map_err(|e| pg_error(url, &e))
+}
+
+/// The membership of the worker group `name`, coordinated in the database
+/// at `url` on a pool of its own.
+async fn worker_group(name: &str, group: &GroupArg, url: &str) -> Result<WorkerGroup> {
+    let coordinator = Arc::new(coordinator(url).await?);
     let mut membership = WorkerGroup::new(name, coordinator);
     if let Some(n) = group.partitions {
         membership = membership.partitions(n);

@@ -150,7 +150,7 @@ impl Member {
         let mut lost = Vec::new();
         for p in partitions {
             if let Some(epoch) = state.held.remove(p) {
-                lost.push(format!("{p:?} (epoch {epoch:?})"));
+                lost.push(format!("{p} (epoch {epoch})"));
             }
         }
         drop(state);

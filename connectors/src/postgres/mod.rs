@@ -143,7 +143,7 @@ use crate::sql::{validate_identifier, Row, TableSchema};
 use target::{DbShared, PostgresTableHandler, TableMeta, TableSpec};
 
 pub use group::{check_fence, PostgresCoordinator, DEFAULT_COMPACT_MIN_ROWS};
-pub use owners::table_owner;
+pub use owners::{drop_tables_of, table_owner};
 pub use sink::ROWS_PER_STATEMENT;
 pub use target::ROW_SINK_CONCURRENT_CALLS;
 

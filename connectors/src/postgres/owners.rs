@@ -135,3 +135,36 @@ pub(crate) async fn settle(
         }
     }
 }
+
+/// Drops every table registered to `owner`, with its registration, in
+/// one transaction; returns their names. Used to remove a worker group,
+/// whose tables no member's ledger alone answers for.
+///
+/// # Errors
+/// When the database refuses a drop (nothing is dropped then).
+pub async fn drop_tables_of(pool: &PgPool, owner: &Owner) -> Result<Vec<String>> {
+    migrate(pool).await?;
+    let mut tx = pool.begin().await?;
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name FROM weir.table_owner WHERE owner = $1 ORDER BY table_name FOR UPDATE",
+    )
+    .bind(owner.key())
+    .fetch_all(&mut *tx)
+    .await?;
+    if !tables.is_empty() {
+        // One statement: references between them do not stand in the way.
+        let list: Vec<String> = tables
+            .iter()
+            .map(|t| crate::sql::quote_identifier(t))
+            .collect();
+        sqlx::query(&format!("DROP TABLE IF EXISTS {}", list.join(", ")))
+            .execute(&mut *tx)
+            .await?;
+    }
+    sqlx::query("DELETE FROM weir.table_owner WHERE owner = $1")
+        .bind(owner.key())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(tables)
+}
