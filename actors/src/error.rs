@@ -21,6 +21,9 @@ pub struct ComponentFailure {
     /// How many runs in a row the component has failed, this one
     /// included (1 unless the ledger counted earlier failed runs).
     pub failed_runs: u32,
+    /// Whether it waits for the root partition's holder of its worker
+    /// group ([`Error::is_root_pending`]).
+    root_pending: bool,
 }
 
 impl ComponentFailure {
@@ -30,7 +33,15 @@ impl ComponentFailure {
             cause: error.to_string(),
             retriable: error.is_retriable(),
             failed_runs: 1,
+            root_pending: error.is_root_pending(),
         }
+    }
+
+    /// Whether the component did not run because its member of a worker
+    /// group waits for the root partition's holder (see
+    /// [`Error::is_root_pending`]): not a failure of its own.
+    pub fn is_root_pending(&self) -> bool {
+        self.root_pending
     }
 }
 
@@ -259,10 +270,14 @@ impl Error {
 
     /// Whether this member of a worker group waits for the root partition's
     /// holder, whose declaration of a root state differs from its own
-    /// (see [`Error::RootPending`]).
+    /// (see [`Error::RootPending`]); for a run whose components failed,
+    /// whether each of them failed only so.
     pub fn is_root_pending(&self) -> bool {
         match self {
             Error::RootPending { .. } => true,
+            Error::ComponentsFailed(failures) => {
+                !failures.is_empty() && failures.iter().all(ComponentFailure::is_root_pending)
+            }
             Error::Sink { cause, .. } | Error::Reconcile { cause, .. } => cause.is_root_pending(),
             _ => false,
         }

@@ -1,0 +1,198 @@
+//! Worker groups through the API, with the real PostgreSQL coordinator:
+//! members of one process split the partitions, and a rolling update (two
+//! versions of the code declaring different schemas of one table)
+//! converges on the root holder's declaration without a member ever
+//! writing rows against a schema it does not know.
+
+// Test support code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod pg;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::PgPool;
+use weir::connectors::postgres::{self, PostgresCoordinator};
+use weir::connectors::sql::{ColumnType, TableSchema};
+use weir::group::WorkerGroup;
+use weir::prelude::*;
+
+const ITEMS: u32 = 24;
+
+fn db() -> ContextKey<PgPool> {
+    ContextKey::new("pg")
+}
+
+fn unique(test: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!(
+        "{test}_{:x}_{:x}_{}",
+        std::process::id(),
+        nanos,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The two versions of the code: v2 adds a nullable column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Version {
+    V1,
+    V2,
+}
+
+#[derive(Serialize)]
+struct RowV1 {
+    id: String,
+    title: String,
+}
+
+#[derive(Serialize)]
+struct RowV2 {
+    id: String,
+    title: String,
+    extra: Option<i64>,
+}
+
+fn schema(version: Version) -> Result<TableSchema> {
+    let builder = TableSchema::builder()
+        .column("id", ColumnType::Text)
+        .column("title", ColumnType::Text);
+    let builder = match version {
+        Version::V1 => builder,
+        Version::V2 => builder.nullable_column("extra", ColumnType::BigInt),
+    };
+    builder.primary_key(["id"]).build()
+}
+
+async fn member(pool: &PgPool, ledger: &Path, group: &str, id: &str) -> Result<App> {
+    let coordinator = Arc::new(PostgresCoordinator::new(pool.clone()));
+    let group = WorkerGroup::new(group, coordinator)
+        .partitions(4)
+        .lease_ttl(Duration::from_secs(2))
+        .join_delay(Duration::from_millis(50))
+        .member_id(id);
+    App::builder("groups")
+        .ledger_path(ledger)
+        .provide_key(&db(), pool.clone())
+        .worker_group(group)
+        .build()
+        .await
+}
+
+/// One run of `version`'s code: the table, then one component per item.
+async fn run(app: &App, table: &str, version: Version) -> Result<UpdateStats> {
+    let table = table.to_string();
+    app.run(move |ctx| async move {
+        let target = postgres::mount_table_target(&ctx, &db(), &table, schema(version)?).await?;
+        ctx.mount_each(
+            (0..ITEMS).map(|i| format!("k{i:02}")),
+            |k| k.clone(),
+            move |ctx, id| {
+                let target = target.clone();
+                async move {
+                    let title = format!("title of {id}");
+                    match version {
+                        Version::V1 => target.declare_row(&ctx, &RowV1 { id, title }),
+                        Version::V2 => target.declare_row(
+                            &ctx,
+                            &RowV2 {
+                                id,
+                                title,
+                                extra: Some(2),
+                            },
+                        ),
+                    }
+                }
+            },
+        )
+        .await
+    })
+    .await
+}
+
+async fn ids(pool: &PgPool, table: &str) -> BTreeSet<String> {
+    sqlx::query_scalar(&format!("SELECT id FROM \"{table}\""))
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+async fn columns(pool: &PgPool, table: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT column_name::text FROM information_schema.columns WHERE table_name = $1 ORDER BY ordinal_position",
+    )
+    .bind(table)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_waits_for_the_root_holders_schema_and_converges_when_the_old_member_leaves(
+) -> Result<()> {
+    let Some((_, pool)) = pg::server(8).await.map_err(Error::msg)? else {
+        return Ok(());
+    };
+    let group = unique("rolling");
+    let table = unique("rolling_docs");
+    let dir = tempfile::tempdir()?;
+
+    // The old version alone: it holds every partition and the root.
+    let old = member(&pool, &dir.path().join("old"), &group, "old").await?;
+    run(&old, &table, Version::V1).await?;
+    assert_eq!(ids(&pool, &table).await.len(), ITEMS as usize);
+
+    // The new version joins: it gets data partitions, not the root.
+    let new = member(&pool, &dir.path().join("new"), &group, "new").await?;
+    let err = run(&new, &table, Version::V2)
+        .await
+        .expect_err("a schema the root holder did not apply waits");
+    assert!(err.is_root_pending(), "{err}");
+    assert_eq!(
+        columns(&pool, &table).await,
+        ["id", "title"],
+        "the new member changed nothing of the table"
+    );
+    let status = new.group_status().await?.expect("a group member");
+    assert_eq!(status.members.len(), 2, "{status:?}");
+    // The old version goes on with the partitions it still holds.
+    run(&old, &table, Version::V1).await?;
+
+    // The old member stops: the new one takes the root over, applies its
+    // schema, and writes every row with it.
+    old.leave_group().await?;
+    drop(old);
+    let mut last = None;
+    for _ in 0..20 {
+        match run(&new, &table, Version::V2).await {
+            Ok(_) if new.group_synced().await? => {
+                last = None;
+                break;
+            }
+            Ok(_) => last = None,
+            Err(e) if e.is_root_pending() => last = Some(e),
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(last.is_none(), "still waiting: {last:?}");
+    assert_eq!(columns(&pool, &table).await, ["id", "title", "extra"]);
+    let with_extra: i64 =
+        sqlx::query_scalar(&format!("SELECT count(*) FROM \"{table}\" WHERE extra = 2"))
+            .fetch_one(&pool)
+            .await?;
+    assert_eq!(with_extra, i64::from(ITEMS));
+    new.leave_group().await?;
+    Ok(())
+}
