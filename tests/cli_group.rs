@@ -277,3 +277,144 @@ async fn inspect_group_shows_members_and_partitions_and_drop_group_removes_the_g
     })
     .await
 }
+
+/// A free TCP port on the loopback interface.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The metrics the exporter on `port` serves, or `None` when it does not
+/// answer.
+fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    (head.split_whitespace().nth(1) == Some("200")).then(|| body.to_string())
+}
+
+/// The sum of the samples of every series named `name` (or of the one
+/// series `name` spells with its labels) in an exporter's output.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    let prefix = format!("{name}{{");
+    let mut sum = None;
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        if series == name || series.starts_with(&prefix) {
+            *sum.get_or_insert(0.0) += value.parse::<f64>().ok()?;
+        }
+    }
+    sum
+}
+
+/// A member's gauges as it exports them: partitions held, changelog rows.
+fn gauges(port: u16) -> Option<(f64, f64)> {
+    let metrics = scrape(port)?;
+    Some((
+        sample(&metrics, "weir_group_partitions_held")?,
+        sample(&metrics, "weir_group_changelog_rows")?,
+    ))
+}
+
+/// What the database says `member` holds: its partitions, and the rows
+/// (snapshot and log) of their changelogs.
+async fn held_in_database(pg: &PgDatabase, group: &str, member: &str) -> (f64, f64) {
+    let pool = pg.pool().await;
+    let (partitions, rows): (i64, i64) = sqlx::query_as(
+        "WITH held AS (SELECT partition FROM weir.partition
+                        WHERE group_name = $1 AND owner = $2)
+         SELECT (SELECT count(*) FROM held),
+                (SELECT count(*) FROM weir.changelog
+                  WHERE group_name = $1 AND partition IN (SELECT partition FROM held))
+              + (SELECT count(*) FROM weir.snapshot
+                  WHERE group_name = $1 AND partition IN (SELECT partition FROM held))",
+    )
+    .bind(group)
+    .bind(member)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    (partitions as f64, rows as f64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_member_exports_the_partitions_it_holds_and_their_changelog_rows_and_a_survivor_its_takeover(
+) -> TestResult {
+    PgDatabase::around("cli_group_metrics", async |pg| {
+        let env = Env::new();
+        generate(&env, 40);
+        let ports = [free_port(), free_port()];
+        let mut members: Vec<cmd::Running> = (0..2)
+            .map(|n| {
+                let metrics = format!("127.0.0.1:{}", ports[n]);
+                let args = ["--live", "--debounce-ms", "100", "--metrics", &metrics];
+                cmd::Running(start(&env, &pg.url, "metrics", n, &args))
+            })
+            .collect();
+        let synced = within(Duration::from_secs(60), || async {
+            matches_tree(pg, &env).await
+        })
+        .await;
+        assert!(synced.is_some(), "the two members did not sync the tree");
+
+        // Once settled, each member's gauges are what the database holds
+        // for it, and together they hold every partition and the root.
+        let agreed = within(Duration::from_secs(30), || async {
+            let mut total = 0.0;
+            for (n, port) in ports.iter().enumerate() {
+                let Some(exported) = gauges(*port) else {
+                    return false;
+                };
+                if exported != held_in_database(pg, "metrics", &format!("member-{n}")).await {
+                    return false;
+                }
+                total += exported.0;
+            }
+            total == 9.0
+        })
+        .await;
+        let now: Vec<_> = ports.iter().map(|p| gauges(*p)).collect();
+        assert!(
+            agreed.is_some(),
+            "the members' gauges never matched the database: {now:?}"
+        );
+
+        // SIGKILL: member-1 takes every partition over after the TTL,
+        // restoring each from its changelog.
+        members[0].kill();
+        let took_over = within(Duration::from_secs(30), || async {
+            gauges(ports[1]) == Some(held_in_database(pg, "metrics", "member-1").await)
+                && gauges(ports[1]).is_some_and(|(held, _)| held == 9.0)
+        })
+        .await;
+        let metrics = scrape(ports[1]).unwrap_or_default();
+        assert!(took_over.is_some(), "member-1 did not take over: {metrics}");
+        let takeovers = sample(&metrics, "weir_group_takeovers_total").unwrap_or(0.0);
+        assert!(takeovers >= 9.0, "{metrics}");
+        let restored = sample(
+            &metrics,
+            "weir_group_restored_rows_total{reason=\"takeover\"}",
+        );
+        assert!(restored.is_some_and(|rows| rows > 0.0), "{metrics}");
+        assert!(
+            sample(&metrics, "weir_group_rebalances_total").is_some_and(|n| n >= 2.0),
+            "{metrics}"
+        );
+        let (status, stderr) = members[1].terminate(Duration::from_secs(20));
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{stderr}");
+        TestResult::Ok(())
+    })
+    .await
+}

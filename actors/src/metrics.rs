@@ -4,9 +4,12 @@
 //! weir never installs a recorder by itself: call [`install_prometheus`]
 //! (or install any `metrics` recorder) to collect them. Names follow
 //! `weir_<subsystem>_<noun>_<unit>[_total]`; labels are bounded (the root
-//! provider name, the shard index, an outcome, an action kind), never a key
-//! or a path. Metrics are recorded once per batch or per component, never
-//! per target state.
+//! provider name, the shard index, an outcome, an action kind, a restore's
+//! reason), never a key, a path or a member id (each member exports its
+//! own: Prometheus tells them apart by `instance`). Metrics are recorded
+//! once per batch or per component, never per target state. The
+//! `weir_group_*` metrics are recorded only by a member of a worker group
+//! (see [`group`](crate::group)).
 
 use std::net::SocketAddr;
 use std::sync::Once;
@@ -30,22 +33,40 @@ pub const COMPONENTS_INFLIGHT: &str = "weir_component_inflight";
 /// Components of the last run that failed in at least
 /// `AppBuilder::quarantine_after` runs in a row.
 pub const COMPONENTS_QUARANTINED: &str = "weir_component_quarantined";
-/// Partitions of a worker group this member holds.
+/// Partitions of a worker group this member holds (the root partition
+/// counts as one): 0 before it acquires any, after its membership expired
+/// and after it left.
 pub const GROUP_PARTITIONS_HELD: &str = "weir_group_partitions_held";
-/// Rebalances this member took part in (its assignment changed).
+/// Rebalances this member took part in: runs before which its assignment
+/// changed (it gave partitions up, or acquired some).
 pub const GROUP_REBALANCES: &str = "weir_group_rebalances_total";
-/// Partitions this member took over (acquired with a new epoch).
+/// Partitions this member acquired with a new epoch: free ones (at the
+/// start, or given up by a member that left or rebalanced) and those of a
+/// member whose membership expired.
 pub const GROUP_TAKEOVERS: &str = "weir_group_takeovers_total";
-/// Writes refused because another member took their partition over.
+/// Writes of this member refused by the fence because another member took
+/// their partition over: a component's actions dropped from a sink call,
+/// or an append to a partition's changelog.
 pub const GROUP_FENCED_WRITES: &str = "weir_group_fenced_writes_total";
-/// Times this member's membership expired before it renewed it.
+/// Times this member's membership expired before it renewed it (it paused
+/// or lost the database for a lease TTL): it dropped every partition and
+/// joins again.
 pub const GROUP_EXPIRIES: &str = "weir_group_membership_expiries_total";
-/// How long restoring a partition from its changelog took.
+/// How long restoring a partition's local copy from its changelog took, by
+/// `reason`: `takeover` (a partition acquired) or `root_replay` (the root
+/// partition, replayed before each run by a member that does not hold it).
 pub const GROUP_RESTORE_DURATION: &str = "weir_group_restore_duration_seconds";
-/// Changelog rows read by restores.
+/// Changelog rows (snapshot and log) read by restores, by `reason` (as
+/// [`GROUP_RESTORE_DURATION`]).
 pub const GROUP_RESTORED_ROWS: &str = "weir_group_restored_rows_total";
-/// Rows the changelogs of this member's partitions hold, after compaction.
+/// Rows the changelogs (snapshot and log) of the partitions this member
+/// holds: as read when it acquired each, plus the rows it appended since.
 pub const GROUP_CHANGELOG_ROWS: &str = "weir_group_changelog_rows";
+/// The `reason` of a restore of a partition acquired.
+pub const RESTORE_TAKEOVER: &str = "takeover";
+/// The `reason` of the root partition's replay by a member that does not
+/// hold it.
+pub const RESTORE_ROOT_REPLAY: &str = "root_replay";
 /// Target states declared by components.
 pub const DECLARATIONS: &str = "weir_component_declarations_total";
 /// Handler `reconcile` calls, by `shard`.
@@ -114,6 +135,54 @@ pub const CATALOGUE: &[(&str, MetricKind, Unit, &str)] = &[
         MetricKind::Gauge,
         Unit::Count,
         "Components of the last run that have failed quarantine_after runs in a row or more.",
+    ),
+    (
+        GROUP_PARTITIONS_HELD,
+        MetricKind::Gauge,
+        Unit::Count,
+        "Partitions of its worker group this member holds, the root partition included (0 once its membership expired or it left).",
+    ),
+    (
+        GROUP_REBALANCES,
+        MetricKind::Counter,
+        Unit::Count,
+        "Runs before which this member's assignment changed (it gave partitions up or acquired some).",
+    ),
+    (
+        GROUP_TAKEOVERS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Partitions this member acquired with a new epoch (free, or from a member whose membership expired).",
+    ),
+    (
+        GROUP_FENCED_WRITES,
+        MetricKind::Counter,
+        Unit::Count,
+        "Writes of this member refused because another member took their partition over (a component's actions in a sink call, or a changelog append).",
+    ),
+    (
+        GROUP_EXPIRIES,
+        MetricKind::Counter,
+        Unit::Count,
+        "Times this member's membership expired before it renewed it; it then dropped its partitions and joined again.",
+    ),
+    (
+        GROUP_RESTORE_DURATION,
+        MetricKind::Histogram,
+        Unit::Seconds,
+        "How long restoring a partition's local copy from its changelog took, by reason (takeover, root_replay).",
+    ),
+    (
+        GROUP_RESTORED_ROWS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Changelog rows (snapshot and log) read by restores, by reason (takeover, root_replay).",
+    ),
+    (
+        GROUP_CHANGELOG_ROWS,
+        MetricKind::Gauge,
+        Unit::Count,
+        "Rows (snapshot and log) of the changelogs of the partitions this member holds: as read when it acquired each, plus the rows it appended since.",
     ),
     (
         DECLARATIONS,

@@ -30,6 +30,10 @@ struct State {
     held: BTreeMap<PartitionId, Epoch>,
     /// The data partitions this member completed a pass of.
     synced: BTreeSet<u32>,
+    /// The rows of the changelog of each partition held, as this member
+    /// knows them: read when it acquired the partition, plus the rows it
+    /// appended since (only the holder appends).
+    changelog_rows: BTreeMap<PartitionId, u64>,
 }
 
 /// What a member holds for one run.
@@ -90,6 +94,8 @@ impl Member {
         let mut state = self.state();
         state.held.clear();
         state.joined = Some(joined.clone());
+        drop(state);
+        self.gauge();
         Ok((true, joined))
     }
 
@@ -124,6 +130,8 @@ impl Member {
             let mut state = self.state();
             state.joined = None;
             state.held.clear();
+            drop(state);
+            self.gauge();
             metrics::counter!(crate::metrics::GROUP_EXPIRIES).increment(1);
         }
         Ok(alive)
@@ -138,9 +146,26 @@ impl Member {
         }
     }
 
-    /// Notes partitions as held under `epoch` (after an acquire).
-    pub(crate) fn hold(&self, partition: PartitionId, epoch: Epoch) {
-        self.state().held.insert(partition, epoch);
+    /// Notes a partition as held under `epoch` (after an acquire), its
+    /// changelog holding `changelog_rows` rows (as its restore read them).
+    pub(crate) fn hold(&self, partition: PartitionId, epoch: Epoch, changelog_rows: u64) {
+        let mut state = self.state();
+        state.held.insert(partition, epoch);
+        state.changelog_rows.insert(partition, changelog_rows);
+        drop(state);
+        self.gauge();
+    }
+
+    /// Counts `rows` appended to a partition's changelog under `epoch`, if
+    /// the partition is still held under it (a partition acquired again
+    /// since read them with its restore).
+    pub(crate) fn appended(&self, partition: PartitionId, epoch: Epoch, rows: u64) {
+        let mut state = self.state();
+        if state.held.get(&partition) != Some(&epoch) {
+            return;
+        }
+        *state.changelog_rows.entry(partition).or_default() += rows;
+        drop(state);
         self.gauge();
     }
 
@@ -220,9 +245,20 @@ impl Member {
         }
     }
 
+    /// Sets the gauges of what the member holds: its partitions, and the
+    /// rows of their changelogs. Under the state's lock, so that the last
+    /// change made is the last value set.
     fn gauge(&self) {
-        let held = self.state().held.len();
-        metrics::gauge!(crate::metrics::GROUP_PARTITIONS_HELD).set(held as f64);
+        let mut state = self.state();
+        let State {
+            held,
+            changelog_rows,
+            ..
+        } = &mut *state;
+        changelog_rows.retain(|p, _| held.contains_key(p));
+        let rows: u64 = changelog_rows.values().sum();
+        metrics::gauge!(crate::metrics::GROUP_PARTITIONS_HELD).set(held.len() as f64);
+        metrics::gauge!(crate::metrics::GROUP_CHANGELOG_ROWS).set(rows as f64);
     }
 }
 

@@ -239,6 +239,7 @@ async fn append(member: &Member, partition: PartitionId, entries: Vec<LogEntry>)
             partitions: vec![partition],
         });
     };
+    let rows = u64::try_from(entries.len()).unwrap_or(u64::MAX);
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -247,6 +248,9 @@ async fn append(member: &Member, partition: PartitionId, entries: Vec<LogEntry>)
             .coordinator
             .append(&member.group.name, partition, epoch, entries.clone())
             .await;
+        if result.is_ok() {
+            member.appended(partition, epoch, rows);
+        }
         match result {
             Err(e) if e.is_retriable() && !e.is_fenced() && attempt < ATTEMPTS => {
                 tokio::time::sleep(Duration::from_millis(50 << attempt)).await;

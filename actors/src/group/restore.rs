@@ -50,14 +50,18 @@ pub(crate) async fn forget_partition(
 
 /// Replaces the local copy of `partition` with what its changelog holds:
 /// the latest record of each component, and the intents no record
-/// collapsed, folded in as possible records (as after a crash).
+/// collapsed, folded in as possible records (as after a crash). `reason`
+/// labels the restore's metrics ([`crate::metrics::RESTORE_TAKEOVER`] or
+/// [`crate::metrics::RESTORE_ROOT_REPLAY`]). Returns the changelog rows
+/// read.
 pub(crate) async fn restore_partition(
     ledger: &Ledger,
     handle: &LedgerHandle,
     user: &tokio::runtime::Handle,
     member: &Member,
     partition: PartitionId,
-) -> Result<()> {
+    reason: &'static str,
+) -> Result<u64> {
     let started = Instant::now();
     let partitions = member.partitions().unwrap_or(1);
     let local = local_components(ledger, user, partitions, partition).await?;
@@ -84,10 +88,11 @@ pub(crate) async fn restore_partition(
     if !ops.is_empty() {
         handle.commit_local(ops).await?;
     }
-    metrics::histogram!(crate::metrics::GROUP_RESTORE_DURATION)
+    metrics::histogram!(crate::metrics::GROUP_RESTORE_DURATION, "reason" => reason)
         .record(started.elapsed().as_secs_f64());
-    metrics::counter!(crate::metrics::GROUP_RESTORED_ROWS).increment(restored.rows);
-    Ok(())
+    metrics::counter!(crate::metrics::GROUP_RESTORED_ROWS, "reason" => reason)
+        .increment(restored.rows);
+    Ok(restored.rows)
 }
 
 fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T> {

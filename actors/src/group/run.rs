@@ -119,15 +119,16 @@ pub(crate) async fn before_run(engine: &Engine, member: &Member) -> Result<Group
             .acquire(&member.group.name, &member.id, *p)
             .await?;
         if let Some(epoch) = taken {
-            restore_partition(
+            let rows = restore_partition(
                 &engine.ledger,
                 &engine.ledger_handle,
                 &engine.user,
                 member,
                 *p,
+                crate::metrics::RESTORE_TAKEOVER,
             )
             .await?;
-            member.hold(*p, epoch);
+            member.hold(*p, epoch, rows);
             metrics::counter!(crate::metrics::GROUP_TAKEOVERS).increment(1);
             changed = true;
         }
@@ -143,6 +144,7 @@ pub(crate) async fn before_run(engine: &Engine, member: &Member) -> Result<Group
             &engine.user,
             member,
             PartitionId::Root,
+            crate::metrics::RESTORE_ROOT_REPLAY,
         )
         .await?;
     }
