@@ -9,83 +9,24 @@ mod cli;
 mod cmd;
 mod pg;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::collections::BTreeSet;
 use std::process::{Child, Output};
 use std::time::Duration;
 
-use cli::{doc_of, within, Doc, Env, PgDatabase, TestResult};
+use cli::group::{expected, generate, matches_tree, member_args, synced_by, Group};
+use cli::{within, Env, PgDatabase, TestResult};
 use cmd::text;
 
-/// Writes `files` small text files under the tree.
-fn generate(env: &Env, files: usize) {
-    for i in 0..files {
-        env.put(
-            &format!("d{}/f{i}.md", i % 4),
-            format!("file {i}\n\nsecond paragraph of {i}\n"),
-        );
-    }
-}
-
-/// What `documents` must hold: every file of the tree.
-fn expected(root: &Path) -> BTreeMap<String, Doc> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let rel = path
-                    .strip_prefix(root)
-                    .unwrap()
-                    .to_string_lossy()
-                    .replace('\\', "/");
-                out.insert(rel, doc_of(&std::fs::read(&path).unwrap()));
-            }
-        }
-    }
-    out
-}
-
-/// Whether the `documents` table exists and equals the tree.
-async fn matches_tree(pg: &PgDatabase, env: &Env) -> bool {
-    pg.tables().await.iter().any(|t| t == "documents") && pg.docs().await == expected(&env.tree)
-}
-
-/// The arguments of a member `n` of group `group` syncing into `url`, with
-/// a ledger of its own.
-fn member_args(env: &Env, url: &str, group: &str, n: usize, extra: &[&str]) -> Vec<String> {
-    let ledger = env.tmp.path().join(format!("ledger-{n}"));
-    let mut args: Vec<String> = [
-        "sync",
-        env.tree.to_str().unwrap(),
-        "--into",
-        url,
-        "--ledger",
-        ledger.to_str().unwrap(),
-        "--group",
-        group,
-        "--partitions",
-        "8",
-        "--lease-ttl",
-        "3",
-        "--member-id",
-    ]
-    .iter()
-    .map(ToString::to_string)
-    .collect();
-    args.push(format!("member-{n}"));
-    args.extend(extra.iter().map(ToString::to_string));
-    args
-}
-
-/// Starts member `n`.
-fn start(env: &Env, url: &str, group: &str, n: usize, extra: &[&str]) -> Child {
+/// Member `n` of group `name`, with 8 partitions and a lease TTL of 3 s.
+fn start(env: &Env, url: &str, name: &str, n: usize, extra: &[&str]) -> Child {
+    let group = Group {
+        name,
+        partitions: 8,
+        lease_ttl: 3,
+    };
     cmd::spawn(
         env.tmp.path(),
-        &member_args(env, url, group, n, extra),
+        &member_args(env, url, &group, n, extra),
         None,
     )
 }
@@ -96,23 +37,6 @@ fn finish(mut child: Child) -> Output {
         panic!("a member did not finish within {:?}", cmd::COMMAND_LIMIT);
     }
     child.wait_with_output().unwrap()
-}
-
-/// The partitions a member printed as synced by it.
-fn synced_by(out: &Output) -> BTreeSet<u32> {
-    let stdout = text(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("partitions synced: "))
-        .unwrap_or_else(|| panic!("no partitions line in: {stdout}\n{}", text(&out.stderr)));
-    let mut set = BTreeSet::new();
-    if line == "none" {
-        return set;
-    }
-    for part in line.split(", ") {
-        set.insert(part.parse::<u32>().unwrap());
-    }
-    set
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,8 @@
 //! needs `mod cmd;` and `mod pg;` beside it): a tree, a database and a
 //! ledger in a temporary directory to run the command on, a fresh
 //! PostgreSQL database, the `documents` and `chunks` tables read back, the
-//! checks of a run's output, and waiting on a live sync.
+//! checks of a run's output, and waiting on a live sync; `group` has what
+//! the tests of worker groups share.
 
 // Test support code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
@@ -19,6 +20,8 @@ use weir::Fingerprint;
 
 use crate::cmd::{self, text};
 use crate::pg;
+
+pub mod group;
 
 /// What a test returns: an `Err` fails it.
 pub type TestResult = Result<(), Box<dyn Error>>;
