@@ -153,19 +153,35 @@ async fn a_rolling_update_waits_for_the_root_holders_schema_and_converges_when_t
     run(&old, &table, Version::V1).await?;
     assert_eq!(ids(&pool, &table).await.len(), ITEMS as usize);
 
-    // The new version joins: it gets data partitions, not the root.
+    // The new version joins: it is given data partitions, not the root,
+    // which the old member hands over after its next run.
     let new = member(&pool, &dir.path().join("new"), &group, "new").await?;
+    let _ = run(&new, &table, Version::V2).await;
+    run(&old, &table, Version::V1).await?;
     let err = run(&new, &table, Version::V2)
         .await
         .expect_err("a schema the root holder did not apply waits");
     assert!(err.is_root_pending(), "{err}");
+    let status = new.group_status().await?.expect("a group member");
+    assert_eq!(status.members.len(), 2, "{status:?}");
+    let owned = |member: &str| {
+        status
+            .partition_states
+            .iter()
+            .filter(|p| p.owner.as_deref() == Some(member))
+            .count()
+    };
+    assert!(owned("new") >= 1, "{status:?}");
+    assert_eq!(
+        new.synced_partitions(),
+        Vec::<u32>::new(),
+        "a run that waited for the root holder completed no pass"
+    );
     assert_eq!(
         columns(&pool, &table).await,
         ["id", "title"],
         "the new member changed nothing of the table"
     );
-    let status = new.group_status().await?.expect("a group member");
-    assert_eq!(status.members.len(), 2, "{status:?}");
     // The old version goes on with the partitions it still holds.
     run(&old, &table, Version::V1).await?;
 
@@ -194,5 +210,102 @@ async fn a_rolling_update_waits_for_the_root_holders_schema_and_converges_when_t
             .await?;
     assert_eq!(with_extra, i64::from(ITEMS));
     new.leave_group().await?;
+    Ok(())
+}
+
+async fn changelog_rows(pool: &PgPool, group: &str) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM weir.changelog WHERE group_name = $1),
+                (SELECT count(*) FROM weir.snapshot WHERE group_name = $1)",
+    )
+    .bind(group)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// One run declaring every item with `title`.
+async fn run_titled(app: &App, table: &str, title: &str) -> Result<UpdateStats> {
+    let (table, title) = (table.to_string(), title.to_string());
+    app.run(move |ctx| async move {
+        let target =
+            postgres::mount_table_target(&ctx, &db(), &table, schema(Version::V1)?).await?;
+        ctx.mount_each(
+            (0..ITEMS).map(|i| format!("k{i:02}")),
+            |k| k.clone(),
+            move |ctx, id| {
+                let (target, title) = (target.clone(), title.clone());
+                async move { target.declare_row(&ctx, &RowV1 { id, title }) }
+            },
+        )
+        .await
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_changelog_is_compacted_as_it_grows_and_a_new_member_restores_it_exactly(
+) -> Result<()> {
+    let Some((_, pool)) = pg::server(8).await.map_err(Error::msg)? else {
+        return Ok(());
+    };
+    let group = unique("compact");
+    let table = unique("compact_docs");
+    let dir = tempfile::tempdir()?;
+    let compacting = |ledger: &str, id: &str| {
+        let coordinator = Arc::new(PostgresCoordinator::new(pool.clone()).compact_min_rows(10));
+        let group = WorkerGroup::new(group.as_str(), coordinator)
+            .partitions(4)
+            .lease_ttl(Duration::from_secs(2))
+            .join_delay(Duration::from_millis(50))
+            .member_id(id)
+            .compact_after_rows(20);
+        App::builder("groups")
+            .ledger_path(dir.path().join(ledger))
+            .provide_key(&db(), pool.clone())
+            .worker_group(group)
+            .build()
+    };
+    let first = compacting("first", "first").await?;
+    const RUNS: i64 = 12;
+    for n in 0..RUNS {
+        let stats = run_titled(&first, &table, &format!("version {n}")).await?;
+        assert_eq!(stats.failed_components, 0, "{stats:?}");
+    }
+    let (log, snapshot) = changelog_rows(&pool, &group).await;
+    assert!(snapshot > 0, "nothing was ever compacted");
+    // Each run wrote every component's record: without compaction the
+    // log would hold them all. Compacted, it holds about twice the
+    // components, plus the threshold per partition (5 partitions).
+    let bound = 2 * (i64::from(ITEMS) + 2) + 5 * 20 + 5 * 20;
+    assert!(
+        log + snapshot <= bound,
+        "log {log} + snapshot {snapshot} rows exceed {bound}"
+    );
+    // Every run appended every component's record at least.
+    assert!(
+        RUNS * i64::from(ITEMS) > bound,
+        "the test appends too little"
+    );
+
+    // A member with an empty ledger takes every partition over from the
+    // compacted changelog, and finds nothing to change.
+    first.leave_group().await?;
+    drop(first);
+    let second = compacting("second", "second").await?;
+    let stats = run_titled(&second, &table, &format!("version {}", RUNS - 1)).await?;
+    assert_eq!(
+        (stats.created, stats.updated, stats.deleted),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    let rows: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{table}\" WHERE title = 'version {}'",
+        RUNS - 1
+    ))
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(rows, i64::from(ITEMS));
+    second.leave_group().await?;
     Ok(())
 }

@@ -10,6 +10,10 @@ use super::coordinator::Coordinator;
 /// before the first assignment (Kafka's `group.initial.rebalance.delay.ms`).
 pub const DEFAULT_JOIN_DELAY: Duration = Duration::from_secs(1);
 
+/// The fewest rows a member appends to a partition's changelog before it
+/// asks its coordinator to compact it, by default.
+pub const DEFAULT_COMPACT_AFTER_ROWS: u64 = 1000;
+
 /// Makes an [`App`](crate::App) a member of a worker group (see
 /// [`AppBuilder::worker_group`](crate::AppBuilder::worker_group) and the
 /// [module docs](crate::group)).
@@ -33,6 +37,7 @@ pub struct WorkerGroup {
     pub(crate) lease_ttl: Option<Duration>,
     pub(crate) member_id: Option<String>,
     pub(crate) join_delay: Duration,
+    pub(crate) compact_after_rows: u64,
 }
 
 impl WorkerGroup {
@@ -46,6 +51,7 @@ impl WorkerGroup {
             lease_ttl: None,
             member_id: None,
             join_delay: DEFAULT_JOIN_DELAY,
+            compact_after_rows: DEFAULT_COMPACT_AFTER_ROWS,
         }
     }
 
@@ -68,6 +74,18 @@ impl WorkerGroup {
     /// the host name and the process id.
     pub fn member_id(mut self, id: impl Into<String>) -> Self {
         self.member_id = Some(id.into());
+        self
+    }
+
+    /// The fewest rows this member appends to a partition's changelog
+    /// before it asks the coordinator to compact it (default
+    /// [`DEFAULT_COMPACT_AFTER_ROWS`]); it waits at least as many as the
+    /// changelog held after its last compaction, so that the log has
+    /// outgrown the snapshot. A partition's changelog so holds at most
+    /// about twice its components' records, plus this many rows, plus the
+    /// intents of calls in flight.
+    pub fn compact_after_rows(mut self, rows: u64) -> Self {
+        self.compact_after_rows = rows.max(1);
         self
     }
 

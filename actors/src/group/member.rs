@@ -34,6 +34,9 @@ struct State {
     /// knows them: read when it acquired the partition, plus the rows it
     /// appended since (only the holder appends).
     changelog_rows: BTreeMap<PartitionId, u64>,
+    /// The rows of the changelog of each partition held when it was last
+    /// compacted, or restored: what its snapshot may hold at most.
+    compacted_rows: BTreeMap<PartitionId, u64>,
 }
 
 /// What a member holds for one run.
@@ -152,6 +155,39 @@ impl Member {
         let mut state = self.state();
         state.held.insert(partition, epoch);
         state.changelog_rows.insert(partition, changelog_rows);
+        state.compacted_rows.insert(partition, changelog_rows);
+        drop(state);
+        self.gauge();
+    }
+
+    /// The partitions held whose changelogs grew enough since they were
+    /// last compacted or restored to compact them (see
+    /// [`WorkerGroup::compact_after_rows`](super::WorkerGroup::compact_after_rows)),
+    /// with their epochs.
+    pub(crate) fn compaction_due(&self) -> Vec<(PartitionId, Epoch)> {
+        let after = self.group.compact_after_rows;
+        let state = self.state();
+        state
+            .held
+            .iter()
+            .filter(|(p, _)| {
+                let rows = state.changelog_rows.get(p).copied().unwrap_or(0);
+                let base = state.compacted_rows.get(p).copied().unwrap_or(0);
+                rows.saturating_sub(base) >= base.max(after)
+            })
+            .map(|(p, e)| (*p, *e))
+            .collect()
+    }
+
+    /// Notes a partition's changelog as compacted under `epoch`, holding
+    /// `rows` rows now.
+    pub(crate) fn compacted(&self, partition: PartitionId, epoch: Epoch, rows: u64) {
+        let mut state = self.state();
+        if state.held.get(&partition) != Some(&epoch) {
+            return;
+        }
+        state.changelog_rows.insert(partition, rows);
+        state.compacted_rows.insert(partition, rows);
         drop(state);
         self.gauge();
     }
@@ -253,9 +289,11 @@ impl Member {
         let State {
             held,
             changelog_rows,
+            compacted_rows,
             ..
         } = &mut *state;
         changelog_rows.retain(|p, _| held.contains_key(p));
+        compacted_rows.retain(|p, _| held.contains_key(p));
         let rows: u64 = changelog_rows.values().sum();
         metrics::gauge!(crate::metrics::GROUP_PARTITIONS_HELD).set(held.len() as f64);
         metrics::gauge!(crate::metrics::GROUP_CHANGELOG_ROWS).set(rows as f64);

@@ -98,8 +98,8 @@
 //! `idle_in_transaction_session_timeout`, `statement_timeout` and
 //! `lock_timeout` below the TTL, so that a member paused inside a
 //! transaction holds the fence row for a bounded time only, and the
-//! taker terminates what is left of the old owner's sessions (found by
-//! their `application_name`) once it waited that long.
+//! taker terminates the sessions still holding the fence row
+//! (`pg_blocking_pids`) once it waited that long.
 //!
 //! The engine gives each sink call a [`Fence`]: the group, and the
 //! partitions and epochs of the components whose actions the call
@@ -125,10 +125,12 @@
 //! machine, with no shared disk: nothing it inherits is orphaned, and
 //! nothing unchanged is written again.
 //!
-//! Compaction keeps the changelog bounded: once a partition's log holds
-//! more rows than its snapshot (and at least a thousand), its owner folds
+//! Compaction keeps the changelog bounded: after a run, once its owner has
+//! appended to a partition's changelog at least as many rows as it held
+//! when last compacted or restored, and at least a thousand
+//! ([`WorkerGroup::compact_after_rows`]), it asks the coordinator to fold
 //! the log into the snapshot (the latest record per component; removed
-//! components and collapsed intents go) in one fenced transaction. A
+//! components and collapsed intents go), in one fenced transaction. A
 //! partition's changelog therefore holds at most about twice one row per
 //! component, plus a thousand, plus the intents of calls in flight.
 //!
@@ -155,7 +157,7 @@ mod partition;
 pub(crate) mod restore;
 pub(crate) mod run;
 
-pub use config::{WorkerGroup, DEFAULT_JOIN_DELAY};
+pub use config::{WorkerGroup, DEFAULT_COMPACT_AFTER_ROWS, DEFAULT_JOIN_DELAY};
 pub use coordinator::{
     Coordinator, Epoch, GroupStatus, JoinRequest, Joined, LogEntry, MemberState, PartitionState,
     Pass, Restored,

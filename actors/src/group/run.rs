@@ -204,7 +204,9 @@ async fn forget_every_data_partition(engine: &Engine, member: &Member) -> Result
 }
 
 /// Ends a run's pass: the partitions still held under the run's epochs
-/// completed it.
+/// completed it, unless the run did not reach its components: the root
+/// failed, or it waited for the root partition's holder. (A pass with
+/// components that failed on their own is complete: they failed in it.)
 pub(crate) async fn after_run(
     member: &Member,
     run: &GroupRun,
@@ -215,10 +217,12 @@ pub(crate) async fn after_run(
         .into_iter()
         .filter(|(p, e)| member.epoch(*p) == Some(*e))
         .collect();
-    if still.is_empty() || run.pass == 0 {
+    let not_reached = failures
+        .iter()
+        .any(|f| f.is_root_pending() || f.path.is_root());
+    if still.is_empty() || run.pass == 0 || not_reached {
         return Ok(());
     }
-    let _ = failures;
     member
         .group
         .coordinator
@@ -232,7 +236,29 @@ pub(crate) async fn after_run(
         })
         .collect();
     member.note_synced(&data);
+    compact_due(member).await;
     Ok(())
+}
+
+/// Compacts the changelogs of the partitions held that grew enough (see
+/// [`WorkerGroup::compact_after_rows`]). A compaction that fails (fenced: the
+/// partition was taken over; or the database could not be reached) is
+/// only logged: the changelog stays whole, and the next run tries again.
+async fn compact_due(member: &Member) {
+    for (partition, epoch) in member.compaction_due() {
+        let group = &member.group;
+        match group
+            .coordinator
+            .compact(&group.name, partition, epoch)
+            .await
+        {
+            Ok(rows) => member.compacted(partition, epoch, rows),
+            Err(e) => tracing::warn!(
+                group = %group.name(),
+                "compacting the changelog of partition {partition} failed (the next run tries again): {e}"
+            ),
+        }
+    }
 }
 
 /// The root-level components of the partitions held, as the local ledger
