@@ -342,3 +342,33 @@ async fn each_member_exports_the_partitions_it_holds_and_their_changelog_rows_an
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_shot_member_whose_file_failed_exits_1_naming_it_after_the_group_synced() -> TestResult
+{
+    let Some(env) = cli::nobody::nobody_env()? else {
+        return Ok(());
+    };
+    PgDatabase::around("cli_group_failed", async |pg| {
+        generate(&env, 8);
+        env.put("secret.md", "secret\n");
+        cli::nobody::give_tree_to_nobody(&env)?;
+        cli::set_mode(&env.path("secret.md"), 0o000)?;
+        let group = Group {
+            name: "failing",
+            partitions: 4,
+            lease_ttl: 3,
+        };
+        let args = member_args(&env, &pg.url, &group, 0, &[]);
+        let out = cmd::run(env.tmp.path(), &args, Some(cli::nobody::NOBODY));
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("failed: secret.md"), "{stderr}");
+        assert_eq!(synced_by(&out), (0..4).collect::<BTreeSet<u32>>());
+        let mut docs = expected(&env.tree);
+        docs.remove("secret.md");
+        assert_eq!(pg.docs().await, docs);
+        TestResult::Ok(())
+    })
+    .await
+}

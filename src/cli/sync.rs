@@ -231,7 +231,9 @@ async fn once_in_group(target: &target::Target, job: Arc<Job>) -> Result<u8> {
     let mut code = EXIT_OK;
     loop {
         match once(target, Arc::clone(&job)).await {
-            Ok(c) => code = c,
+            // A file that failed in any pass fails the sync (it may have
+            // completed its partition's pass that way).
+            Ok(c) => code = code.max(c),
             // A member whose declaration of the tables differs from the
             // root holder's (a rolling update) waits, and tries again.
             Err(e) if e.is_root_pending() => tracing::warn!("{e}"),
@@ -508,10 +510,16 @@ async fn once(target: &target::Target, job: Arc<Job>) -> Result<u8> {
 /// `interrupted`: a shutdown was requested during the run.
 fn summarize(root: &Path, db: &Database, files: u64, report: &RunReport, interrupted: bool) -> u8 {
     let s = &report.stats;
+    // In a worker group, components that wait for the root partition's
+    // holder (another version of the tables) did not fail: they run again.
+    let waiting = report.failures.iter().find(|f| f.is_root_pending());
+    if let Some(wait) = waiting {
+        eprintln!("waiting: {}", wait.cause);
+    }
     let failed: Vec<_> = report
         .failures
         .iter()
-        .filter(|f| !f.path.is_root())
+        .filter(|f| !f.path.is_root() && !f.is_root_pending())
         .collect();
     println!(
         "synced {files} files from {} into {} in {:.2}s: {} unchanged files skipped; tables and rows: {} created, {} updated, {} deleted, {} unchanged; {} failed",
@@ -548,7 +556,11 @@ fn summarize(root: &Path, db: &Database, files: u64, report: &RunReport, interru
         eprintln!("interrupted: the files that finished are committed; run `weir sync` again to do the rest");
         return EXIT_INTERRUPTED;
     }
-    if let Some(root_failure) = report.failures.iter().find(|f| f.path.is_root()) {
+    if let Some(root_failure) = report
+        .failures
+        .iter()
+        .find(|f| f.path.is_root() && !f.is_root_pending())
+    {
         // The files it reached are committed: a partial success.
         eprintln!("error: {}", root_failure.cause);
         return EXIT_FAILED_FILES;

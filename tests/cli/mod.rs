@@ -22,6 +22,7 @@ use crate::cmd::{self, text};
 use crate::pg;
 
 pub mod group;
+pub mod nobody;
 
 /// What a test returns: an `Err` fails it.
 pub type TestResult = Result<(), Box<dyn Error>>;
