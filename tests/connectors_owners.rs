@@ -10,7 +10,6 @@
 mod pg;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -152,19 +151,7 @@ async fn a_sqlite_table_dropped_by_hand_goes_to_the_next_ledger_that_creates_it(
     Ok(())
 }
 
-fn unique(test: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    format!(
-        "{test}_{:x}_{:x}_{}",
-        std::process::id(),
-        nanos,
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use pg::unique;
 
 async fn pg_app(ledger: &Path, pool: &PgPool, adopt: bool) -> Result<App> {
     App::builder("owners")

@@ -12,7 +12,6 @@ mod pg;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,19 +45,7 @@ async fn server() -> Result<Option<PgPool>> {
 }
 
 /// A table name unique to this test and this process.
-fn unique(test: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    format!(
-        "{test}_{:x}_{:x}_{}",
-        std::process::id(),
-        nanos,
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use pg::unique;
 
 /// One test's app, ledger and tables (dropped by `finish`).
 struct Rig {

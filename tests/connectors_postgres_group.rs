@@ -9,7 +9,6 @@
 mod pg;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,19 +31,7 @@ async fn server() -> Result<Option<PgPool>> {
 }
 
 /// A group name unique to this test and this process.
-fn unique(test: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    format!(
-        "{test}_{:x}_{:x}_{}",
-        std::process::id(),
-        nanos,
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use pg::unique;
 
 /// The lease TTL of groups whose members expire in a test.
 const SHORT_TTL: Duration = Duration::from_secs(2);

@@ -11,7 +11,6 @@ mod pg;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,19 +27,7 @@ fn db() -> ContextKey<PgPool> {
     ContextKey::new("pg")
 }
 
-fn unique(test: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    format!(
-        "{test}_{:x}_{:x}_{}",
-        std::process::id(),
-        nanos,
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use pg::unique;
 
 /// The two versions of the code: v2 adds a nullable column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

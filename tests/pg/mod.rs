@@ -40,3 +40,21 @@ pub async fn server(max_connections: u32) -> Result<Option<(String, PgPool)>, St
     eprintln!("SKIPPED: no PostgreSQL server ({last}); set WEIR_TEST_POSTGRES_URL");
     Ok(None)
 }
+
+/// A name no other test (of this process, or another) uses: for tables,
+/// groups and databases in the shared test database.
+#[allow(dead_code)] // Not every test binary that shares this module uses it.
+pub fn unique(test: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!(
+        "{test}_{:x}_{:x}_{}",
+        std::process::id(),
+        nanos,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
