@@ -1069,3 +1069,50 @@ async fn a_failed_component_is_listed_by_path_and_cause_while_the_others_commit(
     assert_eq!(entries(&log), vec!["call of 1", "create \"good\""]);
     Ok(())
 }
+
+// ---------------------------------------------------------------------------
+// Additions the issues named: worker groups, table owners, error classes.
+// ---------------------------------------------------------------------------
+
+#[allow(dead_code)]
+fn worker_group_api(coordinator: Arc<dyn weir::group::Coordinator>, pool: sqlx::PgPool) {
+    let group: weir::group::WorkerGroup = weir::group::WorkerGroup::new("g", coordinator)
+        .partitions(64)
+        .lease_ttl(Duration::from_secs(10))
+        .member_id("host:1")
+        .join_delay(Duration::from_secs(1))
+        .compact_after_rows(1000);
+    let _: AppBuilder = App::builder("a").worker_group(group).adopt_tables(true);
+    let _: Arc<dyn weir::group::Coordinator> = Arc::new(postgres::PostgresCoordinator::new(pool));
+    let _: fn(&App) -> weir::Result<weir::Owner> = App::owner;
+    let _: fn(&Ctx) -> weir::Result<weir::Owner> = Ctx::owner;
+    let _: fn(&App) -> Vec<u32> = App::synced_partitions;
+    let _: fn(&weir::Error) -> bool = weir::Error::is_not_held;
+    let _: fn(&weir::Error) -> bool = weir::Error::is_fenced;
+    let _: fn(&weir::Error) -> bool = weir::Error::is_root_pending;
+    let _: fn(&ComponentFailure) -> bool = ComponentFailure::is_root_pending;
+    let _: fn(&str) -> weir::Owner = weir::Owner::group;
+    assert_send_sync::<weir::Fence>();
+    assert_eq_hash::<weir::PartitionId>();
+    assert_eq_hash::<weir::Owner>();
+}
+
+#[allow(dead_code)]
+fn group_futures_are_send(app: &App) {
+    assert_send(&app.group_status());
+    assert_send(&app.group_synced());
+    assert_send(&app.leave_group());
+}
+
+#[test]
+fn an_owner_is_its_key_and_shows_its_description() {
+    let owner = weir::Owner::group("docs");
+    assert_eq!(owner.key(), "group:docs");
+    assert_eq!(owner.to_string(), "worker group docs");
+    let ledger = weir::Owner::ledger("1234", "host:/var/lib/weir");
+    assert_eq!(ledger.key(), "ledger:1234");
+    assert_eq!(
+        ledger.description(),
+        "the ledger 1234 at host:/var/lib/weir"
+    );
+}
