@@ -8,7 +8,8 @@ use futures::FutureExt;
 
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::record::LedgerOp;
-use crate::model::StableKey;
+use crate::model::{ComponentPath, StableKey};
+use crate::run::Run;
 use crate::run::lock;
 
 use super::finish::finish;
@@ -322,7 +323,7 @@ where
     }
     let f = Arc::new(f);
     let had_slot = parent.release_slot();
-    let mut handles = Vec::with_capacity(items.len());
+    let mut handles = ChildTasks::default();
     let mut interrupted = false;
     for (key, item) in items {
         let permit = match Arc::clone(&run.inflight).try_acquire_owned() {
@@ -358,24 +359,70 @@ where
             }
             run_armed(guard, move |ctx| f(ctx, item)).await
         });
-        handles.push((path, task));
+        handles.push(path, task, &run).await;
     }
     parent.leave_activity();
-    for (path, h) in handles {
-        // Failures are recorded in the run by the child itself; a task
-        // that died without reporting is reported here.
-        if let Err(e) = h.await {
-            run.fail(ComponentFailure::new(
-                path,
-                &Error::msg(format!("the component task died: {e}")),
-            ));
-        }
-    }
+    handles.join_all(&run).await;
     parent.resume(had_slot).await;
     if interrupted {
         return Err(self::interrupted(parent));
     }
     Ok(())
+}
+
+/// The tasks of a parent's children. Finished ones are reaped as more are
+/// spawned: a task's memory (its future and output) is freed only once its
+/// handle is dropped, so keeping every handle until the parent ends would
+/// hold every finished child of a parent of many until then. Dropping it
+/// aborts the children still running (cancelled components).
+#[derive(Default)]
+struct ChildTasks {
+    running: Vec<(ComponentPath, AbortOnDrop<Result<()>>)>,
+    /// The count at which finished tasks are reaped next.
+    reap_at: usize,
+}
+
+/// The fewest child tasks kept before finished ones are reaped.
+const CHILD_TASKS_REAPED_FROM: usize = 256;
+
+impl ChildTasks {
+    /// Keeps a child's task; reaps the finished ones once there are many.
+    async fn push(&mut self, path: ComponentPath, task: AbortOnDrop<Result<()>>, run: &Run) {
+        self.running.push((path, task));
+        if self.running.len() >= self.reap_at.max(CHILD_TASKS_REAPED_FROM) {
+            let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
+                .into_iter()
+                .partition(|(_, task)| task.0.is_finished());
+            self.running = running;
+            self.reap_at = 2 * self.running.len();
+            for (path, task) in done {
+                report_died(run, path, task.await);
+            }
+        }
+    }
+
+    /// Waits for every child still running.
+    async fn join_all(self, run: &Run) {
+        for (path, task) in self.running {
+            report_died(run, path, task.await);
+        }
+    }
+}
+
+/// Failures are recorded in the run by the child itself; a task that died
+/// without reporting (it panicked outside its guard, or was aborted) is
+/// reported here.
+fn report_died(
+    run: &Run,
+    path: ComponentPath,
+    joined: std::result::Result<Result<()>, tokio::task::JoinError>,
+) {
+    if let Err(e) = joined {
+        run.fail(ComponentFailure::new(
+            path,
+            &Error::msg(format!("the component task died: {e}")),
+        ));
+    }
 }
 
 /// The items whose components are in the run's scope: all, but for the
