@@ -175,10 +175,25 @@ impl Member {
     /// Starts member `n` of `group` on the tree of `env`, syncing into
     /// `url`, with `extra` arguments (`--live`, say).
     pub fn start(env: &Env, url: &str, group: &Group, n: usize, extra: &[&str]) -> Member {
-        let mut child = cmd::spawn(
+        Member::start_env(env, url, group, n, extra, &[])
+    }
+
+    /// [`Member::start`], with the environment variables `vars` set
+    /// besides (`PGOPTIONS`, say, which its PostgreSQL sessions pass to the
+    /// server).
+    pub fn start_env(
+        env: &Env,
+        url: &str,
+        group: &Group,
+        n: usize,
+        extra: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Member {
+        let mut child = cmd::spawn_env(
             env.tmp.path(),
             &member_args(env, url, group, n, extra),
             None,
+            vars,
         );
         let stdout = Drain::start(child.stdout.take().unwrap());
         let stderr = Drain::start(child.stderr.take().unwrap());
@@ -211,6 +226,15 @@ impl Member {
         self.process.kill();
         self.stdout.finish();
         self.stderr.finish();
+    }
+
+    /// Its exit status if it has exited (it is then reaped, and its output
+    /// read to the end), `None` while it runs.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        let status = self.process.0.try_wait().unwrap()?;
+        self.stdout.finish();
+        self.stderr.finish();
+        Some(status)
     }
 
     /// Waits up to `limit` for the process to exit: its status, or `None`

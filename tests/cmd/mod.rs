@@ -16,11 +16,22 @@ pub const COMMAND_LIMIT: Duration = Duration::from_secs(120);
 /// Starts `weir args...` in `cwd` (as user and group `uid` when given),
 /// with its output piped.
 pub fn spawn<S: AsRef<OsStr>>(cwd: &Path, args: &[S], uid: Option<u32>) -> Child {
+    spawn_env(cwd, args, uid, &[])
+}
+
+/// [`spawn`], with the environment variables `vars` set besides.
+pub fn spawn_env<S: AsRef<OsStr>>(
+    cwd: &Path,
+    args: &[S],
+    uid: Option<u32>,
+    vars: &[(&str, &str)],
+) -> Child {
     let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
     if let Some(uid) = uid {
         command.uid(uid).gid(uid);
     }
     command
+        .envs(vars.iter().copied())
         .args(args)
         .current_dir(cwd)
         .env("RUST_LOG", "info")
