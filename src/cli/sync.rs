@@ -276,6 +276,12 @@ pub(super) async fn lost_all_tables(target: &target::Target, ledger: &Path) -> R
     if missing.is_empty() || !target.tracks_tables().await? {
         return Ok(false);
     }
+    // A sync stopped while it created the tables tracks fewer than the
+    // database has: the next one creates the rest.
+    let existing = job::TABLES.len() - missing.len();
+    if target.tracked_tables().await? <= existing as u64 {
+        return Ok(false);
+    }
     if missing.len() < job::TABLES.len() {
         let db = target.into.display();
         return Err(Error::msg(format!(

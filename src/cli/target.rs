@@ -211,6 +211,20 @@ impl Target {
         Ok(self.app.inspect().await?.target_states > 0)
     }
 
+    /// How many tables the ledger tracks in the database.
+    pub async fn tracked_tables(&self) -> Result<u64> {
+        let provider = match &self.pool {
+            Pool::Sqlite(_) => sqlite::tables_provider_name(SQLITE.0),
+            Pool::Postgres(_) => postgres::tables_provider_name(POSTGRES.0),
+        };
+        let report = self.app.inspect().await?;
+        Ok(report
+            .providers
+            .iter()
+            .find(|(name, _)| *name == provider)
+            .map_or(0, |(_, n)| *n))
+    }
+
     /// Refuses tables another owner manages (another ledger, or a worker
     /// group), before anything runs, unless `adopt` takes them over: the
     /// error names the owner and says how to take them over.

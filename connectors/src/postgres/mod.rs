@@ -172,6 +172,13 @@ impl std::fmt::Debug for TableTarget {
 
 /// The provider name of the tables of the database named `db`.
 fn provider_name(db: &str) -> String {
+    tables_provider_name(db)
+}
+
+/// The name of the provider of the tables of the database provided under
+/// the context key named `db`: the name [`App::inspect`](weir_actors::App::inspect)
+/// counts their target states under.
+pub fn tables_provider_name(db: &str) -> String {
     format!("weir.postgres.table/{db}")
 }
 

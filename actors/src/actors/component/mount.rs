@@ -9,8 +9,8 @@ use futures::FutureExt;
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::record::LedgerOp;
 use crate::model::{ComponentPath, StableKey};
-use crate::run::Run;
 use crate::run::lock;
+use crate::run::Run;
 
 use super::finish::finish;
 use super::ComponentState;
