@@ -72,11 +72,8 @@
 //! # Limits
 //!
 //! Replaying a seed replays the steps, not their timing: the processes
-//! run in real time. Two behaviours are kept out of the random schedules,
-//! since hitting them depends on timing alone: a leave or a kill waits
-//! until `documents` and `chunks` both exist ([`Run::until_tables`]), and
-//! a leave until the member's last run did not wait for the root
-//! partition's holder ([`Run::after_root_pending`]). The recording needs
+//! run in real time. A leave waits until the member watches the tree (it
+//! handles SIGTERM from then on). The recording needs
 //! a superuser (an event trigger) and the `pgrowlocks` extension
 //! (PostgreSQL's contrib). A schedule that would start with less than
 //! [`SCHEDULE_LEFT`] left of [`TEST_LIMIT`] (a very slow machine) is
@@ -742,8 +739,6 @@ struct Run<'a> {
     log: Vec<String>,
     /// Edits made: each writes new contents.
     edits: usize,
-    /// Whether `documents` and `chunks` were seen to exist.
-    tables: bool,
 }
 
 impl Run<'_> {
@@ -882,79 +877,6 @@ impl Run<'_> {
         });
     }
 
-    /// Waits (up to 10 s, while a member runs) for `documents` and
-    /// `chunks` to exist, once: a member stopped between the creation of
-    /// the one and of the other leaves a database that its next start
-    /// refuses (`weir sync` says it "has no chunks table any more"),
-    /// which the model leaves to a test of its own rather than fail at
-    /// random on it.
-    async fn until_tables(&mut self) {
-        if self.tables {
-            return;
-        }
-        let limit = self.deadline.within(Duration::from_secs(10));
-        let start = Instant::now();
-        while start.elapsed() < limit && self.processes.iter().any(|p| p.fate == Fate::Running) {
-            let tables: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM information_schema.tables
-                  WHERE table_schema = 'public' AND table_name IN ('documents', 'chunks')",
-            )
-            .fetch_one(&self.watch.pool)
-            .await
-            .unwrap();
-            if tables == 2 {
-                self.tables = true;
-                return;
-            }
-            self.read_group().await;
-            self.check_processes();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Waits for member `n` to be ready for SIGTERM: it watches the tree
-    /// (see [`Run::until_watching`]), and its last run did not wait for
-    /// the root partition's holder (see [`Run::after_root_pending`]).
-    async fn until_stoppable(&mut self, n: usize) {
-        self.until_watching(n).await;
-        self.after_root_pending(n).await;
-    }
-
-    /// Waits (up to 10 s) for member `n`, if a run of its waited for the
-    /// root partition's holder (while the holder had not created the
-    /// tables yet), to run again without waiting. A live member exits with
-    /// the code of its last run, and one that waited for the holder
-    /// counts as failed (code 1) though the wait is the group's design,
-    /// which the model leaves to a test of its own rather than fail at
-    /// random on it. Each run prints one `synced` line on stdout, and one
-    /// that waited an `error:` line saying that the holder's declaration
-    /// wins on stderr (after the other): two runs more than those that
-    /// waited make sure the last did not, however the two outputs were
-    /// read.
-    async fn after_root_pending(&mut self, n: usize) {
-        let limit = self.deadline.within(Duration::from_secs(10));
-        let start = Instant::now();
-        loop {
-            let member = &self.process(n).member;
-            let waited = member
-                .stderr()
-                .lines()
-                .filter(|l| l.starts_with("error: ") && l.contains("declaration wins"))
-                .count();
-            let runs = member
-                .stdout()
-                .lines()
-                .filter(|l| l.starts_with("synced "))
-                .count();
-            if waited == 0 || runs >= waited + 2 || start.elapsed() > limit {
-                return;
-            }
-            self.read_group().await;
-            self.check_processes();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     /// Waits (up to 15 s) for member `n` to log that it watches the
     /// tree: it handles SIGTERM from then on. Before, SIGTERM ends it as
     /// SIGKILL would, which a leave is not meant to test.
@@ -987,14 +909,12 @@ impl Run<'_> {
         match step {
             Step::Join(n) => self.join(*n).await,
             Step::Leave(n) => {
-                self.until_tables().await;
-                self.until_stoppable(*n).await;
+                self.until_watching(*n).await;
                 let p = self.process(*n);
                 p.member.signal("TERM");
                 p.fate = Fate::Leaving;
             }
             Step::Kill(n) => {
-                self.until_tables().await;
                 let p = self.process(*n);
                 p.member.kill();
                 p.fate = Fate::Killed;
@@ -1105,7 +1025,7 @@ impl Run<'_> {
             if self.processes[at].fate != Fate::Running {
                 continue;
             }
-            self.until_stoppable(n).await;
+            self.until_watching(n).await;
             let p = &mut self.processes[at];
             p.member.signal("TERM");
             p.fate = Fate::Leaving;
@@ -1194,7 +1114,6 @@ impl<'a> Run<'a> {
             starts: [0; MEMBERS],
             log: Vec::new(),
             edits: 0,
-            tables: false,
         }
     }
 
@@ -1468,19 +1387,12 @@ impl Run<'_> {
     }
 }
 
-/// FAILING: a member told to leave (SIGTERM) while it creates the tables,
-/// as the root partition's holder, finishes creating `documents` and
-/// exits (code 0, "run `weir sync` again to do the rest") without
-/// creating `chunks`. Started again on its ledger, it refuses to run:
-/// "... has no chunks table any more, though weir created it there and
-/// still tracks it; ... run `weir drop` ...", exit code 2
-/// (`lost_all_tables` in `src/cli/sync.rs`: the ledger tracks a table,
-/// `documents`, and another is missing, which it takes for a table
-/// dropped by hand). A random schedule hit this (seed
-/// 613910271617802082, not reproducible by its seed alone: it needs the
-/// leave to land between the two tables' creations); the slow creation
-/// of `documents` makes it deterministic. A plain `weir sync --live`
-/// (no group) stopped the same way fails the same way on its next start.
+/// A member told to leave (SIGTERM) while it creates the tables, as the
+/// root partition's holder, finishes creating `documents` and exits
+/// without creating `chunks`; started again on its ledger, it creates
+/// `chunks` and goes on (a table the ledger never tracked is not one
+/// dropped by hand). The slow creation of `documents` makes the leave
+/// land between the two tables' creations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_left_while_it_created_the_tables_starts_again_on_its_ledger() -> TestResult {
     around("group_model_partial_tables", async |pg| {
@@ -1511,19 +1423,10 @@ async fn a_member_that_left_while_it_created_the_tables_starts_again_on_its_ledg
     .await
 }
 
-/// FAILING: a live member that is not the root partition's holder waits
-/// for the holder to create the tables (its runs are "root-pending", by
-/// design); stopped with SIGTERM during that wait, it exits with code 1,
-/// having printed "failed: ..." and "error: worker group model:
-/// component ... declares root states that need an action (create ...
-/// documents ...), which differs from what the member holding the root
-/// partition applied; the holder's declaration wins, so this member
-/// writes nothing until they agree (during a rolling update: until every
-/// member runs the same version)" for a group that is merely starting.
-/// `summarize` in `src/cli/sync.rs` counts a root-pending root failure
-/// as an error (a live member exits with its last run's code), where a
-/// one-shot member (`once_in_group`) only warns of it. Random schedules
-/// hit this whenever a member left early.
+/// A live member that is not the root partition's holder waits for the
+/// holder to create the tables (its runs are "root-pending", by design);
+/// stopped with SIGTERM during that wait, it exits with code 0: waiting
+/// for the holder is not a failed file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_member_stopped_while_it_waits_for_the_root_holder_exits_with_0() -> TestResult {
     around("group_model_root_pending", async |pg| {
