@@ -64,7 +64,10 @@ impl WorkerGroup {
     }
 
     /// The lease TTL a new group is created with (an existing group keeps
-    /// its own). Default: 10 s.
+    /// its own). Default: 10 s. The membership is renewed every third of
+    /// it by a task on the App's runtime: code that blocks the runtime's
+    /// threads for longer than the TTL makes the member lose its
+    /// partitions (its writes are then refused).
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = Some(ttl);
         self

@@ -40,28 +40,40 @@ pub(crate) async fn join(group: WorkerGroup) -> Result<Arc<Member>> {
 /// How many join delays a member waits at most for others to join.
 const MAX_JOIN_DELAYS: u32 = 5;
 
-/// Waits before the first assignment while members join: a join delay,
-/// extended by another each time the group grew meanwhile (up to
-/// [`MAX_JOIN_DELAYS`]), renewing the membership as it waits. Members
-/// started together then split the work from their first run, rather
-/// than the first taking everything and giving most of it up again.
+/// Waits before the first assignment while members join: until no member
+/// joined for a join delay (up to [`MAX_JOIN_DELAYS`] in all), renewing
+/// the membership as it waits. Members started together then split the
+/// work from their first run, rather than the first taking everything and
+/// giving most of it up again, and all of them start one join delay after
+/// the last joined, rather than each one delay after its own join.
 async fn settle_joins(member: &Member) -> Result<()> {
     let delay = member.group.join_delay;
     if delay.is_zero() {
         return Ok(());
     }
     let coordinator = &member.group.coordinator;
+    let poll = (delay / 10).clamp(Duration::from_millis(20), Duration::from_millis(250));
+    let renew = member.lease_ttl().unwrap_or(delay) / 3;
+    let started = tokio::time::Instant::now();
+    let give_up = started + delay * MAX_JOIN_DELAYS;
     let mut seen = coordinator.status(&member.group.name).await?.members.len();
-    for _ in 0..MAX_JOIN_DELAYS {
-        tokio::time::sleep(delay).await;
-        member.heartbeat().await?;
-        let now = coordinator.status(&member.group.name).await?.members.len();
-        if now == seen {
-            break;
+    let (mut quiet_since, mut renewed) = (started, started);
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= quiet_since + delay || now >= give_up {
+            return Ok(());
         }
-        seen = now;
+        tokio::time::sleep(poll.min(quiet_since + delay - now)).await;
+        if renewed.elapsed() >= renew {
+            member.heartbeat().await?;
+            renewed = tokio::time::Instant::now();
+        }
+        let members = coordinator.status(&member.group.name).await?.members.len();
+        if members != seen {
+            seen = members;
+            quiet_since = tokio::time::Instant::now();
+        }
     }
-    Ok(())
 }
 
 /// Renews the membership every third of the lease TTL until the App
