@@ -1245,7 +1245,12 @@ fn main() -> Result<()> {
                 join_delay_ms,
                 scratch: tempfile::tempdir()?,
             };
-            let result = measure(&bench, repeat).await;
+            // Interrupted, the members are killed (dropping the measurement
+            // drops their processes) and the scratch database is dropped.
+            let result = tokio::select! {
+                result = measure(&bench, repeat) => result,
+                _ = tokio::signal::ctrl_c() => Err(Error::msg("interrupted")),
+            };
             bench.pool.close().await;
             result
         }
