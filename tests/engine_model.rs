@@ -5,6 +5,10 @@
 //! have exactly its declared rows in the external store; after a final
 //! clean run of the last plan, the store must equal exactly that plan's rows.
 //!
+//! `tests/engine_model_containers` extends this model to nested
+//! containers, child invalidations, container generations, and failing
+//! components.
+//!
 //! `PROPTEST_CASES` raises the number of cases (default 256); the seed is
 //! fixed unless `PROPTEST_RNG_SEED` gives another.
 
@@ -284,29 +288,8 @@ async fn check_case(case: Case) -> std::result::Result<(), TestCaseError> {
     Ok(())
 }
 
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(256);
-    let base = ProptestConfig::default();
-    // Deterministic by default; `PROPTEST_RNG_SEED` picks another seed.
-    let rng_seed = match base.rng_seed {
-        proptest::test_runner::RngSeed::Random => {
-            proptest::test_runner::RngSeed::Fixed(0x5745_4952)
-        }
-        fixed => fixed,
-    };
-    ProptestConfig {
-        cases,
-        rng_seed,
-        failure_persistence: None,
-        ..base
-    }
-}
-
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(model_test_config(256))]
 
     #[test]
     fn store_follows_the_declared_rows(case in case_strategy()) {

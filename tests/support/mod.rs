@@ -1,8 +1,9 @@
 //! Shared helpers for the integration tests: a recording row handler in
 //! the shape of the reference design's test connector, the reference
-//! design's container handler, app builders, declaring helpers and small
-//! assertion helpers. Logs, stores and recording sinks are in `record`,
-//! re-exported here.
+//! design's container handler, app builders, declaring helpers, small
+//! assertion helpers, and the configuration of the model-based property
+//! tests. Logs, stores and recording sinks are in `record`, re-exported
+//! here.
 
 #![allow(dead_code)]
 
@@ -364,5 +365,28 @@ pub fn err_or<T>(result: Result<T>, unexpected: impl FnOnce(T) -> String) -> Res
     match result {
         Ok(v) => Err(Error::msg(unexpected(v))),
         Err(e) => Ok(e),
+    }
+}
+
+/// The configuration of a model-based property test: `default_cases`
+/// cases unless `PROPTEST_CASES` gives another number, and a fixed seed
+/// unless `PROPTEST_RNG_SEED` gives one, so that a run is reproducible. No
+/// failure persistence: a failing case is reported with its minimal input.
+pub fn model_test_config(default_cases: u32) -> proptest::test_runner::Config {
+    use proptest::test_runner::{Config, RngSeed};
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default_cases);
+    let base = Config::default();
+    let rng_seed = match base.rng_seed {
+        RngSeed::Random => RngSeed::Fixed(0x5745_4952),
+        fixed => fixed,
+    };
+    Config {
+        cases,
+        rng_seed,
+        failure_persistence: None,
+        ..base
     }
 }
