@@ -80,6 +80,12 @@ impl UnitWaiter {
                 return take(&self.0.failure);
             }
             if self.0.senders.load(Ordering::SeqCst) == 0 {
+                // A unit reference acknowledges before it is dropped: the
+                // last acknowledgement may have landed between the two
+                // reads above, and no other can come now.
+                if self.0.pending.load(Ordering::SeqCst) == 0 {
+                    return take(&self.0.failure);
+                }
                 return Some(
                     take(&self.0.failure)
                         .unwrap_or_else(|| Error::Shutdown("a sink actor stopped".into())),
