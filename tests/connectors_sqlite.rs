@@ -236,19 +236,20 @@ async fn connect_read_only_creates_no_file_and_changes_none() -> Result<()> {
     assert!(sqlite::connect_read_only(&missing).await.is_err());
     assert!(!missing.exists());
 
-    // A database closed cleanly: only its file is there.
+    // A database in WAL mode, as `sqlite::connect` makes them, closed
+    // cleanly by its only connection: only its file is there.
     let path = dir.path().join("test.db");
-    let pool = sqlite::connect(&path).await?;
-    sqlx::query("CREATE TABLE t (x INTEGER)")
-        .execute(&pool)
-        .await?;
-    pool.close().await;
-    // The pool reports itself closed a little before SQLite, on the
-    // connection's thread, removes the log files of the last connection.
-    let wal = dir.path().join("test.db-wal");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while wal.exists() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    {
+        use sqlx::Connection as _;
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+        let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+        sqlx::query("CREATE TABLE t (x INTEGER)")
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
     }
     let listing = || -> Result<Vec<(String, Vec<u8>)>> {
         let mut files = Vec::new();
