@@ -31,7 +31,7 @@
 //!    fresh database gets an event trigger that puts row triggers on the
 //!    tables as the members create them, and each process is started
 //!    with `PGOPTIONS=-c weir_model.tag=member-N.K`, a setting of every
-//!    session it opens (both of its pools) naming the process. Then:
+//!    connection it opens (both of its pools) naming the process. Then:
 //!    - every bump of an epoch (`weir.fence`, the second half of a
 //!      takeover) records the partition, the new epoch and the process
 //!      that took it (`weir_model.take`);
@@ -64,7 +64,7 @@
 //!    incarnations of one) at one epoch; no member running may exit on
 //!    its own, and no member may panic.
 //! 4. The check of the commits is checked too: at the end of each
-//!    schedule a probe session (no member) commits a changelog row under
+//!    schedule a probe connection (no member) commits a changelog row under
 //!    the epoch of a member, holding the fence row as a member would, and
 //!    an update of `documents` holding no fence row; both must be
 //!    reported.
@@ -542,7 +542,7 @@ async fn check_commits(pool: &PgPool) -> Commits {
         *out.tables.entry(table.clone()).or_default() += 1;
         let what = format!("commit #{id} ({op} {table} {key:?})");
         let Some(tag) = tag else {
-            out.violation(format!("{what} was made by a session of no member"));
+            out.violation(format!("{what} was made by a connection of no member"));
             continue;
         };
         let epoch_of = |p: i32| {
@@ -579,7 +579,7 @@ async fn check_commits(pool: &PgPool) -> Commits {
                 Some(Some(by)) if *by == tag => {}
                 Some(by) => out.violation(format!(
                     "{what} by {tag} committed under epoch {e} of partition {p}, which {} took",
-                    by.as_deref().unwrap_or("a session of no member")
+                    by.as_deref().unwrap_or("a connection of no member")
                 )),
                 None => out.violation(format!(
                     "{what} by {tag} committed under epoch {e} of partition {p}, which nobody took"
@@ -704,7 +704,7 @@ enum Fate {
 /// A member process of the schedule.
 struct Process {
     member: Member,
-    /// The `weir_model.tag` of its sessions: `member-N.K`, its K-th start.
+    /// The `weir_model.tag` of its connections: `member-N.K`, its K-th start.
     tag: String,
     fate: Fate,
     /// Its exit status once seen.
@@ -1193,7 +1193,7 @@ impl<'a> Run<'a> {
             self.fail(&format!("only {} epochs were taken", commits.takes));
         }
         // The check is checked: a commit under a member's epoch by another
-        // session, and a write holding no fence row, are both reported.
+        // connection, and a write holding no fence row, are both reported.
         probe(pool).await;
         let probed = check_commits(pool).await;
         let caught = |what: &str| {
@@ -1212,7 +1212,7 @@ impl<'a> Run<'a> {
     }
 }
 
-/// Commits what the check of the commits must report, as the session
+/// Commits what the check of the commits must report, as the connection
 /// `probe` (no member): a changelog row of partition 0 under the epoch
 /// of its last owner, its fence row held as a member holds it, and an
 /// update of a `documents` row holding no fence row.
@@ -1340,7 +1340,7 @@ CREATE EVENT TRIGGER weir_model_slow_documents ON ddl_command_end
 "#;
 
 impl Run<'_> {
-    /// Waits (up to 20 s) for a member's session to sleep in the creation
+    /// Waits (up to 20 s) for a member's connection to sleep in the creation
     /// of `documents` (see [`SLOW_DOCUMENTS`]).
     async fn until_creating_documents(&mut self) {
         let start = Instant::now();

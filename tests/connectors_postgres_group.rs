@@ -535,7 +535,7 @@ async fn check_fence_in_a_users_transaction_refuses_a_stale_epoch_and_accepts_th
 }
 
 /// A writer's transaction holding the fence of `partition` under `epoch`,
-/// with a row of `table` written in it, uncommitted; and its session's id.
+/// with a row of `table` written in it, uncommitted; and its backend's id.
 async fn hold_fence(
     pool: &PgPool,
     group: &str,
@@ -555,7 +555,7 @@ async fn hold_fence(
     Ok((conn, pid))
 }
 
-/// Waits until a session is blocked by the session `blocker`.
+/// Waits until a backend is blocked by the backend `blocker`.
 async fn until_blocked_by(pool: &PgPool, blocker: i32) -> Result<()> {
     for _ in 0..300 {
         let blocked: i64 = sqlx::query_scalar(

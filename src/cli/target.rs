@@ -295,7 +295,7 @@ pub async fn open(into: &Database, ledger: &Path, group: &GroupArg, adopt: bool)
 /// created or written in the database or at `ledger`. A SQLite file that
 /// does not exist is not created: the app gets an empty database in
 /// memory in its place (it has none of the tables, as the file would).
-/// PostgreSQL sessions are read-only.
+/// PostgreSQL connections are read-only.
 pub async fn open_dry(into: &Database, ledger: &Path, scratch: &Path) -> Result<Target> {
     check_marker(ledger, into)?;
     let pool = match into {
@@ -378,7 +378,7 @@ fn check_sqlite_dir(path: &Path) -> Result<()> {
 }
 
 /// A pool of connections to PostgreSQL at `url`; with `read_only`, every
-/// transaction of its sessions is read-only.
+/// transaction of its connections is read-only.
 async fn connect_postgres(url: &str, read_only: bool) -> Result<PgPool> {
     let mut options: PgConnectOptions = url.parse().map_err(|e| pg_error(url, &e))?;
     if read_only {

@@ -179,7 +179,7 @@ impl Member {
     }
 
     /// [`Member::start`], with the environment variables `vars` set
-    /// besides (`PGOPTIONS`, say, which its PostgreSQL sessions pass to the
+    /// besides (`PGOPTIONS`, say, which its PostgreSQL connections pass to the
     /// server).
     pub fn start_env(
         env: &Env,

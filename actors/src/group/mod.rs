@@ -94,12 +94,12 @@
 //! old owner's commits all come before the new owner's first write. A
 //! takeover first announces the epoch it is about to take (the intent row,
 //! which writers read but never lock, so that a stream of share lockers
-//! cannot starve the update), then bumps the epoch. Writer sessions set
-//! `idle_in_transaction_session_timeout`, `statement_timeout` and
-//! `lock_timeout` below the TTL, so that a member paused inside a
-//! transaction holds the fence row for a bounded time only, and the
-//! taker terminates the sessions still holding the fence row
-//! (`pg_blocking_pids`) once it waited that long.
+//! cannot starve the update), then bumps the epoch. The coordinator's own
+//! fenced transactions set `idle_in_transaction_session_timeout`,
+//! `statement_timeout` and `lock_timeout` below the TTL; whatever still
+//! holds the fence row when the taker has waited that long (a writer of a
+//! paused member, say) has its backend terminated (`pg_blocking_pids`),
+//! so that a paused member holds the fence row for a bounded time only.
 //!
 //! The engine gives each sink call a [`Fence`]: the group, and the
 //! partitions and epochs of the components whose actions the call

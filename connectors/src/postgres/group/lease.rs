@@ -32,9 +32,9 @@ const FENCE_QUERY: &str = "SELECT w.partition, w.epoch
 /// The transaction should be short: a takeover waits for it as long as
 /// the group's lease TTL (or the taker's
 /// [`takeover_wait`](super::PostgresCoordinator::takeover_wait)), then
-/// terminates its session. Setting `lock_timeout`, `statement_timeout`
-/// and `idle_in_transaction_session_timeout` below the TTL in the writer's
-/// session keeps a paused writer from holding a fence row that long.
+/// terminates its backend. Setting `lock_timeout`, `statement_timeout`
+/// and `idle_in_transaction_session_timeout` below the TTL on the writer's
+/// connection keeps a paused writer from holding a fence row that long.
 ///
 /// ```no_run
 /// use weir_actors::{Fence, Result};
@@ -182,7 +182,7 @@ impl Claim {
 /// Takes `partition` for `member` (see [`Coordinator::acquire`]): claims
 /// it and announces the next epoch (committed, so that writers read it),
 /// then bumps the epoch, waiting for the writers that locked the fence
-/// row before the announcement and terminating their sessions once it
+/// row before the announcement and terminating their backends once it
 /// waited `wait`.
 ///
 /// [`Coordinator::acquire`]: weir_actors::group::Coordinator::acquire
@@ -291,8 +291,8 @@ async fn bump(
     Ok(bumped)
 }
 
-/// Awaits `statement`, running on the session `pid`; every `wait` it is
-/// still waiting, terminates the sessions blocking it (`pg_blocking_pids`:
+/// Awaits `statement`, running on the backend `pid`; every `wait` it is
+/// still waiting, terminates the backends blocking it (`pg_blocking_pids`:
 /// the writers holding the fence row, which the announcement already
 /// fenced).
 async fn wait_terminating_blockers<T>(
@@ -311,7 +311,7 @@ async fn wait_terminating_blockers<T>(
     }
 }
 
-/// Terminates the sessions blocking the session `pid`. A failure (the
+/// Terminates the backends blocking the backend `pid`. A failure (the
 /// coordinator's role may not signal them, the server cannot be reached)
 /// leaves the takeover waiting for them to end by themselves: their
 /// writer timeouts, or the connection's loss.

@@ -76,7 +76,7 @@ type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 ///   which waits for the writers that locked it `FOR SHARE` before the
 ///   announcement. Each time it has waited
 ///   [`takeover_wait`](Self::takeover_wait) (by default
-///   the group's lease TTL), it terminates the sessions blocking it
+///   the group's lease TTL), it terminates the backends blocking it
 ///   (`pg_terminate_backend` of `pg_blocking_pids`): those are exactly the
 ///   writers of the old epoch still holding the row, found without relying
 ///   on an `application_name` the coordinator cannot know for a user's
@@ -86,7 +86,7 @@ type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 ///   (passes, appends, compaction) set `lock_timeout`,
 ///   `statement_timeout` and `idle_in_transaction_session_timeout` to half
 ///   the lease TTL (`SET LOCAL`). [`check_fence`] leaves the caller's
-///   session settings alone.
+///   connection settings alone.
 /// - **Assignment** (see `assign`): the quotas are over the data
 ///   partitions; the root partition goes with them to one member.
 /// - **Compaction** runs when the log holds more rows than the snapshot
@@ -143,7 +143,7 @@ impl PostgresCoordinator {
     }
 
     /// How long a takeover waits for the old owner's writers that hold the
-    /// partition's fence row before it terminates their sessions, and
+    /// partition's fence row before it terminates their backends, and
     /// again between later attempts (default: the group's lease TTL).
     #[must_use]
     pub fn takeover_wait(mut self, wait: Duration) -> Self {
