@@ -73,21 +73,7 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     }
 
     if run.preview {
-        let mut preview = lock(&run.preview_actions);
-        for (i, r) in results.iter() {
-            if let (Some(out), Some(d)) = (r.output.as_ref(), decls.get(i)) {
-                if is_refresh(state, d, r) {
-                    continue;
-                }
-                preview.push(PreviewAction {
-                    provider: d.provider.path.name.to_string(),
-                    key: d.key.clone(),
-                    kind: out.kind,
-                    component: state.path.clone(),
-                });
-            }
-        }
-        drop(preview);
+        note_preview(state, &decls, &results);
         note_children_and_orphans(state, &prev_children, orphans);
         return Ok(());
     }
@@ -157,31 +143,7 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     state.leave_activity();
 
     if let Some(err) = failure {
-        let mut ops: Vec<LedgerOp> = attempted
-            .iter()
-            .filter_map(|&i| {
-                let r = results.get(i)?;
-                let d = decls.get(i)?;
-                Some(LedgerOp::Fold(
-                    intent_for(state, d, r).unwrap_or_else(|| full_intent(state, d, r)),
-                ))
-            })
-            .collect();
-        ops.push(LedgerOp::SetFailure {
-            component: state.key.to_vec(),
-            failure: Some(err.to_string()),
-        });
-        ops.extend(mounted_children_op(state));
-        for (i, r) in results.iter() {
-            if let Some(d) = decls.get(i).filter(|d| d.child.is_some()) {
-                let committed = r
-                    .prev
-                    .as_ref()
-                    .and_then(|p| p.child_gen)
-                    .unwrap_or_default();
-                run.note_failed_container(&d.path, committed);
-            }
-        }
+        let ops = failed_apply_ops(state, &decls, &results, &attempted, err.to_string());
         run.engine.ledger_handle.commit(ops).await?;
         return Err(err);
     }
@@ -247,6 +209,66 @@ fn memo_op(state: &ComponentState, own: Vec<u8>, pending: bool, changed: bool) -
         component: own,
         memo,
     })
+}
+
+/// After a failed apply, what to commit: the intents of the actions
+/// attempted folded in as possible records, the failure and the children
+/// mounted. Notes the containers among the declarations as failed in this
+/// run (their children keep their records, and may be missing).
+fn failed_apply_ops(
+    state: &ComponentState,
+    decls: &[Declaration],
+    results: &Outcomes,
+    attempted: &[usize],
+    cause: String,
+) -> Vec<LedgerOp> {
+    let run = &state.run;
+    let mut ops: Vec<LedgerOp> = attempted
+        .iter()
+        .filter_map(|&i| {
+            let r = results.get(i)?;
+            let d = decls.get(i)?;
+            Some(LedgerOp::Fold(
+                intent_for(state, d, r).unwrap_or_else(|| full_intent(state, d, r)),
+            ))
+        })
+        .collect();
+    ops.push(LedgerOp::SetFailure {
+        component: state.key.to_vec(),
+        failure: Some(cause),
+    });
+    ops.extend(mounted_children_op(state));
+    for (i, r) in results.iter() {
+        if let Some(d) = decls.get(i).filter(|d| d.child.is_some()) {
+            let committed = r
+                .prev
+                .as_ref()
+                .and_then(|p| p.child_gen)
+                .unwrap_or_default();
+            run.note_failed_container(&d.path, committed);
+        }
+    }
+    ops
+}
+
+/// In a preview: the actions the component's declarations would take
+/// (a container's refresh is none).
+fn note_preview(state: &ComponentState, decls: &[Declaration], results: &Outcomes) {
+    let run = &state.run;
+    let mut preview = lock(&run.preview_actions);
+    for (i, r) in results.iter() {
+        if let (Some(out), Some(d)) = (r.output.as_ref(), decls.get(i)) {
+            if is_refresh(state, d, r) {
+                continue;
+            }
+            preview.push(PreviewAction {
+                provider: d.provider.path.name.to_string(),
+                key: d.key.clone(),
+                kind: out.kind,
+                component: state.path.clone(),
+            });
+        }
+    }
 }
 
 /// In a member that does not hold the root partition: what the
