@@ -167,6 +167,9 @@ pub(crate) struct Engine {
     pub work: InFlight,
     /// The App's membership of a worker group, if it has one.
     pub member: Option<Arc<Member>>,
+    /// The owner of what the app creates, worked out on first use (it
+    /// reads the ledger's identity and the host name).
+    owner: std::sync::OnceLock<crate::Owner>,
     pub config: EngineConfig,
     pub keys: HashMap<String, Arc<dyn Any + Send + Sync>>,
     pub next_run: AtomicU64,
@@ -195,6 +198,14 @@ impl Engine {
     /// The owner of what this engine's app creates: its worker group, or
     /// its ledger.
     pub(crate) fn owner(&self) -> crate::Result<crate::Owner> {
+        if let Some(owner) = self.owner.get() {
+            return Ok(owner.clone());
+        }
+        let owner = self.find_owner()?;
+        Ok(self.owner.get_or_init(|| owner).clone())
+    }
+
+    fn find_owner(&self) -> crate::Result<crate::Owner> {
         if let Some(name) = self.group_name() {
             return Ok(crate::Owner::group(&name));
         }
@@ -260,6 +271,7 @@ impl Engine {
             tasks: Tasks::default(),
             work: InFlight::default(),
             member,
+            owner: std::sync::OnceLock::new(),
             config,
             keys,
             next_run: AtomicU64::new(1),
