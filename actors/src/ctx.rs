@@ -127,7 +127,14 @@ impl Ctx {
             let key = memo_fn(item).ok()?;
             Some(crate::model::Fingerprint::from(&key).as_bytes().to_vec())
         });
-        component::mount_each(&self.state, items, key_fn, Some(memo), f).await
+        component::mount_each(
+            &self.state,
+            items,
+            key_fn,
+            Some(component::Memo::equal(memo)),
+            f,
+        )
+        .await
     }
 
     /// The value provided for `key` with

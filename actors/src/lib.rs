@@ -37,6 +37,7 @@ mod ledger;
 mod live;
 mod run;
 mod scope;
+pub mod source;
 
 pub use app::{App, AppBuilder, FailedComponent, LedgerReport, DEFAULT_LEDGER_DIR};
 pub use config::{

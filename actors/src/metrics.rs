@@ -98,8 +98,61 @@ pub const LEDGER_WRITTEN_BYTES: &str = "weir_ledger_written_bytes_total";
 /// Ledger keys written or removed.
 pub const LEDGER_RECORDS: &str = "weir_ledger_records_written_total";
 
+/// Changes a source delivered to [`App::consume`](crate::App::consume), by
+/// `source` (its name).
+pub const SOURCE_RECEIVED: &str = "weir_source_items_received_total";
+/// Changes acknowledged after their run committed (or ignored as older
+/// than what was applied), by `source`.
+pub const SOURCE_ACKNOWLEDGED: &str = "weir_source_items_acknowledged_total";
+/// Changes handed back for redelivery (their component failed, or the run
+/// stopped first), by `source`.
+pub const SOURCE_REDELIVERED: &str = "weir_source_items_redelivered_total";
+/// Changes released after their last allowed delivery, by `source`.
+pub const SOURCE_DEAD_LETTERED: &str = "weir_source_items_dead_lettered_total";
+/// Changes fetched and not yet settled, by `source`.
+pub const SOURCE_IN_FLIGHT: &str = "weir_source_items_in_flight";
+/// Changes the source holds beyond those settled (its position against the
+/// committed one), by `source`; set after each batch when the source knows.
+pub const SOURCE_LAG: &str = "weir_source_lag_items";
+
 /// Every metric of the catalogue: name, kind, unit, description.
 pub const CATALOGUE: &[(&str, MetricKind, Unit, &str)] = &[
+    (
+        SOURCE_RECEIVED,
+        MetricKind::Counter,
+        Unit::Count,
+        "Changes a source delivered, by source.",
+    ),
+    (
+        SOURCE_ACKNOWLEDGED,
+        MetricKind::Counter,
+        Unit::Count,
+        "Changes acknowledged after their run committed, by source.",
+    ),
+    (
+        SOURCE_REDELIVERED,
+        MetricKind::Counter,
+        Unit::Count,
+        "Changes handed back for redelivery, by source.",
+    ),
+    (
+        SOURCE_DEAD_LETTERED,
+        MetricKind::Counter,
+        Unit::Count,
+        "Changes released after their last allowed delivery, by source.",
+    ),
+    (
+        SOURCE_IN_FLIGHT,
+        MetricKind::Gauge,
+        Unit::Count,
+        "Changes fetched and not yet settled, by source.",
+    ),
+    (
+        SOURCE_LAG,
+        MetricKind::Gauge,
+        Unit::Count,
+        "Changes the source holds beyond those settled, by source.",
+    ),
     (
         UPDATE_RUNS,
         MetricKind::Counter,

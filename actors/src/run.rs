@@ -114,6 +114,8 @@ pub(crate) struct Run {
     /// Components of this run cancelled before they committed: their
     /// intents outlive the run (see [`Run::note_cancelled`]).
     cancelled: AtomicU64,
+    /// Memo keys recorded once the component's orphans are deleted.
+    deferred_memos: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     /// The root-level components this run covers; all when `None`.
     pub scope: Option<crate::scope::RunScope>,
     /// In a worker group: what the member holds for this run.
@@ -150,9 +152,22 @@ impl Run {
             metrics,
             inflight,
             cancelled: AtomicU64::new(0),
+            deferred_memos: Mutex::new(HashMap::new()),
             scope,
             group,
         })
+    }
+
+    /// Keeps a successful component's memo key until the states it no
+    /// longer declares are deleted, at the end of the run.
+    pub(crate) fn defer_memo(&self, component: Vec<u8>, memo: Vec<u8>) {
+        lock(&self.deferred_memos).insert(component, memo);
+    }
+
+    /// The memo key kept for `component` by [`Run::defer_memo`], once its
+    /// orphans are deleted.
+    pub(crate) fn take_deferred_memo(&self, component: &[u8]) -> Option<Vec<u8>> {
+        lock(&self.deferred_memos).remove(component)
     }
 
     /// Notes a component cancelled before it committed. Sink calls it

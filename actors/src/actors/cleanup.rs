@@ -327,6 +327,12 @@ fn unit_ops(
 ) -> Vec<LedgerOp> {
     let mut ops = Vec::new();
     let Some(err) = failure else {
+        if let Some(memo) = run.take_deferred_memo(component) {
+            ops.push(LedgerOp::SetMemo {
+                component: component.to_vec(),
+                memo: Some(memo),
+            });
+        }
         for (orphan, _, _, out) in items {
             if let Some(out) = &out {
                 run.counters.count_action(out.kind, 1);

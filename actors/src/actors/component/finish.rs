@@ -179,7 +179,11 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             failure: None,
         });
     }
-    let pending = !orphans.is_empty() || removes_children(state, &prev_children);
+    let removes = removes_children(state, &prev_children);
+    let pending = !orphans.is_empty() || removes;
+    if !orphans.is_empty() && !removes {
+        defer_memo(state);
+    }
     ops.extend(memo_op(state, own, pending, !ops.is_empty()));
     if !ops.is_empty() {
         state
@@ -190,6 +194,16 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     note_children_and_orphans(state, &prev_children, orphans);
     free_later(run, (decls, results));
     Ok(())
+}
+
+/// Keeps the memo key of a successful component whose only pending work is
+/// deleting the states it no longer declares: the end of the run records
+/// it once those deletes have succeeded (see
+/// [`Run::take_deferred_memo`](crate::run::Run::take_deferred_memo)).
+fn defer_memo(state: &ComponentState) {
+    if let Some(memo) = state.memo.get() {
+        state.run.defer_memo(state.key.to_vec(), memo.clone());
+    }
 }
 
 /// The change to a successful component's memo key, if any. States it no

@@ -36,7 +36,7 @@ mod records;
 mod waves;
 
 use mount::panic_text;
-pub(crate) use mount::{mount, mount_each, run_component, MemoFn};
+pub(crate) use mount::{mount, mount_each, run_component, Memo, MemoFn};
 
 /// One declared target state.
 pub(crate) struct Declaration {
@@ -194,6 +194,19 @@ impl ComponentState {
     /// children span members, so its child list is not recorded (each
     /// member finds the children of the partitions it holds in its
     /// ledger).
+    /// Whether a child with this key is in the run's scope: always, but
+    /// for the root's children in a scoped run.
+    pub(crate) fn child_in_scope(&self, key: &StableKey) -> bool {
+        !self.path.segments().is_empty() || self.run.in_scope(key)
+    }
+
+    /// Whether the memo key recorded by the child `key`'s last successful
+    /// commit is `memo`.
+    pub(crate) fn stored_memo_is(&self, key: &StableKey, memo: &[u8]) -> bool {
+        let child = crate::model::keycode::component_key(self.path.child(key.clone()).segments());
+        matches!(self.run.engine.ledger.memo(&child), Ok(Some(stored)) if stored.as_ref() == memo)
+    }
+
     pub(crate) fn is_group_root(&self) -> bool {
         self.run.group.is_some() && self.path.segments().is_empty()
     }

@@ -275,6 +275,35 @@ where
 /// Computes an item's memo key, encoded; `None` when it has none.
 pub(crate) type MemoFn<T> = Arc<dyn Fn(&T) -> Option<Vec<u8>> + Send + Sync>;
 
+/// How a child's memo key is checked against the one its last successful
+/// commit recorded.
+pub(crate) struct Memo<T> {
+    /// The child's memo key.
+    pub key: MemoFn<T>,
+    /// Whether the recorded key (first) covers the new one (second): the
+    /// child is then skipped.
+    pub covers: fn(&[u8], &[u8]) -> bool,
+}
+
+impl<T> Memo<T> {
+    /// Skips a child whose memo key is the one recorded.
+    pub(crate) fn equal(key: MemoFn<T>) -> Self {
+        Self {
+            key,
+            covers: |stored, new| stored == new,
+        }
+    }
+}
+
+impl<T> Clone for Memo<T> {
+    fn clone(&self) -> Self {
+        Self {
+            key: Arc::clone(&self.key),
+            covers: self.covers,
+        }
+    }
+}
+
 /// Mounts one child component per item, runs them concurrently (bounded by
 /// `max_inflight_components`), and waits until each has committed or failed.
 ///
@@ -285,7 +314,7 @@ pub(crate) async fn mount_each<I, T, K, KF, F, Fut>(
     parent: &Arc<ComponentState>,
     items: I,
     key_fn: KF,
-    memo: Option<MemoFn<T>>,
+    memo: Option<Memo<T>>,
     f: F,
 ) -> Result<()>
 where
@@ -349,8 +378,8 @@ where
         // Dropping `handles` (this future was dropped) aborts the
         // children still running (cancelled components).
         let task = spawn_child(child, move |guard| async move {
-            if let Some(memo_fn) = memo {
-                if memoized(&guard.state, &*memo_fn, &item) {
+            if let Some(memo) = memo {
+                if memoized(&guard.state, &memo, &item) {
                     let state = Arc::clone(&guard.state);
                     guard.disarm();
                     end_component(&state);
@@ -446,19 +475,15 @@ fn interrupted(parent: &ComponentState) -> Error {
 
 /// Decides whether a memoized child can be skipped. When it can, it is
 /// accounted for as done; otherwise its new memo key is kept for its commit.
-fn memoized<T>(
-    child: &Arc<ComponentState>,
-    memo_fn: &(dyn Fn(&T) -> Option<Vec<u8>> + Send + Sync),
-    item: &T,
-) -> bool {
+fn memoized<T>(child: &Arc<ComponentState>, memo_check: &Memo<T>, item: &T) -> bool {
     // A panicking memo function only costs the memoization: the child
     // runs, and meets the problem itself.
-    let computed = std::panic::catch_unwind(AssertUnwindSafe(|| memo_fn(item)));
+    let computed = std::panic::catch_unwind(AssertUnwindSafe(|| (memo_check.key)(item)));
     let Ok(Some(memo)) = computed else {
         return false;
     };
     let run = &child.run;
-    let unchanged = matches!(run.engine.ledger.memo(&child.key), Ok(Some(stored)) if stored.as_ref() == memo.as_slice());
+    let unchanged = matches!(run.engine.ledger.memo(&child.key), Ok(Some(stored)) if (memo_check.covers)(stored.as_ref(), memo.as_slice()));
     if unchanged {
         run.counters
             .memoized

@@ -1,0 +1,530 @@
+//! [`App::consume`]: a source's batches, each as one run, settled after
+//! it commits.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::app::App;
+use crate::ctx::Ctx;
+use crate::error::{ComponentFailure, Error, Result};
+use crate::live::RunReport;
+use crate::metrics as m;
+use crate::model::StableKey;
+use crate::run::{lock, UpdateStats};
+use crate::scope::RunScope;
+
+use super::mount::{Mounted, Prepared, SourceBatch};
+use super::{Batch, Change, Outcome, Settled, Source};
+
+/// The default of [`ConsumeOptions::max_in_flight`].
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1000;
+/// The default of [`ConsumeOptions::max_deliveries`].
+pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
+
+/// How [`App::consume`] paces a source.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ConsumeOptions {
+    /// The most changes fetched at once, and so unacknowledged at once.
+    pub max_in_flight: usize,
+    /// Deliveries of a change whose component fails before it is released
+    /// ([`Outcome::DeadLetter`]).
+    pub max_deliveries: u32,
+    /// The delay before the first redelivery of a failed change; doubled at
+    /// each delivery, up to `max_backoff`.
+    pub initial_backoff: Duration,
+    /// The longest delay before a redelivery.
+    pub max_backoff: Duration,
+    /// How often a batch still running is reported in progress
+    /// ([`Source::keep_alive`]).
+    pub keep_alive: Duration,
+}
+
+impl Default for ConsumeOptions {
+    fn default() -> Self {
+        Self {
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_deliveries: DEFAULT_MAX_DELIVERIES,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(60),
+            keep_alive: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ConsumeOptions {
+    /// Sets [`max_in_flight`](Self::max_in_flight) (at least 1).
+    #[must_use]
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Sets [`max_deliveries`](Self::max_deliveries) (at least 1).
+    #[must_use]
+    pub fn max_deliveries(mut self, n: u32) -> Self {
+        self.max_deliveries = n.max(1);
+        self
+    }
+
+    /// Sets the backoff of redeliveries.
+    #[must_use]
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max.max(initial);
+        self
+    }
+
+    /// Sets [`keep_alive`](Self::keep_alive).
+    #[must_use]
+    pub fn keep_alive(mut self, every: Duration) -> Self {
+        self.keep_alive = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The delay before delivery `deliveries + 1` of a failed change.
+    fn backoff_after(&self, deliveries: u32) -> Duration {
+        let doublings = deliveries.saturating_sub(1).min(20);
+        self.initial_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.max_backoff)
+    }
+}
+
+/// What [`App::consume`] did, over all its batches.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ConsumeReport {
+    /// Batches run.
+    pub batches: u64,
+    /// Changes received (listed items are not counted).
+    pub received: u64,
+    /// Changes acknowledged: applied, or older than what was applied.
+    pub acknowledged: u64,
+    /// Changes handed back for redelivery after their component failed.
+    pub retried: u64,
+    /// Changes released after their last allowed delivery.
+    pub dead_lettered: u64,
+    /// Changes left to the member of a worker group holding their
+    /// partition.
+    pub not_held: u64,
+    /// Changes handed back because the run stopped first.
+    pub interrupted: u64,
+    /// What the runs did, summed.
+    pub stats: UpdateStats,
+    /// The components that failed in the last batch that had failures.
+    pub failures: Vec<ComponentFailure>,
+}
+
+impl ConsumeReport {
+    fn add_stats(&mut self, s: &UpdateStats) {
+        let t = &mut self.stats;
+        t.created += s.created;
+        t.updated += s.updated;
+        t.deleted += s.deleted;
+        t.unchanged += s.unchanged;
+        t.failed_components += s.failed_components;
+        t.elapsed += s.elapsed;
+        t.quarantined = s.quarantined;
+        t.components += s.components;
+        t.memoized += s.memoized;
+    }
+
+    fn count(&mut self, outcome: &Outcome) {
+        let n = match outcome {
+            Outcome::Ack => &mut self.acknowledged,
+            Outcome::Retry { .. } => &mut self.retried,
+            Outcome::DeadLetter { .. } => &mut self.dead_lettered,
+            Outcome::NotHeld => &mut self.not_held,
+            Outcome::Interrupted => &mut self.interrupted,
+        };
+        *n += 1;
+    }
+}
+
+/// The latest change of a key in a batch, with the older ones it
+/// supersedes (settled as it is).
+struct Latest<A> {
+    ordinal: u64,
+    deliveries: u32,
+    acks: Vec<A>,
+}
+
+impl App {
+    /// Consumes `source` until it ends (or a shutdown is requested, see
+    /// [`App::shutdown_handle`]): each batch is one run of `f`, which
+    /// declares what the run needs (tables) and mounts the batch with
+    /// [`Ctx::mount_source`]; the batch's changes are then settled with the
+    /// source. See the [`source`](crate::source) module for the
+    /// guarantees.
+    ///
+    /// A listing is run as a whole update (keys not listed are deleted); a
+    /// batch of changes as a run scoped to its keys.
+    ///
+    /// # Errors
+    /// When the source cannot be read or settled, or a run fails as a whole
+    /// (a ledger error); the changes not settled are then redelivered by
+    /// the source. Failed components are not errors: their changes are
+    /// retried, then released, and counted in the report.
+    pub async fn consume<S, F, Fut>(
+        &self,
+        source: &mut S,
+        options: ConsumeOptions,
+        f: F,
+    ) -> Result<ConsumeReport>
+    where
+        S: Source,
+        F: Fn(Ctx, SourceBatch<S::Payload>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.consume_reporting(source, options, f, |_| {}).await
+    }
+
+    /// [`App::consume`], calling `on_batch` with the report so far after
+    /// each batch.
+    ///
+    /// # Errors
+    /// As [`App::consume`].
+    pub async fn consume_reporting<S, F, Fut, E>(
+        &self,
+        source: &mut S,
+        options: ConsumeOptions,
+        f: F,
+        mut on_batch: E,
+    ) -> Result<ConsumeReport>
+    where
+        S: Source,
+        F: Fn(Ctx, SourceBatch<S::Payload>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+        E: FnMut(&ConsumeReport) + Send,
+    {
+        let f = Arc::new(f);
+        let shutdown = self.shutdown_handle();
+        let name = source.name().to_string();
+        let mut consumer = Consumer {
+            app: self,
+            options,
+            report: ConsumeReport::default(),
+            attempts: HashMap::new(),
+            metrics: SourceMetrics::new(&name),
+        };
+        loop {
+            if shutdown.is_requested() {
+                break;
+            }
+            let max = consumer.options.max_in_flight;
+            let next = tokio::select! {
+                next = source.next_batch(max) => next?,
+                () = shutdown.requested() => break,
+            };
+            let Some(batch) = next else { break };
+            match batch {
+                Batch::Listing(listing) => {
+                    let f = Arc::clone(&f);
+                    let report = self
+                        .run_report(move |ctx| f(ctx, SourceBatch::from(listing)))
+                        .await?;
+                    consumer.note_run(&report);
+                }
+                Batch::Changes(changes) => consumer.changes(source, changes, &f).await?,
+            }
+            consumer.report.batches += 1;
+            if let Some(lag) = source.lag().await {
+                consumer.metrics.lag(lag);
+            }
+            on_batch(&consumer.report);
+        }
+        Ok(consumer.report)
+    }
+}
+
+/// The state of one [`App::consume`] call.
+struct Consumer<'a> {
+    app: &'a App,
+    options: ConsumeOptions,
+    report: ConsumeReport,
+    /// Deliveries counted here, for sources that do not count them.
+    attempts: HashMap<(StableKey, u64), u32>,
+    metrics: SourceMetrics,
+}
+
+impl Consumer<'_> {
+    /// Runs a batch of changes, then settles them.
+    async fn changes<S, F, Fut>(
+        &mut self,
+        source: &mut S,
+        changes: Vec<Change<S::Payload, S::Ack>>,
+        f: &Arc<F>,
+    ) -> Result<()>
+    where
+        S: Source,
+        F: Fn(Ctx, SourceBatch<S::Payload>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.report.received += changes.len() as u64;
+        self.metrics.received(changes.len());
+        let (prepared, mut latest) = self.coalesce(changes);
+        let keys: Vec<StableKey> = prepared.iter().map(|p| p.key.clone()).collect();
+        let seen = Arc::new(Mutex::new(Mounted::default()));
+        let batch = SourceBatch::changes(prepared, Arc::clone(&seen));
+        let f = Arc::clone(f);
+        let in_flight: usize = latest.values().map(|l| l.acks.len()).sum();
+        self.metrics.in_flight(in_flight);
+        let scoped = self.app.scoped(RunScope::keys(keys));
+        let run = scoped.run_report(move |ctx| f(ctx, batch));
+        let result = keep_alive_while(source, &latest, self.options.keep_alive, run).await;
+        let settled = self.outcomes(result, &seen, &mut latest)?;
+        self.metrics.in_flight(0);
+        source.settle(settled).await
+    }
+
+    /// One change per key (the latest), the older ones kept to be settled
+    /// with it.
+    fn coalesce<P, A>(
+        &mut self,
+        changes: Vec<Change<P, A>>,
+    ) -> (Vec<Prepared<P>>, HashMap<StableKey, Latest<A>>) {
+        let mut latest: HashMap<StableKey, (Prepared<P>, Latest<A>)> = HashMap::new();
+        for change in changes {
+            let deliveries = self.deliveries(&change.key, change.ordinal, change.deliveries);
+            let prepared = Prepared {
+                key: change.key.clone(),
+                ordinal: change.ordinal,
+                op: change.op,
+            };
+            match latest.get_mut(&change.key) {
+                Some((kept, l)) => {
+                    l.acks.push(change.ack);
+                    if change.ordinal >= l.ordinal {
+                        l.ordinal = change.ordinal;
+                        l.deliveries = deliveries;
+                        *kept = prepared;
+                    }
+                }
+                None => {
+                    let l = Latest {
+                        ordinal: change.ordinal,
+                        deliveries,
+                        acks: vec![change.ack],
+                    };
+                    latest.insert(change.key, (prepared, l));
+                }
+            }
+        }
+        let mut prepared = Vec::with_capacity(latest.len());
+        let mut acks = HashMap::with_capacity(latest.len());
+        for (key, (p, l)) in latest {
+            prepared.push(p);
+            acks.insert(key, l);
+        }
+        (prepared, acks)
+    }
+
+    /// How many times a change has been delivered: the source's count, or
+    /// this consumer's.
+    fn deliveries(&mut self, key: &StableKey, ordinal: u64, counted: u32) -> u32 {
+        let n = self.attempts.entry((key.clone(), ordinal)).or_insert(0);
+        *n += 1;
+        if counted > 0 {
+            *n = counted;
+        }
+        *n
+    }
+
+    /// What becomes of each change, from how its batch's run went.
+    fn outcomes<A>(
+        &mut self,
+        result: Result<RunReport>,
+        seen: &Mutex<Mounted>,
+        latest: &mut HashMap<StableKey, Latest<A>>,
+    ) -> Result<Vec<Settled<A>>> {
+        let stopping = self.app.shutdown_handle().is_requested();
+        let report = match result {
+            Ok(report) => report,
+            Err(Error::Shutdown(_)) if stopping => RunReport {
+                stats: UpdateStats::default(),
+                failures: vec![ComponentFailure::new(
+                    crate::model::ComponentPath::root(),
+                    &Error::msg("the run stopped"),
+                )],
+            },
+            Err(e) => return Err(e),
+        };
+        self.note_run(&report);
+        let seen = lock(seen);
+        let (failed, whole) = failed_keys(&report.failures, seen.mounted);
+        let not_held: std::collections::HashSet<&StableKey> = seen.not_held.iter().collect();
+        let mut settled = Vec::new();
+        for (key, l) in latest.drain() {
+            let outcome = if not_held.contains(&key) {
+                Outcome::NotHeld
+            } else {
+                match failed.get(&key).or(whole.as_ref()) {
+                    None => Outcome::Ack,
+                    Some(_) if stopping => Outcome::Interrupted,
+                    Some(cause) => self.failed(l.deliveries, cause),
+                }
+            };
+            if !matches!(outcome, Outcome::Retry { .. } | Outcome::Interrupted) {
+                self.attempts.remove(&(key, l.ordinal));
+            }
+            for ack in l.acks {
+                self.report.count(&outcome);
+                self.metrics.settled(&outcome);
+                settled.push(Settled {
+                    ack,
+                    outcome: outcome.clone(),
+                });
+            }
+        }
+        Ok(settled)
+    }
+
+    /// A failed change: redelivered after a backoff, or released on its
+    /// last allowed delivery.
+    fn failed(&self, deliveries: u32, cause: &str) -> Outcome {
+        if deliveries >= self.options.max_deliveries {
+            Outcome::DeadLetter {
+                reason: cause.to_string(),
+            }
+        } else {
+            Outcome::Retry {
+                delay: self.options.backoff_after(deliveries),
+            }
+        }
+    }
+
+    fn note_run(&mut self, report: &RunReport) {
+        self.report.add_stats(&report.stats);
+        if !report.failures.is_empty() {
+            self.report.failures.clone_from(&report.failures);
+        }
+    }
+}
+
+/// The causes of failed root-level components, by key, and the cause of a
+/// failure of the whole batch: the root's, or a batch the run's function
+/// never mounted.
+fn failed_keys(
+    failures: &[ComponentFailure],
+    mounted: bool,
+) -> (HashMap<StableKey, String>, Option<String>) {
+    let mut failed = HashMap::new();
+    let mut whole = None;
+    for failure in failures {
+        match failure.path.segments() {
+            [] => whole = Some(failure.cause.clone()),
+            [key, ..] => {
+                failed
+                    .entry(key.clone())
+                    .or_insert_with(|| failure.cause.clone());
+            }
+        }
+    }
+    if !mounted && whole.is_none() {
+        whole =
+            Some("the consume function did not mount its batch with Ctx::mount_source".to_string());
+    }
+    (failed, whole)
+}
+
+/// Awaits `run`, telling the source every `every` that the batch's changes
+/// are still in progress.
+async fn keep_alive_while<S: Source, T>(
+    source: &mut S,
+    latest: &HashMap<StableKey, Latest<S::Ack>>,
+    every: Duration,
+    run: impl Future<Output = T>,
+) -> T {
+    tokio::pin!(run);
+    let start = Instant::now();
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            done = &mut run => return done,
+            _ = tick.tick() => {
+                let acks: Vec<&S::Ack> = latest.values().flat_map(|l| l.acks.iter()).collect();
+                if let Err(e) = source.keep_alive(&acks).await {
+                    tracing::warn!(
+                        source = source.name(),
+                        running_for = ?start.elapsed(),
+                        "telling the source that a batch is in progress failed: {e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A source's metrics, labelled with its name.
+struct SourceMetrics {
+    received: metrics::Counter,
+    acknowledged: metrics::Counter,
+    redelivered: metrics::Counter,
+    dead_lettered: metrics::Counter,
+    in_flight: metrics::Gauge,
+    lag: metrics::Gauge,
+}
+
+impl SourceMetrics {
+    fn new(name: &str) -> Self {
+        let label = [("source", name.to_string())];
+        let this = Self {
+            received: metrics::counter!(m::SOURCE_RECEIVED, &label),
+            acknowledged: metrics::counter!(m::SOURCE_ACKNOWLEDGED, &label),
+            redelivered: metrics::counter!(m::SOURCE_REDELIVERED, &label),
+            dead_lettered: metrics::counter!(m::SOURCE_DEAD_LETTERED, &label),
+            in_flight: metrics::gauge!(m::SOURCE_IN_FLIGHT, &label),
+            lag: metrics::gauge!(m::SOURCE_LAG, &label),
+        };
+        // Exported from the start, at zero.
+        for c in [
+            &this.received,
+            &this.acknowledged,
+            &this.redelivered,
+            &this.dead_lettered,
+        ] {
+            c.increment(0);
+        }
+        this.in_flight.set(0.0);
+        this
+    }
+
+    fn received(&self, n: usize) {
+        self.received.increment(n as u64);
+    }
+
+    fn in_flight(&self, n: usize) {
+        self.in_flight.set(n as f64);
+    }
+
+    fn lag(&self, n: u64) {
+        self.lag.set(n as f64);
+    }
+
+    fn settled(&self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Ack => self.acknowledged.increment(1),
+            Outcome::Retry { .. } | Outcome::Interrupted => self.redelivered.increment(1),
+            Outcome::DeadLetter { .. } => self.dead_lettered.increment(1),
+            Outcome::NotHeld => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redeliveries_back_off_exponentially_up_to_the_maximum() {
+        let o = ConsumeOptions::default().backoff(Duration::from_secs(1), Duration::from_secs(5));
+        assert_eq!(o.backoff_after(1), Duration::from_secs(1));
+        assert_eq!(o.backoff_after(2), Duration::from_secs(2));
+        assert_eq!(o.backoff_after(3), Duration::from_secs(4));
+        assert_eq!(o.backoff_after(4), Duration::from_secs(5));
+        assert_eq!(o.backoff_after(40), Duration::from_secs(5));
+    }
+}
