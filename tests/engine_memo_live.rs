@@ -503,53 +503,81 @@ async fn watch_returns_when_its_feed_ends() -> Result<()> {
     Ok(())
 }
 
+/// One component declaring `keys` (memoized on the list itself) into the
+/// rows of `rig`; counts its runs in `runs`.
+async fn sync_one_memoized(
+    app: &App,
+    rig: &Rig,
+    runs: &Arc<AtomicUsize>,
+    keys: Vec<&'static str>,
+) -> Result<RunReport> {
+    let handler = rig.handler();
+    let runs = Arc::clone(runs);
+    app.run_report(move |ctx| async move {
+        let rows = register_root_target_states_provider::<String, _>(&ctx, ROWS, handler.clone())?;
+        ctx.mount_each_memo(
+            vec![keys],
+            |_| "only",
+            |keys: &Vec<&'static str>| Ok(keys.clone()),
+            move |ctx, keys| {
+                let rows = rows.clone();
+                let runs = Arc::clone(&runs);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    for k in keys {
+                        declare_target_state(&ctx, rows.target_state(k, "v".to_string()))?;
+                    }
+                    Ok(())
+                }
+            },
+        )
+        .await
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_component_that_stopped_declaring_a_state_is_memoized_only_once_its_deletion_is_done(
+async fn a_component_that_stopped_declaring_a_state_is_memoized_once_its_deletion_succeeded(
 ) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let app = app(dir.path()).await?;
     let rig = Rig::new();
-    let handler = rig.handler();
     let runs = Arc::new(AtomicUsize::new(0));
-    // One component declaring `keys` (memoized on the list itself).
-    let sync = |keys: Vec<&'static str>| {
-        let handler = handler.clone();
-        let runs = Arc::clone(&runs);
-        app.run_report(move |ctx| async move {
-            let rows =
-                register_root_target_states_provider::<String, _>(&ctx, ROWS, handler.clone())?;
-            ctx.mount_each_memo(
-                vec![keys],
-                |_| "only",
-                |keys: &Vec<&'static str>| Ok(keys.clone()),
-                move |ctx, keys| {
-                    let rows = rows.clone();
-                    let runs = Arc::clone(&runs);
-                    async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        for k in keys {
-                            declare_target_state(&ctx, rows.target_state(k, "v".to_string()))?;
-                        }
-                        Ok(())
-                    }
-                },
-            )
-            .await
-        })
-    };
-    sync(vec!["a", "b"]).await?;
-    // b is no longer declared: deleted at the end of this run, so this
-    // run's memo key is not recorded when the component commits.
-    let report = sync(vec!["a"]).await?;
+    sync_one_memoized(&app, &rig, &runs, vec!["a", "b"]).await?;
+    // b is no longer declared: deleted at the end of this run, after which
+    // this run's memo key is recorded.
+    let report = sync_one_memoized(&app, &rig, &runs, vec!["a"]).await?;
     assert_eq!(report.stats.deleted, 1);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let again = sync(vec!["a"]).await?;
-    assert_eq!(again.stats.memoized, 0, "run once more: {:?}", again.stats);
-    assert_eq!(runs.load(Ordering::SeqCst), 3);
-    let last = sync(vec!["a"]).await?;
-    assert_eq!(last.stats.memoized, 1, "{:?}", last.stats);
+    let again = sync_one_memoized(&app, &rig, &runs, vec!["a"]).await?;
+    assert_eq!(again.stats.memoized, 1, "{:?}", again.stats);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(rig.store.snapshot(), map(&[("a", "v")]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_whose_deletion_failed_is_not_memoized_and_runs_again() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let deleting_fails = Arc::new(AtomicBool::new(false));
+    let fails = Arc::clone(&deleting_fails);
+    let rig = Rig::failing(Arc::new(move |_, keys: &[String]| {
+        (fails.load(Ordering::SeqCst) && keys.iter().any(|k| k == "b"))
+            .then(|| "cannot delete b".to_string())
+    }));
+    let runs = Arc::new(AtomicUsize::new(0));
+    sync_one_memoized(&app, &rig, &runs, vec!["a", "b"]).await?;
+    deleting_fails.store(true, Ordering::SeqCst);
+    let failed = sync_one_memoized(&app, &rig, &runs, vec!["a"]).await?;
+    assert_eq!(failed.failures.len(), 1, "{:?}", failed.failures);
+    deleting_fails.store(false, Ordering::SeqCst);
+    let again = sync_one_memoized(&app, &rig, &runs, vec!["a"]).await?;
+    assert_eq!(again.stats.memoized, 0, "{:?}", again.stats);
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     assert_eq!(rig.store.snapshot(), map(&[("a", "v")]));
+    let last = sync_one_memoized(&app, &rig, &runs, vec!["a"]).await?;
+    assert_eq!(last.stats.memoized, 1, "{:?}", last.stats);
     Ok(())
 }
 

@@ -10,6 +10,7 @@ mod support;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::*;
 use weir::prelude::*;
+use weir::source::{Batch, Change, ConsumeOptions, Settled, Source, SourceItem};
 
 /// The prefix of the worker group's metrics, which only a member records.
 const GROUP_PREFIX: &str = "weir_group_";
@@ -94,6 +95,22 @@ async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()
     )
     .await?;
 
+    // A source consumed: its metrics (lag included: this one knows it).
+    let mut source = OneMessage(true);
+    let rows = Rig::new().handler();
+    app.consume(&mut source, ConsumeOptions::default(), move |ctx, batch| {
+        let rows = rows.clone();
+        async move {
+            let rows = register_root_target_states_provider(&ctx, "test/row", rows)?;
+            ctx.mount_source(batch, move |ctx, item: SourceItem<String>| {
+                let rows = rows.clone();
+                async move { declare_target_state(&ctx, rows.target_state(item.key, item.payload)) }
+            })
+            .await
+        }
+    })
+    .await?;
+
     let snapshot = snapshotter.snapshot().into_vec();
     let seen: std::collections::BTreeSet<String> = snapshot
         .iter()
@@ -162,4 +179,29 @@ async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()
     });
     assert!(memoized, "a memoized component is counted by outcome");
     Ok(())
+}
+
+/// A source of one message, which then ends; its lag is 0.
+struct OneMessage(bool);
+
+impl Source for OneMessage {
+    type Payload = String;
+    type Ack = ();
+
+    fn name(&self) -> &str {
+        "one"
+    }
+
+    async fn next_batch(&mut self, _max: usize) -> Result<Option<Batch<String, ()>>> {
+        Ok(std::mem::take(&mut self.0)
+            .then(|| Batch::Changes(vec![Change::upsert("k", 1, "v".to_string(), ())])))
+    }
+
+    async fn settle(&mut self, _settled: Vec<Settled<()>>) -> Result<()> {
+        Ok(())
+    }
+
+    async fn lag(&mut self) -> Option<u64> {
+        Some(0)
+    }
 }

@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 use weir::connectors::localfs::SourceFile;
 use weir::connectors::sql::{ColumnType, PreviewedTable, TableSchema};
 use weir::connectors::{postgres, sqlite};
+use weir::source::{Listed, Listing, SourceItem};
 use weir::{Ctx, Error, Fingerprint, PreviewAction, Result, ShutdownHandle, StableKey};
 
 use super::chunk::{chunk_text, MAX_CHUNK_BYTES};
@@ -166,7 +167,7 @@ pub fn key_text(table: &str, key: &StableKey) -> String {
 }
 
 /// A file of the walk, with its fingerprint when it could be computed.
-struct Listed {
+struct Walked {
     file: SourceFile,
     fingerprint: Option<Fingerprint>,
 }
@@ -202,35 +203,19 @@ pub async fn sync_files(
     // The memo keys need the fingerprints: computed first, so that
     // computing a memo key reads nothing.
     let files = fingerprint_all(files, &progress, &stop).await?;
+    let listing = Listing::new(files.into_iter().map(listed_file).collect())
+        .salt(format!("{tables_memo}+{LOGIC_VERSION}"));
     let reads = Arc::new(Semaphore::new(concurrent_reads()));
-    ctx.mount_each_memo(
-        files,
-        |listed| listed.file.key().to_string(),
-        move |listed: &Listed| {
-            let file = &listed.file;
-            // None: the component runs, and meets the problem itself.
-            let fingerprint = listed
-                .fingerprint
-                .ok_or_else(|| Error::msg(format!("`{}` has no fingerprint", file.key())))?;
-            Ok((
-                fingerprint,
-                file.size(),
-                file.modified().map(rfc3339),
-                LOGIC_VERSION,
-                tables_memo.to_string(),
-            ))
-        },
-        move |ctx, listed| {
-            let tables = tables.clone();
-            let progress = progress.clone();
-            let reads = Arc::clone(&reads);
-            async move {
-                let result = sync_file(&ctx, &tables, listed, &reads).await;
-                progress.processed(result.is_ok());
-                result
-            }
-        },
-    )
+    ctx.mount_source(listing, move |ctx, item: SourceItem<Walked>| {
+        let tables = tables.clone();
+        let progress = progress.clone();
+        let reads = Arc::clone(&reads);
+        async move {
+            let result = sync_file(&ctx, &tables, item.payload, &reads).await;
+            progress.processed(result.is_ok());
+            result
+        }
+    })
     .await?;
     if unreadable_dirs.is_empty() {
         return Ok(());
@@ -257,7 +242,7 @@ async fn fingerprint_all(
     files: Vec<SourceFile>,
     progress: &Progress,
     stop: &ShutdownHandle,
-) -> Result<Vec<Listed>> {
+) -> Result<Vec<Walked>> {
     let files: Arc<[SourceFile]> = files.into();
     let next = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..concurrent_reads().min(files.len()))
@@ -297,7 +282,7 @@ async fn fingerprint_all(
         .iter()
         .cloned()
         .zip(fingerprints)
-        .map(|(file, fingerprint)| Listed { file, fingerprint })
+        .map(|(file, fingerprint)| Walked { file, fingerprint })
         .collect())
 }
 
@@ -314,7 +299,7 @@ struct Content {
 impl Content {
     /// Reads the file (this blocks): its bytes, or for a file over
     /// [`MAX_CONTENT_BYTES`] only its fingerprint.
-    fn read(listed: &Listed) -> Result<Content> {
+    fn read(listed: &Walked) -> Result<Content> {
         let file = &listed.file;
         if file.size() > MAX_CONTENT_BYTES {
             let fingerprint = match listed.fingerprint {
@@ -348,7 +333,7 @@ impl Content {
 
 /// Declares one file's document row and chunk rows, reading the file on a
 /// blocking thread (one of `reads`' permits held meanwhile).
-async fn sync_file(ctx: &Ctx, tables: &Tables, listed: Listed, reads: &Semaphore) -> Result<()> {
+async fn sync_file(ctx: &Ctx, tables: &Tables, listed: Walked, reads: &Semaphore) -> Result<()> {
     let key = listed.file.key().to_string();
     let modified = listed.file.modified().map(rfc3339);
     let content = {
@@ -385,6 +370,19 @@ async fn sync_file(ctx: &Ctx, tables: &Tables, listed: Listed, reads: &Semaphore
         )?;
     }
     Ok(())
+}
+
+/// A walked file as a listed item: its version is its fingerprint, size
+/// and modification time (none when it could not be fingerprinted: it
+/// then runs, and meets the problem itself).
+fn listed_file(walked: Walked) -> Listed<Walked> {
+    let file = &walked.file;
+    let version = walked.fingerprint.map(|fingerprint| {
+        let modified = file.modified().map(rfc3339).unwrap_or_default();
+        format!("{fingerprint}:{}:{modified}", file.size()).into_bytes()
+    });
+    let key = file.key().to_string();
+    Listed::new(key, version, walked)
 }
 
 fn rfc3339(t: std::time::SystemTime) -> String {

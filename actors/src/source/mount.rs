@@ -116,7 +116,8 @@ enum Slot<P> {
 /// An item to mount, with its memo key.
 struct Mountable<P> {
     key: StableKey,
-    memo: Vec<u8>,
+    /// `None`: it always runs.
+    memo: Option<Vec<u8>>,
     slot: Slot<P>,
 }
 
@@ -148,7 +149,7 @@ impl Ctx {
     {
         let batch = batch.into();
         let salt = Fingerprint::from(&batch.salt);
-        let key_of: MemoFn<Mountable<P>> = Arc::new(|m: &Mountable<P>| Some(m.memo.clone()));
+        let key_of: MemoFn<Mountable<P>> = Arc::new(|m: &Mountable<P>| m.memo.clone());
         let (items, memo) = match batch.kind {
             Kind::Listing(listing) => (self.listed(listing, &salt).await?, Memo::equal(key_of)),
             Kind::Changes(changes) => {
@@ -198,7 +199,7 @@ impl Ctx {
             payload,
         } in items
         {
-            let memo = version.map(|v| listing_memo(&v, salt)).unwrap_or_default();
+            let memo = version.map(|v| listing_memo(&v, salt));
             match payload {
                 Some(payload) => out.push(Mountable {
                     slot: Slot::Run(SourceItem {
@@ -209,6 +210,8 @@ impl Ctx {
                     key,
                     memo,
                 }),
+                // A lazy item has a version (`Listed::lazy`); one built
+                // by hand without runs and is loaded every time.
                 None => lazy.push((key, memo)),
             }
         }
@@ -225,13 +228,16 @@ impl Ctx {
         let (kept, to_load): (Vec<_>, Vec<_>) = lazy
             .into_iter()
             .filter(|(key, _)| self.state.child_in_scope(key))
-            .partition(|(key, memo)| self.state.stored_memo_is(key, memo));
+            .partition(|(key, memo)| {
+                memo.as_ref()
+                    .is_some_and(|memo| self.state.stored_memo_is(key, memo))
+            });
         out.extend(kept.into_iter().map(|(key, memo)| Mountable {
             slot: Slot::Kept(key.clone()),
             key,
             memo,
         }));
-        let mut memos: HashMap<StableKey, Vec<u8>> = to_load.into_iter().collect();
+        let mut memos: HashMap<StableKey, Option<Vec<u8>>> = to_load.into_iter().collect();
         let loaded = loader.load(memos.keys().cloned().collect()).await?;
         for (key, payload) in loaded {
             // Keys left out are gone: not mounted, their states are deleted.
@@ -286,7 +292,7 @@ impl Ctx {
                 ChangeOp::Delete => Slot::Tombstone,
             };
             out.push(Mountable {
-                memo: ordinal_memo(ordinal, salt),
+                memo: Some(ordinal_memo(ordinal, salt)),
                 key,
                 slot,
             });
