@@ -1,5 +1,6 @@
 //! The PostgreSQL target: tables whose rows weir keeps equal to what
-//! components declare.
+//! components declare; and the PostgreSQL table source ([`source`]): the
+//! rows of a table as items, one component each.
 //!
 //! # Layout
 //!
@@ -9,6 +10,7 @@
 //!   transaction per sink call.
 //! - `ddl`: the SQL text of DDL, upserts and deletes.
 //! - `types`: column types, and columns of values bound as arrays.
+//! - [`source`]: the table source ([`TableSource`]).
 //! - `group`: worker groups coordinated through the database
 //!   ([`PostgresCoordinator`]), and the fence check of a writer's
 //!   transaction ([`check_fence`]).
@@ -124,6 +126,7 @@ mod ddl;
 mod group;
 mod owners;
 mod sink;
+pub mod source;
 mod target;
 mod types;
 
@@ -145,6 +148,7 @@ use target::{DbShared, PostgresTableHandler, TableMeta, TableSpec};
 pub use group::{check_fence, PostgresCoordinator, DEFAULT_COMPACT_MIN_ROWS};
 pub use owners::{drop_tables_of, table_owner};
 pub use sink::ROWS_PER_STATEMENT;
+pub use source::{SourceRow, TableSource, TableSourceOptions};
 pub use target::ROW_SINK_CONCURRENT_CALLS;
 
 pub use crate::sql::{PreviewedTable, TableOptions};
