@@ -282,9 +282,9 @@ async fn nothing_is_acknowledged_before_commit_and_a_later_consume_lands_everyth
             consume(&app, &mut source, &rig, quick().max_deliveries(1000)),
             stop_after_a_redelivery
         );
-        if let Ok(report) = report {
-            assert_eq!(report.acknowledged, 0);
-        }
+        let report = report.unwrap();
+        assert_eq!(report.acknowledged, 0);
+        assert!(report.retried > 0, "{report:?}");
         assert!(rig.store.snapshot().is_empty());
         let info = s.consumer_info("weir").await;
         assert_eq!(info.ack_floor.stream_sequence, 0, "nothing is acknowledged");
