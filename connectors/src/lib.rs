@@ -16,3 +16,6 @@ pub mod sqlite;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+
+#[cfg(feature = "nats")]
+pub mod nats;

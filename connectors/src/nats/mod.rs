@@ -1,0 +1,298 @@
+//! The NATS JetStream source: a stream read through a durable pull
+//! consumer, each message a change that
+//! [`App::consume`](weir_actors::App::consume) applies, then acknowledges.
+//!
+//! # How messages map to changes
+//!
+//! - **Key**: the last token of the message's subject (`orders.k17` →
+//!   `k17`), or the value of [`JetStreamOptions::key_header`] when set. A
+//!   message without that header (or with an empty value) is keyed by its
+//!   whole subject, with a warning: it is applied, never dropped, and the
+//!   key shows where it came from.
+//! - **Ordinal**: the message's stream sequence, so a redelivered or
+//!   replayed message never rolls a key back.
+//! - **Tombstone**: an empty payload, or the
+//!   [delete header](JetStreamOptions::delete_header) (`Weir-Delete` by
+//!   default) present: the key's target states are deleted.
+//! - **Deliveries**: the server's count of deliveries of the message, so
+//!   that [`ConsumeOptions::max_deliveries`] counts what the server counts
+//!   (across restarts too).
+//!
+//! # Acknowledgements
+//!
+//! The consumer is durable, pulls, and acknowledges each message
+//! explicitly; it is created (from the stream's first message) if missing,
+//! reused otherwise, so a restart goes on where the last run left off.
+//!
+//! - A message is **acknowledged after commit**: once its component's
+//!   target writes and the ledger's commit have succeeded. The
+//!   acknowledgement is sent as a request and the server's confirmation
+//!   awaited, so that a lost acknowledgement is an error rather than a
+//!   silent redelivery.
+//! - While a batch runs longer than [`ConsumeOptions::keep_alive`], an
+//!   **in-progress** notice (`+WPI`) is sent for each of its messages, so
+//!   the server does not redeliver them after its acknowledgement wait.
+//! - A message whose component failed is **negatively acknowledged with a
+//!   delay** (the consume's backoff): the server redelivers it then.
+//! - After [`ConsumeOptions::max_deliveries`] deliveries it is
+//!   **terminated** (`+TERM`), so the stream moves on; with a
+//!   [dead-letter subject](JetStreamOptions::dead_letter_subject) a copy
+//!   is published there first, with headers `Weir-Failure` (the
+//!   component's error), `Weir-Subject` and `Weir-Sequence`. The copy is
+//!   published with core NATS: capture the subject with a stream to keep
+//!   the copies.
+//! - A message whose run was interrupted by a shutdown is negatively
+//!   acknowledged without delay; a message in a batch whose fetch was
+//!   cancelled is redelivered by the server after its acknowledgement wait.
+//!
+//! # Bounded and live reads
+//!
+//! By default the source reads up to the stream's last message at connect
+//! time: [`next_batch`](Source::next_batch) returns `None` once every
+//! message up to it is acknowledged or terminated (the consumer's
+//! acknowledgement floor), waiting for redeliveries that are still due.
+//! With [`follow(true)`](JetStreamOptions::follow) it waits for new
+//! messages until the app shuts down, one pull request of
+//! [`fetch_wait`](JetStreamOptions::fetch_wait) at a time; a message
+//! arriving meanwhile is returned at once.
+//!
+//! A batch holds at most `max_in_flight` messages, fetched once the last
+//! batch is settled: no more messages are unacknowledged at once.
+//! [`lag`](Source::lag) is the consumer's count of messages not yet
+//! delivered plus those awaiting acknowledgement.
+//!
+//! # Worker groups
+//!
+//! In a worker group, each member reads the whole stream through a
+//! consumer of its own (give each member its own
+//! [consumer name](JetStreamOptions::consumer)) and applies only the keys
+//! of the partitions it holds; the others are acknowledged as not held,
+//! since the holder of their partition reads them through its own
+//! consumer. This filter is on the client: every member receives every
+//! message, so N members read the stream N times.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use weir_actors::source::ConsumeOptions;
+//! use weir_actors::{App, Result};
+//! use weir_connectors::nats::{JetStreamOptions, JetStreamSource};
+//!
+//! # async fn example(app: App) -> Result<()> {
+//! let options = JetStreamOptions::new("nats://app:secret@127.0.0.1:4222", "orders")
+//!     .consumer("orders-to-postgres")
+//!     .dead_letter_subject("orders.dead");
+//! let mut source = JetStreamSource::connect(options).await?;
+//! let report = app
+//!     .consume(&mut source, ConsumeOptions::default(), |ctx, batch| async move {
+//!         // Declare tables here, then one component per key:
+//!         ctx.mount_source(batch, |_ctx, item| async move {
+//!             let _order: &[u8] = &item.payload.payload;
+//!             Ok(())
+//!         })
+//!         .await
+//!     })
+//!     .await?;
+//! println!("{} messages applied", report.acknowledged);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`ConsumeOptions::keep_alive`]: weir_actors::source::ConsumeOptions::keep_alive
+//! [`ConsumeOptions::max_deliveries`]: weir_actors::source::ConsumeOptions::max_deliveries
+
+mod connect;
+mod fetch;
+mod message;
+mod options;
+mod settle;
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{Info, PullConsumer};
+use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::Message;
+use async_nats::Client;
+use weir_actors::source::{Batch, Change, Settled, Source};
+use weir_actors::Result;
+
+use connect::Place;
+use message::Mapping;
+use settle::Settler;
+
+pub use message::{JetStreamAck, JetStreamMessage};
+pub use options::{JetStreamOptions, DEFAULT_CONSUMER, DEFAULT_DELETE_HEADER, DEFAULT_FETCH_WAIT};
+pub use settle::{FAILURE_HEADER, SEQUENCE_HEADER, SUBJECT_HEADER};
+
+/// A NATS JetStream stream read through a durable pull consumer: a
+/// [`Source`] of changes. See the [module](self) for how messages map to
+/// changes and how they are acknowledged.
+pub struct JetStreamSource {
+    name: String,
+    place: Place,
+    client: Client,
+    stream: Stream,
+    consumer: PullConsumer,
+    mapping: Mapping,
+    follow: bool,
+    fetch_wait: Duration,
+    dead_letter: Option<String>,
+    /// The stream's last sequence at connect time: where a bounded read
+    /// ends.
+    end: u64,
+}
+
+impl std::fmt::Debug for JetStreamSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamSource")
+            .field("place", &self.place)
+            .field("follow", &self.follow)
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JetStreamSource {
+    /// Connects to the server, finds the stream and creates its durable
+    /// pull consumer if missing (or reuses it).
+    ///
+    /// # Errors
+    /// When the server cannot be reached or refuses the credentials, the
+    /// stream does not exist, or the consumer cannot be created or is not
+    /// an explicitly acknowledging pull consumer; each error names the
+    /// server (without its password), the stream and the consumer.
+    pub async fn connect(options: JetStreamOptions) -> Result<Self> {
+        let place = Place::of(&options);
+        let client = connect::client(&options, &place).await?;
+        let context = async_nats::jetstream::new(client.clone());
+        let mut stream = connect::stream(&context, &place).await?;
+        let end = stream
+            .info()
+            .await
+            .map_err(|e| place.error("cannot read the stream's state", e))?
+            .state
+            .last_sequence;
+        let consumer = connect::consumer(&stream, &place).await?;
+        let mapping = Mapping {
+            key_header: options.key_header.clone(),
+            delete_header: options.delete_header.clone(),
+            keep_for_dead_letter: options.dead_letter_subject.is_some(),
+        };
+        Ok(Self {
+            name: format!("nats:{}", options.stream),
+            place,
+            client,
+            stream,
+            consumer,
+            mapping,
+            follow: options.follow,
+            fetch_wait: options.fetch_wait,
+            dead_letter: options.dead_letter_subject,
+            end,
+        })
+    }
+
+    /// The source's name in logs and metrics: `nats:STREAM`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The next messages: those ready now, or else (in follow mode, or
+    /// while a bounded read still awaits redeliveries) the first to arrive
+    /// within a fetch wait, with those ready after it. `None` when a
+    /// bounded read is done.
+    ///
+    /// Cancel-safe as far as the server goes: messages of a cancelled pull
+    /// request are redelivered after the consumer's acknowledgement wait.
+    async fn next_messages(&mut self, max: usize) -> Result<Option<Vec<Message>>> {
+        loop {
+            let ready = fetch::ready(&self.consumer, max, &self.place).await?;
+            if !ready.is_empty() {
+                return Ok(Some(ready));
+            }
+            if !self.follow && self.read_to_end().await? {
+                return Ok(None);
+            }
+            let mut arrived =
+                fetch::first_within(&self.consumer, self.fetch_wait, &self.place).await?;
+            if arrived.is_empty() {
+                continue;
+            }
+            if max > arrived.len() {
+                let more = max - arrived.len();
+                arrived.extend(fetch::ready(&self.consumer, more, &self.place).await?);
+            }
+            return Ok(Some(arrived));
+        }
+    }
+
+    /// Whether every message up to the end of a bounded read is
+    /// acknowledged or terminated (or nothing at all is left).
+    async fn read_to_end(&self) -> Result<bool> {
+        let info = self.consumer_info().await?;
+        let nothing_left = info.num_pending == 0 && info.num_ack_pending == 0;
+        Ok(info.ack_floor.stream_sequence >= self.end || nothing_left)
+    }
+
+    async fn consumer_info(&self) -> Result<Info> {
+        self.stream
+            .consumer_info(&self.place.consumer)
+            .await
+            .map_err(|e| self.place.error("cannot read the consumer's state", e))
+    }
+
+    fn changes(
+        &self,
+        messages: Vec<Message>,
+    ) -> Result<Vec<Change<JetStreamMessage, JetStreamAck>>> {
+        messages
+            .into_iter()
+            .map(|m| self.mapping.change(m))
+            .collect()
+    }
+
+    fn settler(&self) -> Settler<'_> {
+        Settler {
+            client: &self.client,
+            dead_letter: self.dead_letter.as_deref(),
+            place: &self.place,
+        }
+    }
+}
+
+impl Source for JetStreamSource {
+    type Payload = JetStreamMessage;
+    type Ack = JetStreamAck;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn next_batch(
+        &mut self,
+        max: usize,
+    ) -> Result<Option<Batch<JetStreamMessage, JetStreamAck>>> {
+        let Some(messages) = self.next_messages(max.max(1)).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Batch::Changes(self.changes(messages)?)))
+    }
+
+    async fn settle(&mut self, settled: Vec<Settled<JetStreamAck>>) -> Result<()> {
+        self.settler().settle(settled).await
+    }
+
+    async fn keep_alive(&mut self, acks: &[&JetStreamAck]) -> Result<()> {
+        self.settler().in_progress(acks).await
+    }
+
+    async fn lag(&mut self) -> Option<u64> {
+        match self.consumer_info().await {
+            Ok(info) => Some(info.num_pending + info.num_ack_pending as u64),
+            Err(e) => {
+                tracing::debug!("{e}");
+                None
+            }
+        }
+    }
+}
