@@ -7,6 +7,7 @@ mod group;
 mod inspect;
 mod job;
 mod progress;
+mod records;
 mod sync;
 mod target;
 
@@ -109,7 +110,13 @@ fn parse_lease_ttl(text: &str) -> Result<std::time::Duration, String> {
 
 #[derive(Debug, Args)]
 struct SyncArgs {
-    /// The directory to sync.
+    /// What to sync: a directory; a PostgreSQL table,
+    /// postgres://USER@HOST:PORT/DB?table=NAME (also schema=, key=COL,COL
+    /// and ordinal=COL for the incremental mode); or a NATS JetStream
+    /// stream, nats://[USER:PASS@]HOST:PORT/STREAM. Items of a table or a
+    /// stream become rows of the table --table (key, value, source,
+    /// position).
+    #[arg(value_name = "SOURCE")]
     dir: PathBuf,
     #[command(flatten)]
     into: IntoArg,
@@ -147,6 +154,17 @@ struct SyncArgs {
     /// since no ledger knows them.
     #[arg(long, conflicts_with = "dry_run")]
     adopt: bool,
+    /// The table the items of a PostgreSQL or NATS source go to (default
+    /// records).
+    #[arg(long, value_name = "NAME")]
+    table: Option<String>,
+    /// The durable JetStream consumer to read with: its position is where
+    /// the next sync starts.
+    #[arg(long, value_name = "NAME", default_value = records::DEFAULT_CONSUMER)]
+    consumer: String,
+    /// A NATS credentials file (.creds) to connect with.
+    #[arg(long, value_name = "FILE")]
+    creds: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -89,6 +89,15 @@ pub(super) async fn prepare(args: &SyncArgs) -> Result<Prepared> {
 }
 
 pub async fn run(args: SyncArgs) -> Result<u8> {
+    if let Some(source) = super::records::parse(&args.dir.to_string_lossy())? {
+        if args.dry_run {
+            return Err(Error::msg(
+                "--dry-run previews a directory's sync; a PostgreSQL or NATS source is not previewed",
+            ));
+        }
+        return super::records::run(args, source).await;
+    }
+    super::records::check_directory_args(&args)?;
     let prepared = prepare(&args).await?;
     if args.dry_run {
         return super::dry_run::run(&args, prepared).await;
@@ -120,6 +129,9 @@ pub async fn retry(args: RetryArgs) -> Result<u8> {
         debounce_ms: 0,
         group: super::GroupArg::default(),
         adopt: false,
+        table: None,
+        consumer: super::records::DEFAULT_CONSUMER.to_string(),
+        creds: None,
     };
     let prepared = prepare(&args).await?;
     sync(args, prepared, true).await
@@ -354,7 +366,7 @@ impl CacheSaver {
 }
 
 /// Requests a shutdown on Ctrl-C or SIGTERM.
-async fn stop_on_signal(shutdown: ShutdownHandle) {
+pub(super) async fn stop_on_signal(shutdown: ShutdownHandle) {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

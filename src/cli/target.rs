@@ -117,7 +117,7 @@ impl Database {
 }
 
 /// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -136,6 +136,8 @@ pub struct Target {
     pub app: App,
     /// The connection pool the app writes with.
     pool: Pool,
+    /// The tables the sync creates: [`job::TABLES`] for a directory.
+    tables: Vec<String>,
 }
 
 /// A connection pool to either database.
@@ -174,9 +176,9 @@ impl Target {
 
     /// The tables weir creates (see [`job::TABLES`]) that the database
     /// lacks.
-    pub async fn missing_tables(&self) -> Result<Vec<&'static str>> {
+    pub async fn missing_tables(&self) -> Result<Vec<&str>> {
         let mut missing = Vec::new();
-        for table in job::TABLES {
+        for table in &self.tables {
             let exists: bool = match &self.pool {
                 Pool::Sqlite(pool) => {
                     sqlx::query_scalar(SQLITE_TABLE_EXISTS)
@@ -198,7 +200,7 @@ impl Target {
                 ))
             })?;
             if !exists {
-                missing.push(table);
+                missing.push(table.as_str());
             }
         }
         Ok(missing)
@@ -230,7 +232,7 @@ impl Target {
     /// error names the owner and says how to take them over.
     pub async fn check_owners(&self, adopt: bool) -> Result<()> {
         let ours = self.app.owner()?;
-        for table in job::TABLES {
+        for table in &self.tables {
             let found = match &self.pool {
                 Pool::Sqlite(pool) => sqlite::table_owner(pool, table).await?,
                 Pool::Postgres(pool) => postgres::table_owner(pool, table).await?,
@@ -266,6 +268,17 @@ impl Target {
 /// Connects to the database and opens the ledger (creating both if
 /// missing), after checking that the ledger belongs to this database.
 pub async fn open(into: &Database, ledger: &Path, group: &GroupArg, adopt: bool) -> Result<Target> {
+    open_tables(into, ledger, group, adopt, &job::TABLES).await
+}
+
+/// [`open`], for a sync that creates the tables `tables`.
+pub async fn open_tables(
+    into: &Database,
+    ledger: &Path,
+    group: &GroupArg,
+    adopt: bool,
+    tables: &[&str],
+) -> Result<Target> {
     check_marker(ledger, into)?;
     let pool = match into {
         Database::Sqlite(path) => {
@@ -284,7 +297,8 @@ pub async fn open(into: &Database, ledger: &Path, group: &GroupArg, adopt: bool)
         (Some(name), Database::Postgres(url)) => Some(worker_group(name, group, url).await?),
         _ => None,
     };
-    let target = build(into, ledger, pool, worker_group, adopt).await?;
+    let mut target = build(into, ledger, pool, worker_group, adopt).await?;
+    target.tables = tables.iter().map(|t| t.to_string()).collect();
     target.check_owners(adopt).await?;
     write_marker(ledger, into)?;
     Ok(target)
@@ -426,6 +440,7 @@ async fn build(
         into: into.clone(),
         app,
         pool,
+        tables: job::TABLES.iter().map(|t| t.to_string()).collect(),
     })
 }
 

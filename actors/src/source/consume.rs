@@ -16,7 +16,7 @@ use crate::run::{lock, UpdateStats};
 use crate::scope::RunScope;
 
 use super::mount::{Mounted, Prepared, SourceBatch};
-use super::{Batch, Change, Outcome, Settled, Source};
+use super::{Assignment, Batch, Change, Outcome, Settled, Source};
 
 /// The default of [`ConsumeOptions::max_in_flight`].
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1000;
@@ -99,8 +99,10 @@ impl ConsumeOptions {
 pub struct ConsumeReport {
     /// Batches run.
     pub batches: u64,
-    /// Changes received (listed items are not counted).
+    /// Changes received.
     pub received: u64,
+    /// Items of the listings run.
+    pub listed: u64,
     /// Changes acknowledged: applied, or older than what was applied.
     pub acknowledged: u64,
     /// Changes handed back for redelivery after their component failed.
@@ -205,6 +207,7 @@ impl App {
         let name = source.name().to_string();
         let mut consumer = Consumer {
             app: self,
+            assigned: None,
             options,
             report: ConsumeReport::default(),
             attempts: HashMap::new(),
@@ -214,6 +217,13 @@ impl App {
             if shutdown.is_requested() {
                 break;
             }
+            if !consumer.assign(source).await? {
+                // A member holding no partition yet: wait, then try again.
+                tokio::select! {
+                    () = tokio::time::sleep(ASSIGNMENT_RETRY) => continue,
+                    () = shutdown.requested() => break,
+                }
+            }
             let max = consumer.options.max_in_flight;
             let next = tokio::select! {
                 next = source.next_batch(max) => next?,
@@ -222,6 +232,7 @@ impl App {
             let Some(batch) = next else { break };
             match batch {
                 Batch::Listing(listing) => {
+                    consumer.report.listed += listing.items.len() as u64;
                     let f = Arc::clone(&f);
                     let report = self
                         .run_report(move |ctx| f(ctx, SourceBatch::from(listing)))
@@ -243,6 +254,8 @@ impl App {
 /// The state of one [`App::consume`] call.
 struct Consumer<'a> {
     app: &'a App,
+    /// In a worker group: the partitions the source was last told of.
+    assigned: Option<Assignment>,
     options: ConsumeOptions,
     report: ConsumeReport,
     /// Deliveries counted here, for sources that do not count them.
@@ -250,7 +263,34 @@ struct Consumer<'a> {
     metrics: SourceMetrics,
 }
 
+/// How long a member of a worker group holding no partition waits before
+/// it tries to acquire some again.
+const ASSIGNMENT_RETRY: Duration = Duration::from_millis(500);
+
 impl Consumer<'_> {
+    /// In a worker group, tells the source the partitions held when they
+    /// changed; a member holding none runs an empty run to acquire its
+    /// share first. Returns whether the member holds any (always `true`
+    /// outside a group).
+    async fn assign<S: Source>(&mut self, source: &mut S) -> Result<bool> {
+        let Some(mut assignment) = self.app.assignment() else {
+            return Ok(true);
+        };
+        if assignment.held.is_empty() {
+            let nothing = RunScope::keys(Vec::<StableKey>::new());
+            self.app
+                .scoped(nothing)
+                .run_report(|_ctx| async { Ok(()) })
+                .await?;
+            assignment = self.app.assignment().unwrap_or_default();
+        }
+        if self.assigned.as_ref() != Some(&assignment) {
+            source.assign(&assignment).await?;
+            self.assigned = Some(assignment);
+        }
+        Ok(self.assigned.as_ref().is_some_and(|a| !a.held.is_empty()))
+    }
+
     /// Runs a batch of changes, then settles them.
     async fn changes<S, F, Fut>(
         &mut self,

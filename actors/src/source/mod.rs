@@ -78,16 +78,24 @@
 //! # Worker groups
 //!
 //! In a member of a [worker group](crate::group), every run is scoped to
-//! the partitions the member holds. [`App::consume`] settles a change
-//! whose key is in a partition the member does not hold as
-//! [`Outcome::NotHeld`], without running it: a source whose consumers are
-//! split by weir's partitions (one durable consumer per partition, read by
-//! the partition's holder) acknowledges it, since the holder of its
-//! partition reads it through its own consumer. Server-side partitioning
-//! (JetStream's subject-mapped partitions, Kafka's partitions) is used only
-//! where its mapping equals [`PartitionId::of`](crate::PartitionId::of);
-//! otherwise a member reads the whole stream and filters on the client,
-//! which costs one read of each change per partition consumer.
+//! the partitions the member holds. Before each fetch, [`App::consume`]
+//! tells the source which partitions those are ([`Source::assign`]); a
+//! member that holds none yet runs an empty run to acquire its share
+//! first. A change whose key is in a partition the member does not hold
+//! (it moved between the fetch and the run) is settled as
+//! [`Outcome::NotHeld`], without running it: handed back unacknowledged
+//! for the partition's holder.
+//!
+//! A source splits its reads by partition where it can: one durable
+//! consumer per partition, read by the partition's holder only, so that a
+//! partition moving to another member moves its unacknowledged messages
+//! with it. Server-side partitioning (JetStream's subject-mapped partitions,
+//! Kafka's partitions) is used only where its mapping equals
+//! [`partition_of`](crate::group::partition_of); otherwise each partition's
+//! consumer reads the whole stream and acknowledges at once the messages
+//! of other partitions, a filter on the client that costs one delivery of
+//! each message per partition (a listing source, such as a table, is read
+//! whole by every member and filtered the same way).
 //!
 //! # Example
 //!
@@ -232,11 +240,39 @@ pub trait Source: Send {
         async { Ok(()) }
     }
 
+    /// In a member of a worker group: the partitions the member holds,
+    /// called before a fetch whenever they changed (and before the first).
+    /// A source split by partition (one durable consumer per partition)
+    /// reads from the consumers of these partitions only, and acknowledges
+    /// at once a message whose key is in another partition than its
+    /// consumer's (the consumer of that partition delivers it to its
+    /// holder). The default does nothing: every change is fetched, and
+    /// those of partitions not held are settled [`Outcome::NotHeld`].
+    ///
+    /// # Errors
+    /// When the source cannot switch; [`App::consume`](crate::App::consume)
+    /// returns the error.
+    fn assign(&mut self, assignment: &Assignment) -> impl Future<Output = Result<()>> + Send {
+        let _ = assignment;
+        async { Ok(()) }
+    }
+
     /// How many changes the source holds beyond those settled (its lag),
     /// when it knows. The default is `None`.
     fn lag(&mut self) -> impl Future<Output = Option<u64>> + Send {
         async { None }
     }
+}
+
+/// The partitions of a worker group a member holds (see
+/// [`Source::assign`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assignment {
+    /// The group's partition count.
+    pub partitions: u32,
+    /// The data partitions this member holds, ascending; the partition of a
+    /// key is [`partition_of`](crate::group::partition_of).
+    pub held: Vec<u32>,
 }
 
 /// What a source gives at once.
@@ -440,7 +476,9 @@ pub enum Outcome {
         reason: String,
     },
     /// Its key belongs to a partition this member of a worker group does
-    /// not hold: not applied here.
+    /// not hold (or no longer holds: the partition moved between the fetch
+    /// and the run): not applied here. Hand it back, unacknowledged, for
+    /// the partition's holder, without counting a failure.
     NotHeld,
     /// The run stopped (a shutdown) before applying it: redeliver it,
     /// without counting a failure.
