@@ -269,7 +269,10 @@ impl ToRecord for JetStreamMessage {
 /// source stood when it started, or, with `--live`, until stopped.
 pub async fn run(args: SyncArgs, source: StreamSource) -> Result<u8> {
     let db = Database::parse(&args.into.into)?;
-    let table = args.table.clone().unwrap_or_else(|| DEFAULT_TABLE.to_string());
+    let table = args
+        .table
+        .clone()
+        .unwrap_or_else(|| DEFAULT_TABLE.to_string());
     if let Some(addr) = args.metrics {
         weir::metrics::install_prometheus(addr)?;
         tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
@@ -285,7 +288,10 @@ pub async fn run(args: SyncArgs, source: StreamSource) -> Result<u8> {
         } => {
             let pool = source_pool(&url).await?;
             let options = options.follow(args.live);
-            tracing::info!("syncing PostgreSQL table {table_name} into {}", db.display());
+            tracing::info!(
+                "syncing PostgreSQL table {table_name} into {}",
+                db.display()
+            );
             let mut source = TableSource::connect(pool, options).await?;
             consume(&target, &mut source, &db, &table).await
         }
@@ -418,12 +424,21 @@ fn summarize(report: &ConsumeReport, db: &Database, table: &str, interrupted: bo
         .iter()
         .filter(|f| !f.is_root_pending())
         .collect();
-    for f in &failed {
+    for f in failed.iter().take(MAX_FAILURES_SHOWN) {
         eprintln!(
             "failed: {}: {}",
             f.path.to_string().trim_start_matches('/'),
             f.cause
         );
+    }
+    if failed.len() > MAX_FAILURES_SHOWN {
+        eprintln!(
+            "failed: {} more (RUST_LOG=debug lists each)",
+            failed.len() - MAX_FAILURES_SHOWN
+        );
+        for f in &failed[MAX_FAILURES_SHOWN..] {
+            tracing::debug!("failed: {}: {}", f.path, f.cause);
+        }
     }
     if interrupted {
         eprintln!("interrupted: what was acknowledged is committed; the rest is delivered again by the next sync");
@@ -452,6 +467,9 @@ pub fn check_directory_args(args: &SyncArgs) -> Result<()> {
     }
 }
 
+/// The most failed items the summary lists one by one.
+const MAX_FAILURES_SHOWN: usize = 20;
+
 /// The JetStream consumer's name, unless `--consumer` names another.
 pub const DEFAULT_CONSUMER: &str = "weir";
 
@@ -472,7 +490,9 @@ mod tests {
 
     #[test]
     fn a_postgres_source_url_without_a_table_is_an_error_saying_so() {
-        let err = parse("postgres://u:secret@h/db").err().map(|e| e.to_string());
+        let err = parse("postgres://u:secret@h/db")
+            .err()
+            .map(|e| e.to_string());
         let err = err.unwrap_or_default();
         assert!(err.contains("?table=NAME"), "{err}");
         assert!(!err.contains("secret"), "{err}");
@@ -480,7 +500,8 @@ mod tests {
 
     #[test]
     fn a_nats_source_url_names_server_and_stream() {
-        let Ok(Some(StreamSource::Nats { url, stream })) = parse("nats://u:p@127.0.0.1:4222/ORDERS")
+        let Ok(Some(StreamSource::Nats { url, stream })) =
+            parse("nats://u:p@127.0.0.1:4222/ORDERS")
         else {
             panic!("not parsed");
         };

@@ -193,6 +193,36 @@ impl Env {
         self.spawn_sync(&live)
     }
 
+    /// `weir sync SOURCE --into INTO --ledger LEDGER extra...`, for a
+    /// source that is not the tree (a table or a stream's URL).
+    pub fn sync_source(&self, source: &str, into: &str, extra: &[&str]) -> Output {
+        self.weir(&self.source_args(source, into, extra))
+    }
+
+    /// Starts `weir sync SOURCE --into INTO --ledger LEDGER extra...`.
+    pub fn spawn_source(&self, source: &str, into: &str, extra: &[&str]) -> Child {
+        let args = self.source_args(source, into, extra);
+        cmd::spawn(self.tmp.path(), &args, None)
+    }
+
+    fn source_args<'a>(
+        &'a self,
+        source: &'a str,
+        into: &'a str,
+        extra: &[&'a str],
+    ) -> Vec<&'a str> {
+        let mut args = vec![
+            "sync",
+            source,
+            "--into",
+            into,
+            "--ledger",
+            self.ledger.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        args
+    }
+
     /// `weir inspect --ledger LEDGER`.
     pub fn inspect(&self) -> Output {
         self.weir(&["inspect", "--ledger", self.ledger.to_str().unwrap()])
@@ -503,4 +533,22 @@ pub async fn while_live(
     let stopped = cmd::terminate(&mut live, Duration::from_secs(30));
     outcome?;
     Ok(stopped)
+}
+
+/// Polls `f` every 20 ms until it holds; whether it did within `limit`.
+pub async fn wait_until<F, Fut>(limit: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = Instant::now() + limit;
+    loop {
+        if f().await {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
