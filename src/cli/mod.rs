@@ -42,7 +42,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Sync a directory into the database (once, or continuously with --live).
-    Sync(SyncArgs),
+    Sync(Box<SyncArgs>),
     /// Show what the ledger tracks: target states, failed files, size.
     Inspect(InspectArgs),
     /// Sync again just the files that failed in the last sync.
@@ -235,7 +235,7 @@ pub fn init_logging(verbose: u8) {
 /// Runs the command; returns the process exit code.
 pub async fn run(cli: Cli) -> u8 {
     let result = match cli.command {
-        Command::Sync(args) => sync::run(args).await,
+        Command::Sync(args) => sync::run(*args).await,
         Command::Inspect(args) => inspect::run(args).await,
         Command::Retry(args) => sync::retry(args).await,
         Command::Drop(args) => drop::run(args).await,
