@@ -57,8 +57,10 @@
 //! bytes). Installing is idempotent (`CREATE OR REPLACE FUNCTION`, and the
 //! trigger dropped and created again); weir never installs it otherwise.
 //! Remove it with `DROP TRIGGER weir_notify ON <table>`. The source then
-//! `LISTEN`s on the channel with a connection of the pool; when that
-//! connection is lost, it checks the table, polls, and listens again.
+//! `LISTEN`s on the channel with a connection it takes from the pool for
+//! as long as it lives (give the pool one more connection than it needs
+//! otherwise); when that connection is lost, it checks the table, polls,
+//! and listens again.
 //!
 //! [`next_batch`](Source::next_batch) is cancel-safe: a wait dropped
 //! (at shutdown) loses nothing, and a listing dropped before it is
