@@ -55,10 +55,10 @@ impl Plan {
         };
         let hashed = match &table.ordinal {
             Some(c) => format!("ROW({order}, t.{})::text", quote_identifier(&c.name)),
-            None => "to_jsonb(t.*)::text".to_string(),
+            None => "(t.*)::text".to_string(),
         };
         let mark = format!(
-            "SELECT count(*)::int8, coalesce(sum(hashtextextended({hashed}, 0)::numeric), 0)::text {from}"
+            "SELECT count(*)::int8, coalesce(sum(hashtextextended({hashed}, 0)), 0)::text {from}"
         );
         let load = format!(
             "SELECT {keys}{ordinal}{row} {from} WHERE ({order}) IN ({})",
@@ -119,15 +119,22 @@ fn unnest_keys(table: &Table) -> String {
 }
 
 /// Lists the table from one snapshot (`REPEATABLE READ`), with the mark of
-/// that snapshot. Payloads are given in snapshot mode, left to `loader`
-/// in incremental mode.
-pub(super) async fn list(pool: &PgPool, plan: &Arc<Plan>) -> Result<(Listing<SourceRow>, Mark)> {
+/// that snapshot when `marked` (live mode). Payloads are given in snapshot
+/// mode, left to a loader in incremental mode.
+pub(super) async fn list(
+    pool: &PgPool,
+    plan: &Arc<Plan>,
+    marked: bool,
+) -> Result<(Listing<SourceRow>, Option<Mark>)> {
     let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
     let rows = sqlx::query(&plan.list).fetch_all(&mut *tx).await?;
-    let mark = read_mark(&mut tx, plan).await?;
+    let mark = match marked {
+        true => Some(read_mark(&mut tx, plan).await?),
+        false => None,
+    };
     tx.commit().await?;
     let items = if plan.incremental() {
         lazy_items(&plan.table, &rows)?
