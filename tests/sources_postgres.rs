@@ -624,7 +624,11 @@ async fn listeners(pool: &PgPool, table: &str) -> Vec<i32> {
 async fn a_lost_listen_connection_falls_back_to_polling_and_listens_again() {
     with_table("src_live_lost", |pool, table| async move {
         let t = quote_identifier(&table);
-        exec(&pool, &format!("CREATE TABLE {t} (id int PRIMARY KEY, name text)")).await;
+        exec(
+            &pool,
+            &format!("CREATE TABLE {t} (id int PRIMARY KEY, name text)"),
+        )
+        .await;
         exec(&pool, &format!("INSERT INTO {t} VALUES (1, 'one')")).await;
         let dir = tempfile::tempdir()?;
         let app = app(dir.path()).await?;
@@ -638,7 +642,11 @@ async fn a_lost_listen_connection_falls_back_to_polling_and_listens_again() {
             settles(&rig, &pool, &table, Duration::from_secs(10)).await;
             let before = listeners(&pool, &table).await;
             assert_eq!(before.len(), 1, "{before:?}");
-            exec(&pool, &format!("SELECT pg_terminate_backend({})", before[0])).await;
+            exec(
+                &pool,
+                &format!("SELECT pg_terminate_backend({})", before[0]),
+            )
+            .await;
             exec(&pool, &format!("INSERT INTO {t} VALUES (2, 'two')")).await;
             settles(&rig, &pool, &table, Duration::from_secs(1)).await;
             let start = Instant::now();
@@ -647,7 +655,10 @@ async fn a_lost_listen_connection_falls_back_to_polling_and_listens_again() {
                 if now.len() == 1 && now != before {
                     break;
                 }
-                assert!(start.elapsed() < Duration::from_secs(5), "no new listener: {now:?}");
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "no new listener: {now:?}"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             exec(&pool, &format!("UPDATE {t} SET name = 'uno' WHERE id = 1")).await;
