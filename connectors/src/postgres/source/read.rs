@@ -356,3 +356,83 @@ impl RowLoader {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::source::catalog::Column;
+
+    fn column(name: &str, ty: &str, kind: KeyKind) -> Column {
+        Column {
+            name: name.to_string(),
+            ty: ty.to_string(),
+            kind,
+        }
+    }
+
+    fn table(key: Vec<Column>, ordinal: Option<Column>) -> Table {
+        Table {
+            schema: "public".to_string(),
+            name: "a\"b".to_string(),
+            is_table: true,
+            key,
+            ordinal,
+        }
+    }
+
+    #[test]
+    fn names_are_quoted_and_keys_are_bound_as_text_arrays_cast_back() {
+        let t = table(
+            vec![
+                column("re\"gion", "text", KeyKind::Text),
+                column("id", "integer", KeyKind::Int),
+            ],
+            Some(column("rev", "bigint", KeyKind::Int)),
+        );
+        let plan = Plan::new(t);
+        assert_eq!(
+            plan.list,
+            r#"SELECT t."re""gion"::text, t."id"::text, t."rev"::text FROM "public"."a""b" AS t ORDER BY t."re""gion", t."id""#
+        );
+        assert!(
+            plan.load.ends_with(
+                r#"WHERE (t."re""gion", t."id") IN (SELECT u.c1::text, u.c2::integer FROM UNNEST($1::text[], $2::text[]) AS u(c1, c2))"#
+            ),
+            "{}",
+            plan.load
+        );
+    }
+
+    #[test]
+    fn stable_keys_round_trip_through_the_texts_the_loader_binds() {
+        let t = table(
+            vec![
+                column("id", "bigint", KeyKind::Int),
+                column("u", "uuid", KeyKind::Uuid),
+                column("s", "text", KeyKind::Text),
+            ],
+            None,
+        );
+        let texts = vec![
+            "-42".to_string(),
+            "67e55044-10b1-426f-9247-bb680e5fe0c8".to_string(),
+            "x y".to_string(),
+        ];
+        let key = stable_key(&t, &texts).ok();
+        let back = key.as_ref().and_then(|k| key_part_texts(&t, k).ok());
+        assert_eq!(back, Some(texts));
+        assert!(matches!(key, Some(StableKey::Array(ref parts)) if parts.len() == 3));
+    }
+
+    #[test]
+    fn a_one_column_integer_key_is_an_int_and_a_bad_one_names_its_column() {
+        let t = table(vec![column("id", "integer", KeyKind::Int)], None);
+        assert_eq!(
+            stable_key(&t, &["7".to_string()]).ok(),
+            Some(StableKey::Int(7))
+        );
+        let err = stable_key(&t, &["seven".to_string()]).err();
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("key column `id`"), "{text}");
+    }
+}
