@@ -608,3 +608,66 @@ async fn names_with_quotes_and_semicolons_are_quoted_not_injected() {
     })
     .await;
 }
+
+/// The process ids of the connections listening to `table`'s channel.
+async fn listeners(pool: &PgPool, table: &str) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN %' AND strpos(query, $1) > 0",
+    )
+    .bind(format!("weir:public.{table}"))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_listen_connection_falls_back_to_polling_and_listens_again() {
+    with_table("src_live_lost", |pool, table| async move {
+        let t = quote_identifier(&table);
+        exec(
+            &pool,
+            &format!("CREATE TABLE {t} (id int PRIMARY KEY, name text)"),
+        )
+        .await;
+        exec(&pool, &format!("INSERT INTO {t} VALUES (1, 'one')")).await;
+        let dir = tempfile::tempdir()?;
+        let app = app(dir.path()).await?;
+        let (rig, seen) = (Rig::new(), Seen::default());
+        let options = TableSourceOptions::new(&table)
+            .follow(true)
+            .notify(true)
+            .poll_interval(Duration::from_millis(300));
+        let mut source = TableSource::connect(pool.clone(), options).await?;
+        let driver = async {
+            settles(&rig, &pool, &table, Duration::from_secs(10)).await;
+            let before = listeners(&pool, &table).await;
+            assert_eq!(before.len(), 1, "{before:?}");
+            exec(
+                &pool,
+                &format!("SELECT pg_terminate_backend({})", before[0]),
+            )
+            .await;
+            exec(&pool, &format!("INSERT INTO {t} VALUES (2, 'two')")).await;
+            settles(&rig, &pool, &table, Duration::from_secs(1)).await;
+            let start = Instant::now();
+            loop {
+                let now = listeners(&pool, &table).await;
+                if now.len() == 1 && now != before {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "no new listener: {now:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            exec(&pool, &format!("UPDATE {t} SET name = 'uno' WHERE id = 1")).await;
+            settles(&rig, &pool, &table, Duration::from_secs(1)).await;
+            app.shutdown_handle().shutdown();
+        };
+        let (report, ()) = tokio::join!(consume(&app, &mut source, &rig, &seen), driver);
+        report?;
+        Ok(())
+    })
+    .await;
+}

@@ -42,8 +42,8 @@
 //!
 //! A live source checks whether the table changed by comparing a *mark*
 //! with the last listing's: the row count and the sum of a hash of each
-//! row (snapshot mode) or of each key and ordinal (incremental mode),
-//! computed by the server in one scan. It checks every
+//! row's text (snapshot mode) or of each key and ordinal (incremental
+//! mode), computed by the server in one scan. It checks every
 //! [`poll_interval`](TableSourceOptions::poll_interval) (1 s by default),
 //! and, with [`TableSourceOptions::notify`], about 75 ms after a
 //! notification.
@@ -57,8 +57,10 @@
 //! bytes). Installing is idempotent (`CREATE OR REPLACE FUNCTION`, and the
 //! trigger dropped and created again); weir never installs it otherwise.
 //! Remove it with `DROP TRIGGER weir_notify ON <table>`. The source then
-//! `LISTEN`s on the channel with a connection of the pool; when that
-//! connection is lost, it checks the table, polls, and listens again.
+//! `LISTEN`s on the channel with a connection it takes from the pool for
+//! as long as it lives (give the pool one more connection than it needs
+//! otherwise); when that connection is lost, it checks the table, polls,
+//! and listens again.
 //!
 //! [`next_batch`](Source::next_batch) is cancel-safe: a wait dropped
 //! (at shutdown) loses nothing, and a listing dropped before it is
@@ -216,7 +218,9 @@ pub struct TableSource {
     name: String,
     follow: bool,
     watch: Option<Watch>,
-    /// The mark of the last listing returned; `None` before the first.
+    /// Whether a listing was returned.
+    listed: bool,
+    /// The mark of the last listing returned, in live mode.
     last: Option<Mark>,
 }
 
@@ -253,6 +257,7 @@ impl TableSource {
             name,
             follow: options.follow,
             watch,
+            listed: false,
             last: None,
         })
     }
@@ -264,8 +269,9 @@ impl TableSource {
 
     /// The listing of the table, noted as the last one returned.
     async fn listing(&mut self) -> Result<Batch<SourceRow, ()>> {
-        let (listing, mark) = read::list(&self.pool, &self.plan).await?;
-        self.last = Some(mark);
+        let (listing, mark) = read::list(&self.pool, &self.plan, self.follow).await?;
+        self.listed = true;
+        self.last = mark;
         Ok(Batch::Listing(listing))
     }
 
@@ -314,7 +320,7 @@ impl Source for TableSource {
     }
 
     async fn next_batch(&mut self, _max: usize) -> Result<Option<Batch<SourceRow, ()>>> {
-        if self.last.is_some() {
+        if self.listed {
             if !self.follow {
                 return Ok(None);
             }

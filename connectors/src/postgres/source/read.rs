@@ -55,10 +55,10 @@ impl Plan {
         };
         let hashed = match &table.ordinal {
             Some(c) => format!("ROW({order}, t.{})::text", quote_identifier(&c.name)),
-            None => "to_jsonb(t.*)::text".to_string(),
+            None => "(t.*)::text".to_string(),
         };
         let mark = format!(
-            "SELECT count(*)::int8, coalesce(sum(hashtextextended({hashed}, 0)::numeric), 0)::text {from}"
+            "SELECT count(*)::int8, coalesce(sum(hashtextextended({hashed}, 0)), 0)::text {from}"
         );
         let load = format!(
             "SELECT {keys}{ordinal}{row} {from} WHERE ({order}) IN ({})",
@@ -119,15 +119,22 @@ fn unnest_keys(table: &Table) -> String {
 }
 
 /// Lists the table from one snapshot (`REPEATABLE READ`), with the mark of
-/// that snapshot. Payloads are given in snapshot mode, left to `loader`
-/// in incremental mode.
-pub(super) async fn list(pool: &PgPool, plan: &Arc<Plan>) -> Result<(Listing<SourceRow>, Mark)> {
+/// that snapshot when `marked` (live mode). Payloads are given in snapshot
+/// mode, left to a loader in incremental mode.
+pub(super) async fn list(
+    pool: &PgPool,
+    plan: &Arc<Plan>,
+    marked: bool,
+) -> Result<(Listing<SourceRow>, Option<Mark>)> {
     let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
     let rows = sqlx::query(&plan.list).fetch_all(&mut *tx).await?;
-    let mark = read_mark(&mut tx, plan).await?;
+    let mark = match marked {
+        true => Some(read_mark(&mut tx, plan).await?),
+        false => None,
+    };
     tx.commit().await?;
     let items = if plan.incremental() {
         lazy_items(&plan.table, &rows)?
@@ -347,5 +354,85 @@ impl RowLoader {
                 source_row(table, texts, ordinal, &json)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::source::catalog::Column;
+
+    fn column(name: &str, ty: &str, kind: KeyKind) -> Column {
+        Column {
+            name: name.to_string(),
+            ty: ty.to_string(),
+            kind,
+        }
+    }
+
+    fn table(key: Vec<Column>, ordinal: Option<Column>) -> Table {
+        Table {
+            schema: "public".to_string(),
+            name: "a\"b".to_string(),
+            is_table: true,
+            key,
+            ordinal,
+        }
+    }
+
+    #[test]
+    fn names_are_quoted_and_keys_are_bound_as_text_arrays_cast_back() {
+        let t = table(
+            vec![
+                column("re\"gion", "text", KeyKind::Text),
+                column("id", "integer", KeyKind::Int),
+            ],
+            Some(column("rev", "bigint", KeyKind::Int)),
+        );
+        let plan = Plan::new(t);
+        assert_eq!(
+            plan.list,
+            r#"SELECT t."re""gion"::text, t."id"::text, t."rev"::text FROM "public"."a""b" AS t ORDER BY t."re""gion", t."id""#
+        );
+        assert!(
+            plan.load.ends_with(
+                r#"WHERE (t."re""gion", t."id") IN (SELECT u.c1::text, u.c2::integer FROM UNNEST($1::text[], $2::text[]) AS u(c1, c2))"#
+            ),
+            "{}",
+            plan.load
+        );
+    }
+
+    #[test]
+    fn stable_keys_round_trip_through_the_texts_the_loader_binds() {
+        let t = table(
+            vec![
+                column("id", "bigint", KeyKind::Int),
+                column("u", "uuid", KeyKind::Uuid),
+                column("s", "text", KeyKind::Text),
+            ],
+            None,
+        );
+        let texts = vec![
+            "-42".to_string(),
+            "67e55044-10b1-426f-9247-bb680e5fe0c8".to_string(),
+            "x y".to_string(),
+        ];
+        let key = stable_key(&t, &texts).ok();
+        let back = key.as_ref().and_then(|k| key_part_texts(&t, k).ok());
+        assert_eq!(back, Some(texts));
+        assert!(matches!(key, Some(StableKey::Array(ref parts)) if parts.len() == 3));
+    }
+
+    #[test]
+    fn a_one_column_integer_key_is_an_int_and_a_bad_one_names_its_column() {
+        let t = table(vec![column("id", "integer", KeyKind::Int)], None);
+        assert_eq!(
+            stable_key(&t, &["7".to_string()]).ok(),
+            Some(StableKey::Int(7))
+        );
+        let err = stable_key(&t, &["seven".to_string()]).err();
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("key column `id`"), "{text}");
     }
 }
