@@ -15,10 +15,11 @@ use super::connect::Place;
 const ANSWER_GRACE: Duration = Duration::from_secs(10);
 
 /// Up to `max` messages the server can deliver at once, without waiting
-/// for new ones.
+/// for new ones (after `pause` if the server answers with an error).
 pub(super) async fn ready(
     consumer: &PullConsumer,
     max: usize,
+    pause: Duration,
     place: &Place,
 ) -> Result<Vec<Message>> {
     let batch = consumer
@@ -27,7 +28,7 @@ pub(super) async fn ready(
         .messages()
         .await
         .map_err(|e| place.error("cannot request messages", e))?;
-    collect(batch, ANSWER_GRACE, place).await
+    collect(batch, ANSWER_GRACE, pause, place).await
 }
 
 /// The first message to become deliverable within `wait`, if any.
@@ -43,13 +44,20 @@ pub(super) async fn first_within(
         .messages()
         .await
         .map_err(|e| place.error("cannot request messages", e))?;
-    collect(batch, wait + ANSWER_GRACE, place).await
+    collect(batch, wait + ANSWER_GRACE, wait, place).await
 }
 
-/// The messages of one pull request's answer. An error after some
-/// messages keeps them (they are settled as usual); an error before any is
-/// returned.
-async fn collect<S>(mut batch: S, within: Duration, place: &Place) -> Result<Vec<Message>>
+/// The messages of one pull request's answer. The server can end an
+/// answer with an error status (such as 409 when the consumer has as many
+/// messages awaiting acknowledgement as it allows): the messages received
+/// before it are kept; with none, the error is logged and, after `pause`,
+/// no message is returned, so that the caller asks again.
+async fn collect<S>(
+    mut batch: S,
+    within: Duration,
+    pause: Duration,
+    place: &Place,
+) -> Result<Vec<Message>>
 where
     S: futures::Stream<Item = std::result::Result<Message, async_nats::Error>> + Unpin,
 {
@@ -66,11 +74,11 @@ where
         match next {
             None => return Ok(messages),
             Some(Ok(message)) => messages.push(message),
-            Some(Err(e)) if messages.is_empty() => {
-                return Err(place.error("cannot read messages", e));
-            }
             Some(Err(e)) => {
                 tracing::warn!("{place}: a pull request ended early: {e}");
+                if messages.is_empty() {
+                    tokio::time::sleep(pause).await;
+                }
                 return Ok(messages);
             }
         }

@@ -206,7 +206,7 @@ impl JetStreamSource {
     /// request are redelivered after the consumer's acknowledgement wait.
     async fn next_messages(&mut self, max: usize) -> Result<Option<Vec<Message>>> {
         loop {
-            let ready = fetch::ready(&self.consumer, max, &self.place).await?;
+            let ready = fetch::ready(&self.consumer, max, self.fetch_wait, &self.place).await?;
             if !ready.is_empty() {
                 return Ok(Some(ready));
             }
@@ -220,7 +220,9 @@ impl JetStreamSource {
             }
             if max > arrived.len() {
                 let more = max - arrived.len();
-                arrived.extend(fetch::ready(&self.consumer, more, &self.place).await?);
+                arrived.extend(
+                    fetch::ready(&self.consumer, more, self.fetch_wait, &self.place).await?,
+                );
             }
             return Ok(Some(arrived));
         }
