@@ -1,9 +1,17 @@
 //! Pull requests: the messages ready now, or the first one to arrive.
+//!
+//! A pull request's answer is read into a [`Pull`] that the source keeps,
+//! so that reading it is cancel-safe: a read cancelled (by a shutdown)
+//! goes on at the next call, and a source dropped with a request still
+//! open hands the messages that still arrive back to the server at once
+//! (a negative acknowledgement without delay), rather than leaving them to
+//! the consumer's acknowledgement wait.
 
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::pull::Batch;
 use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::jetstream::Message;
+use async_nats::jetstream::{AckKind, Message};
 use futures::StreamExt;
 use weir_actors::Result;
 
@@ -14,65 +22,117 @@ use super::connect::Place;
 /// connection).
 const ANSWER_GRACE: Duration = Duration::from_secs(10);
 
-/// Up to `max` messages the server can deliver at once, without waiting
-/// for new ones.
-pub(super) async fn ready(
-    consumer: &PullConsumer,
-    max: usize,
-    place: &Place,
-) -> Result<Vec<Message>> {
-    let batch = consumer
-        .fetch()
-        .max_messages(max)
-        .messages()
-        .await
-        .map_err(|e| place.error("cannot request messages", e))?;
-    collect(batch, ANSWER_GRACE, place).await
+/// An open pull request: its answer so far.
+pub(super) struct Pull {
+    batch: Batch,
+    received: Vec<Message>,
+    deadline: tokio::time::Instant,
+    /// How long to wait before asking again after an error status.
+    pause: Duration,
 }
 
-/// The first message to become deliverable within `wait`, if any.
-pub(super) async fn first_within(
-    consumer: &PullConsumer,
-    wait: Duration,
-    place: &Place,
-) -> Result<Vec<Message>> {
-    let batch = consumer
-        .batch()
-        .max_messages(1)
-        .expires(wait)
-        .messages()
-        .await
-        .map_err(|e| place.error("cannot request messages", e))?;
-    collect(batch, wait + ANSWER_GRACE, place).await
-}
+impl Pull {
+    /// Asks for up to `max` messages the server can deliver at once,
+    /// without waiting for new ones.
+    pub async fn ready(
+        consumer: &PullConsumer,
+        max: usize,
+        pause: Duration,
+        place: &Place,
+    ) -> Result<Self> {
+        let batch = consumer
+            .fetch()
+            .max_messages(max)
+            .messages()
+            .await
+            .map_err(|e| place.error("cannot request messages", e))?;
+        Ok(Self::of(batch, ANSWER_GRACE, pause))
+    }
 
-/// The messages of one pull request's answer. An error after some
-/// messages keeps them (they are settled as usual); an error before any is
-/// returned.
-async fn collect<S>(mut batch: S, within: Duration, place: &Place) -> Result<Vec<Message>>
-where
-    S: futures::Stream<Item = std::result::Result<Message, async_nats::Error>> + Unpin,
-{
-    let mut messages = Vec::new();
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let next = match tokio::time::timeout_at(deadline, batch.next()).await {
-            Ok(next) => next,
-            Err(_) => {
-                tracing::warn!("{place}: a pull request was not answered in {within:?}");
-                return Ok(messages);
-            }
-        };
-        match next {
-            None => return Ok(messages),
-            Some(Ok(message)) => messages.push(message),
-            Some(Err(e)) if messages.is_empty() => {
-                return Err(place.error("cannot read messages", e));
-            }
-            Some(Err(e)) => {
-                tracing::warn!("{place}: a pull request ended early: {e}");
-                return Ok(messages);
+    /// Asks for the first message to become deliverable within `wait`.
+    pub async fn first_within(
+        consumer: &PullConsumer,
+        wait: Duration,
+        place: &Place,
+    ) -> Result<Self> {
+        let batch = consumer
+            .batch()
+            .max_messages(1)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| place.error("cannot request messages", e))?;
+        Ok(Self::of(batch, wait + ANSWER_GRACE, wait))
+    }
+
+    fn of(batch: Batch, within: Duration, pause: Duration) -> Self {
+        Self {
+            batch,
+            received: Vec::new(),
+            deadline: tokio::time::Instant::now() + within,
+            pause,
+        }
+    }
+
+    /// Reads the answer to its end. Cancel-safe: what was received is kept
+    /// for the next call.
+    ///
+    /// The server can end an answer with an error status (such as 409 when
+    /// the consumer has as many messages awaiting acknowledgement as it
+    /// allows): the messages received before it are kept; with none, the
+    /// error is logged and, after a pause, no message is returned, so that
+    /// the caller asks again.
+    pub async fn answer(&mut self, place: &Place) -> Vec<Message> {
+        loop {
+            let next = match tokio::time::timeout_at(self.deadline, self.batch.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    tracing::warn!("{place}: a pull request was not answered in time");
+                    return std::mem::take(&mut self.received);
+                }
+            };
+            match next {
+                None => return std::mem::take(&mut self.received),
+                Some(Ok(message)) => self.received.push(message),
+                Some(Err(e)) => {
+                    tracing::warn!("{place}: a pull request ended early: {e}");
+                    if self.received.is_empty() {
+                        tokio::time::sleep(self.pause).await;
+                    }
+                    return std::mem::take(&mut self.received);
+                }
             }
         }
+    }
+
+    /// Hands back what was received and what still arrives until the
+    /// request ends, in a task of the current runtime (if there is one).
+    pub fn hand_back(self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let Self {
+                mut batch,
+                received,
+                deadline,
+                ..
+            } = self;
+            for message in received {
+                nak(&message).await;
+            }
+            while let Ok(Some(Ok(message))) = tokio::time::timeout_at(deadline, batch.next()).await
+            {
+                nak(&message).await;
+            }
+        });
+    }
+}
+
+/// Asks the server to redeliver a message at once (best effort: otherwise
+/// it is redelivered after the acknowledgement wait).
+async fn nak(message: &Message) {
+    if let Err(e) = message.ack_with(AckKind::Nak(None)).await {
+        tracing::debug!("handing back a message of a closed source failed: {e}");
     }
 }

@@ -42,8 +42,13 @@
 //!   published with core NATS: capture the subject with a stream to keep
 //!   the copies.
 //! - A message whose run was interrupted by a shutdown is negatively
-//!   acknowledged without delay; a message in a batch whose fetch was
-//!   cancelled is redelivered by the server after its acknowledgement wait.
+//!   acknowledged without delay, so it is redelivered at once.
+//! - Fetching is cancel-safe: the pull request being read is kept by the
+//!   source and read on at the next call, and a source dropped with one
+//!   open negatively acknowledges what still arrives for it (in a task of
+//!   the current tokio runtime, until the request expires). Only a process
+//!   that stops before then leaves messages to the server's
+//!   acknowledgement wait.
 //!
 //! # Bounded and live reads
 //!
@@ -117,6 +122,7 @@ use weir_actors::source::{Batch, Change, Settled, Source};
 use weir_actors::Result;
 
 use connect::Place;
+use fetch::Pull;
 use message::Mapping;
 use settle::Settler;
 
@@ -140,6 +146,20 @@ pub struct JetStreamSource {
     /// The stream's last sequence at connect time: where a bounded read
     /// ends.
     end: u64,
+    /// The pull request being read, kept while it is read so that a
+    /// cancelled read loses nothing.
+    open: Option<Pull>,
+}
+
+impl Drop for JetStreamSource {
+    /// Hands the messages of a pull request still open back to the server
+    /// at once, so that they are redelivered without waiting for the
+    /// acknowledgement wait.
+    fn drop(&mut self) {
+        if let Some(open) = self.open.take() {
+            open.hand_back();
+        }
+    }
 }
 
 impl std::fmt::Debug for JetStreamSource {
@@ -189,6 +209,7 @@ impl JetStreamSource {
             fetch_wait: options.fetch_wait,
             dead_letter: options.dead_letter_subject,
             end,
+            open: None,
         })
     }
 
@@ -202,28 +223,60 @@ impl JetStreamSource {
     /// within a fetch wait, with those ready after it. `None` when a
     /// bounded read is done.
     ///
-    /// Cancel-safe as far as the server goes: messages of a cancelled pull
-    /// request are redelivered after the consumer's acknowledgement wait.
+    /// Cancel-safe: the pull request being read is kept in the source,
+    /// and read on at the next call.
     async fn next_messages(&mut self, max: usize) -> Result<Option<Vec<Message>>> {
         loop {
-            let ready = fetch::ready(&self.consumer, max, &self.place).await?;
-            if !ready.is_empty() {
-                return Ok(Some(ready));
+            let left_open = self.read_open().await;
+            if !left_open.is_empty() {
+                return Ok(Some(self.top_up(left_open, max).await?));
+            }
+            let ready = Pull::ready(&self.consumer, max, self.fetch_wait, &self.place).await?;
+            let messages = self.pull(ready).await;
+            if !messages.is_empty() {
+                return Ok(Some(messages));
             }
             if !self.follow && self.read_to_end().await? {
                 return Ok(None);
             }
-            let mut arrived =
-                fetch::first_within(&self.consumer, self.fetch_wait, &self.place).await?;
-            if arrived.is_empty() {
-                continue;
+            let wait = Pull::first_within(&self.consumer, self.fetch_wait, &self.place).await?;
+            let arrived = self.pull(wait).await;
+            if !arrived.is_empty() {
+                return Ok(Some(self.top_up(arrived, max).await?));
             }
-            if max > arrived.len() {
-                let more = max - arrived.len();
-                arrived.extend(fetch::ready(&self.consumer, more, &self.place).await?);
-            }
-            return Ok(Some(arrived));
         }
+    }
+
+    /// The answer of the pull request left open by a cancelled call, if
+    /// any.
+    async fn read_open(&mut self) -> Vec<Message> {
+        match self.open.as_mut() {
+            Some(open) => {
+                let messages = open.answer(&self.place).await;
+                self.open = None;
+                messages
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Reads the answer of `pull`, kept open in the source while it is
+    /// read.
+    async fn pull(&mut self, pull: Pull) -> Vec<Message> {
+        let open = self.open.insert(pull);
+        let messages = open.answer(&self.place).await;
+        self.open = None;
+        messages
+    }
+
+    /// `messages`, with those ready now up to `max` in all.
+    async fn top_up(&mut self, mut messages: Vec<Message>, max: usize) -> Result<Vec<Message>> {
+        if max > messages.len() {
+            let more = max - messages.len();
+            let ready = Pull::ready(&self.consumer, more, self.fetch_wait, &self.place).await?;
+            messages.extend(self.pull(ready).await);
+        }
+        Ok(messages)
     }
 
     /// Whether every message up to the end of a bounded read is
