@@ -420,18 +420,6 @@ impl App {
         Ok(Some(status))
     }
 
-    /// In a worker group, the partitions this member holds now (as its
-    /// last run acquired them); `None` outside a group.
-    pub fn assignment(&self) -> Option<crate::source::Assignment> {
-        let holding = self.engine.member.as_ref()?.holding();
-        let mut held = holding.data();
-        held.sort_unstable();
-        Some(crate::source::Assignment {
-            partitions: holding.partitions,
-            held,
-        })
-    }
-
     /// In a worker group, the data partitions this member has completed a
     /// pass of, sorted (empty outside a group).
     pub fn synced_partitions(&self) -> Vec<u32> {

@@ -251,6 +251,20 @@ impl App {
     }
 }
 
+impl App {
+    /// In a worker group, the partitions this member holds now (as its
+    /// last run acquired them); `None` outside a group.
+    pub fn assignment(&self) -> Option<Assignment> {
+        let holding = self.engine.member.as_ref()?.holding();
+        let mut held = holding.data();
+        held.sort_unstable();
+        Some(Assignment {
+            partitions: holding.partitions,
+            held,
+        })
+    }
+}
+
 /// The state of one [`App::consume`] call.
 struct Consumer<'a> {
     app: &'a App,
