@@ -257,6 +257,10 @@ impl JetStreamSource {
                 if !self.read.pending.is_empty() {
                     return Ok(Some(std::mem::take(&mut self.read.pending)));
                 }
+            } else if self.assignment.is_some() {
+                // Idle in a worker group: an empty batch, whose empty run
+                // takes up the partitions assigned to this member meanwhile.
+                return Ok(Some(Vec::new()));
             }
         }
     }
