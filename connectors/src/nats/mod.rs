@@ -41,7 +41,8 @@
 //!   component's error), `Weir-Subject` and `Weir-Sequence`. The copy is
 //!   published with core NATS: capture the subject with a stream to keep
 //!   the copies.
-//! - A message whose run was interrupted by a shutdown is negatively
+//! - A message whose run was interrupted by a shutdown, or whose key's
+//!   partition is not held by this member of a worker group, is negatively
 //!   acknowledged without delay, so it is redelivered at once.
 //! - Fetching is cancel-safe: the pull request being read is kept by the
 //!   source and read on at the next call, and a source dropped with one
@@ -64,17 +65,49 @@
 //! A batch holds at most `max_in_flight` messages, fetched once the last
 //! batch is settled: no more messages are unacknowledged at once.
 //! [`lag`](Source::lag) is the consumer's count of messages not yet
-//! delivered plus those awaiting acknowledgement.
+//! delivered plus those awaiting acknowledgement (in a worker group,
+//! summed over the consumers read).
 //!
 //! # Worker groups
 //!
-//! In a worker group, each member reads the whole stream through a
-//! consumer of its own (give each member its own
-//! [consumer name](JetStreamOptions::consumer)) and applies only the keys
-//! of the partitions it holds; the others are acknowledged as not held,
-//! since the holder of their partition reads them through its own
-//! consumer. This filter is on the client: every member receives every
-//! message, so N members read the stream N times.
+//! Outside a group the source reads through its one consumer. In a member
+//! of a [worker group](weir_actors::group), once
+//! [`App::consume`](weir_actors::App::consume) has told it the partitions
+//! the member holds ([`Source::assign`]), it reads through **one durable
+//! consumer per partition held**, named after the consumer with `-pN`
+//! appended (`weir-p3`), created if missing with the same settings
+//! (explicit acknowledgements, from the stream's first message). Every
+//! member gives the same [consumer name](JetStreamOptions::consumer): a
+//! partition's consumer holds that partition's position, so a partition
+//! moving to another member moves its unacknowledged messages with it and
+//! nothing is skipped.
+//!
+//! - Each partition's consumer reads the whole stream. A message whose
+//!   key's partition ([`partition_of`](weir_actors::group::partition_of),
+//!   the key taken as above) is another is **acknowledged at once** on
+//!   that consumer and not returned: that partition's consumer delivers it
+//!   to its holder. This filter is on the client, and costs one delivery
+//!   of each message per partition: a group of `P` partitions reads the
+//!   stream `P` times in all, whatever its member count. A publisher
+//!   could avoid it only with server-side partitioning equal to weir's
+//!   function; JetStream's subject-mapped partitions (`partition()`) are
+//!   not, since they hash with FNV-1a alone. The consumers overlap, so the
+//!   stream cannot use the work-queue retention policy.
+//! - Reads go round the consumers of the partitions held, up to
+//!   `max_in_flight` messages in all; a bounded read ends once every one
+//!   of them has reached the stream's last sequence at connect time.
+//! - When the partitions held change, the consumers of those no longer
+//!   held leave the read set: their open pull requests, and the messages
+//!   received but not yet returned, are handed back at once (negative
+//!   acknowledgements without delay).
+//! - A change whose partition moved between the fetch and the run
+//!   ([`Outcome::NotHeld`](weir_actors::source::Outcome::NotHeld)) is
+//!   negatively acknowledged without delay, never acknowledged: its
+//!   partition's new holder receives it through the same consumer.
+//! - A read that waits a whole [fetch wait](JetStreamOptions::fetch_wait)
+//!   without a message returns an empty batch, so that the member's next
+//!   (empty) run takes up partitions assigned to it meanwhile.
+//! - [`lag`](Source::lag) sums the consumers read.
 //!
 //! # Example
 //!
