@@ -1,13 +1,18 @@
 //! The NATS JetStream source (`weir_connectors::nats`) against a real
 //! server at 127.0.0.1:4222 with JetStream: each test makes a stream of
 //! its own, consumes it into a recording sink with `App::consume`, and
-//! deletes the stream at the end.
+//! deletes the stream at the end. The worker-group tests also need the
+//! PostgreSQL coordinator (see `tests/pg`), and drop their group at the
+//! end.
 
 // Test support code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod pg;
 mod support;
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,8 +20,11 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer, stream};
 use async_nats::HeaderMap;
 use futures::StreamExt;
+use sqlx::PgPool;
 use support::*;
 use weir::connectors::nats::{JetStreamOptions, JetStreamSource};
+use weir::connectors::postgres::PostgresCoordinator;
+use weir::group::{partition_of, Coordinator, WorkerGroup};
 use weir::prelude::*;
 use weir::source::{ConsumeOptions, ConsumeReport};
 
@@ -105,7 +113,29 @@ async fn consume(
     rig: &Rig,
     options: ConsumeOptions,
 ) -> Result<ConsumeReport> {
-    let handler = rig.handler();
+    consume_into(app, source, rig.handler(), options).await
+}
+
+/// [`consume`] by a member of a worker group. The recording sink lives in
+/// this process and no member of these tests pauses past its lease, so it
+/// is declared to check fences (the engine calls no other sink in a
+/// group).
+async fn consume_in_group(
+    app: &App,
+    source: &mut JetStreamSource,
+    rig: &Rig,
+    options: ConsumeOptions,
+) -> Result<ConsumeReport> {
+    let handler = RowHandler::new(rig.sink().checks_fence());
+    consume_into(app, source, handler, options).await
+}
+
+async fn consume_into(
+    app: &App,
+    source: &mut JetStreamSource,
+    handler: RowHandler,
+    options: ConsumeOptions,
+) -> Result<ConsumeReport> {
     app.consume(source, options, move |ctx, batch| {
         let handler = handler.clone();
         async move {
@@ -354,13 +384,263 @@ async fn a_missing_stream_is_an_error_naming_it_and_the_server_without_the_passw
     );
 }
 
+const PARTITIONS: u32 = 4;
+
+/// A member `id` of the worker group `group` (4 partitions, a lease TTL
+/// of one second), on a ledger in `dir`.
+async fn member(pool: &PgPool, dir: &Path, group: &str, id: &str) -> App {
+    let coordinator = Arc::new(PostgresCoordinator::new(pool.clone()));
+    let group = WorkerGroup::new(group, coordinator)
+        .partitions(PARTITIONS)
+        .lease_ttl(Duration::from_secs(1))
+        .join_delay(Duration::from_millis(50))
+        .member_id(id);
+    app_with(&dir.join(id), |b| b.worker_group(group))
+        .await
+        .unwrap()
+}
+
+/// Removes the group's rows from the coordinator's tables.
+async fn drop_group(pool: &PgPool, group: &str) {
+    PostgresCoordinator::new(pool.clone())
+        .drop_group(group)
+        .await
+        .unwrap();
+}
+
+fn partition(key: &str) -> u32 {
+    partition_of(&key.into_stable_key(), PARTITIONS)
+}
+
+/// Publishes two versions of each of `keys` keys (`k00`…), the second
+/// `<key>-v2`; returns the rows they should land as.
+async fn publish_two_versions(s: &TestStream, keys: usize) -> BTreeMap<String, String> {
+    let mut expected = BTreeMap::new();
+    for version in 1..=2 {
+        for k in 0..keys {
+            let key = format!("k{k:02}");
+            let value = format!("{key}-v{version}");
+            s.publish(&key, &value).await;
+            expected.insert(key, value);
+        }
+    }
+    expected
+}
+
+/// Whether every partition consumer has every message acknowledged.
+async fn every_partition_consumer_settled(s: &TestStream) -> bool {
+    let stream = s.js.get_stream(&s.name).await.unwrap();
+    for p in 0..PARTITIONS {
+        match stream.consumer_info(format!("weir-p{p}")).await {
+            Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+fn following(s: &TestStream) -> JetStreamOptions {
+    s.options()
+        .follow(true)
+        .fetch_wait(Duration::from_millis(200))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_members_of_a_group_share_the_stream_and_every_key_lands_once_with_its_latest_payload()
+{
+    let Some((_, pool)) = pg::server(8).await.unwrap() else {
+        return;
+    };
+    let group = pg::unique("nats_share");
+    let s = TestStream::new("group_share").await;
+    let expected = publish_two_versions(&s, 24).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = tokio::join!(
+        member(&pool, dir.path(), &group, "a"),
+        member(&pool, dir.path(), &group, "b")
+    );
+    let rig = Rig::new();
+    let mut source_a = s.source(following(&s)).await;
+    let mut source_b = s.source(following(&s)).await;
+    let (stop_a, stop_b) = (a.shutdown_handle(), b.shutdown_handle());
+    let stop_when_done = async {
+        wait_long(|| async {
+            rig.store.snapshot() == expected && every_partition_consumer_settled(&s).await
+        })
+        .await;
+        stop_a.shutdown();
+        stop_b.shutdown();
+    };
+
+    let (report_a, report_b, ()) = tokio::join!(
+        consume_in_group(&a, &mut source_a, &rig, quick()),
+        consume_in_group(&b, &mut source_b, &rig, quick()),
+        stop_when_done
+    );
+
+    let (report_a, report_b) = (report_a.unwrap(), report_b.unwrap());
+    assert_eq!(rig.store.snapshot(), expected);
+    assert_eq!(
+        report_a.acknowledged + report_b.acknowledged,
+        48,
+        "each message is applied by one member, once: {report_a:?} {report_b:?}"
+    );
+    assert!(every_partition_consumer_settled(&s).await);
+    a.leave_group().await.unwrap();
+    b.leave_group().await.unwrap();
+    drop_group(&pool, &group).await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn when_a_member_stops_mid_stream_the_other_takes_its_partitions_over_and_nothing_is_lost() {
+    let Some((_, pool)) = pg::server(8).await.unwrap() else {
+        return;
+    };
+    let group = pg::unique("nats_takeover");
+    let s = TestStream::new("group_takeover").await;
+    let first_half = publish_two_versions(&s, 16).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = tokio::join!(
+        member(&pool, dir.path(), &group, "a"),
+        member(&pool, dir.path(), &group, "b")
+    );
+    let rig = Rig::new();
+    let mut source_a = s.source(following(&s)).await;
+    let mut source_b = s.source(following(&s)).await;
+    let (stop_a, stop_b) = (a.shutdown_handle(), b.shutdown_handle());
+    let mut expected = first_half.clone();
+    for k in 0..16 {
+        let key = format!("k{k:02}");
+        expected.insert(key.clone(), format!("{key}-v3"));
+    }
+    let a_runs_until_stopped = async {
+        let report = consume_in_group(&a, &mut source_a, &rig, quick()).await;
+        a.leave_group().await.unwrap();
+        report
+    };
+    let stop_a_mid_stream = async {
+        // Both members hold partitions, and some keys landed.
+        wait_long(|| async {
+            let held = |app: &App| app.assignment().is_some_and(|x| !x.held.is_empty());
+            held(&a) && held(&b) && !rig.store.snapshot().is_empty()
+        })
+        .await;
+        stop_a.shutdown();
+        // Published once `a` is gone: its partitions' messages are read by
+        // `b` only, through the consumers `a` read.
+        for k in 0..16 {
+            let key = format!("k{k:02}");
+            s.publish(&key, &format!("{key}-v3")).await;
+        }
+        wait_long(|| async {
+            rig.store.snapshot() == expected && every_partition_consumer_settled(&s).await
+        })
+        .await;
+        stop_b.shutdown();
+    };
+
+    let (report_a, report_b, ()) = tokio::join!(
+        a_runs_until_stopped,
+        consume_in_group(&b, &mut source_b, &rig, quick()),
+        stop_a_mid_stream
+    );
+
+    report_a.unwrap();
+    report_b.unwrap();
+    assert_eq!(rig.store.snapshot(), expected);
+    assert_eq!(
+        b.assignment().unwrap().held,
+        (0..PARTITIONS).collect::<Vec<_>>(),
+        "the remaining member holds every partition"
+    );
+    assert!(every_partition_consumer_settled(&s).await);
+    b.leave_group().await.unwrap();
+    drop(source_a);
+    drop_group(&pool, &group).await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_of_another_partition_is_acknowledged_on_the_partition_consumer_and_not_applied()
+{
+    let Some((_, pool)) = pg::server(8).await.unwrap() else {
+        return;
+    };
+    let group = pg::unique("nats_filter");
+    let s = TestStream::new("group_filter").await;
+    let everything = publish_two_versions(&s, 24).await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = member(&pool, dir.path(), &group, "a").await;
+    let b = member(&pool, dir.path(), &group, "b").await;
+    // Converge on two partitions each, `b` never consuming.
+    wait_long(|| async {
+        a.run(|_ctx| async { Ok(()) }).await.unwrap();
+        b.run(|_ctx| async { Ok(()) }).await.unwrap();
+        let count = |app: &App| app.assignment().map_or(0, |x| x.held.len());
+        count(&a) == 2 && count(&b) == 2
+    })
+    .await;
+    let held = a.assignment().unwrap().held;
+    let rig = Rig::new();
+    let mut source = s.source(s.options()).await;
+
+    let report = consume_in_group(&a, &mut source, &rig, quick())
+        .await
+        .unwrap();
+
+    let mine: BTreeMap<String, String> = everything
+        .into_iter()
+        .filter(|(k, _)| held.contains(&partition(k)))
+        .collect();
+    assert!(!mine.is_empty() && mine.len() < 24, "{held:?}");
+    assert_eq!(rig.store.snapshot(), mine);
+    assert_eq!(report.received, 2 * mine.len() as u64, "{report:?}");
+    assert_eq!(report.not_held, 0, "{report:?}");
+    let stream = s.js.get_stream(&s.name).await.unwrap();
+    for p in 0..PARTITIONS {
+        let consumer = source.partition_consumer(p);
+        let info = stream.consumer_info(&consumer).await;
+        if held.contains(&p) {
+            let info = info.unwrap();
+            assert_eq!(info.num_pending, 0, "{consumer}");
+            assert_eq!(info.num_ack_pending, 0, "{consumer}");
+            assert_eq!(info.ack_floor.stream_sequence, 48, "{consumer}");
+        } else {
+            assert!(info.is_err(), "{consumer} was never read");
+        }
+    }
+    a.leave_group().await.unwrap();
+    b.leave_group().await.unwrap();
+    drop_group(&pool, &group).await;
+    s.delete().await;
+}
+
 /// Polls `check` every 10 ms until it holds (for at most 10 seconds).
 async fn wait_for<F, Fut>(check: F)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    wait_within(Duration::from_secs(10), check).await;
+}
+
+/// Polls `check` until it holds, for at most 30 seconds (a group's
+/// members join and split the partitions first).
+async fn wait_long<F, Fut>(check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    wait_within(Duration::from_secs(30), check).await;
+}
+
+async fn wait_within<F, Fut>(within: Duration, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
     while !check().await {
         assert!(Instant::now() < deadline, "timed out waiting");
         tokio::time::sleep(Duration::from_millis(10)).await;

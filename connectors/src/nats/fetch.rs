@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::pull::Batch;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Message};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use weir_actors::Result;
 
 use super::connect::Place;
@@ -29,6 +29,8 @@ pub(super) struct Pull {
     deadline: tokio::time::Instant,
     /// How long to wait before asking again after an error status.
     pause: Duration,
+    /// Whether the answer has ended: nothing more arrives for it.
+    done: bool,
 }
 
 impl Pull {
@@ -71,7 +73,36 @@ impl Pull {
             received: Vec::new(),
             deadline: tokio::time::Instant::now() + within,
             pause,
+            done: false,
         }
+    }
+
+    /// Whether the answer has ended (what it received may still be
+    /// taken).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// What was received so far, without waiting: the request stays open
+    /// (unless its answer has ended, see [`Pull::is_done`]).
+    pub fn received_now(&mut self, place: &Place) -> Vec<Message> {
+        while !self.done {
+            if tokio::time::Instant::now() >= self.deadline {
+                tracing::warn!("{place}: a pull request was not answered in time");
+                self.done = true;
+                break;
+            }
+            match self.batch.next().now_or_never() {
+                None => break,
+                Some(None) => self.done = true,
+                Some(Some(Ok(message))) => self.received.push(message),
+                Some(Some(Err(e))) => {
+                    tracing::warn!("{place}: a pull request ended early: {e}");
+                    self.done = true;
+                }
+            }
+        }
+        std::mem::take(&mut self.received)
     }
 
     /// Reads the answer to its end. Cancel-safe: what was received is kept
@@ -83,6 +114,15 @@ impl Pull {
     /// error is logged and, after a pause, no message is returned, so that
     /// the caller asks again.
     pub async fn answer(&mut self, place: &Place) -> Vec<Message> {
+        if self.done {
+            return std::mem::take(&mut self.received);
+        }
+        let messages = self.read_to_its_end(place).await;
+        self.done = true;
+        messages
+    }
+
+    async fn read_to_its_end(&mut self, place: &Place) -> Vec<Message> {
         loop {
             let next = match tokio::time::timeout_at(self.deadline, self.batch.next()).await {
                 Ok(next) => next,
@@ -108,6 +148,9 @@ impl Pull {
     /// Hands back what was received and what still arrives until the
     /// request ends, in a task of the current runtime (if there is one).
     pub fn hand_back(self) {
+        if self.done && self.received.is_empty() {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -116,10 +159,14 @@ impl Pull {
                 mut batch,
                 received,
                 deadline,
+                done,
                 ..
             } = self;
             for message in received {
                 nak(&message).await;
+            }
+            if done {
+                return;
             }
             while let Ok(Some(Ok(message))) = tokio::time::timeout_at(deadline, batch.next()).await
             {
@@ -129,9 +176,25 @@ impl Pull {
     }
 }
 
+/// Hands messages back to the server at once, in a task of the current
+/// runtime (if there is one).
+pub(super) fn hand_back_all(messages: Vec<Message>) {
+    if messages.is_empty() {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        for message in messages {
+            nak(&message).await;
+        }
+    });
+}
+
 /// Asks the server to redeliver a message at once (best effort: otherwise
 /// it is redelivered after the acknowledgement wait).
-async fn nak(message: &Message) {
+pub(super) async fn nak(message: &Message) {
     if let Err(e) = message.ack_with(AckKind::Nak(None)).await {
         tracing::debug!("handing back a message of a closed source failed: {e}");
     }

@@ -103,7 +103,7 @@ impl Mapping {
     /// The item's key: the configured header's value, or the subject's last
     /// token. A message without the header (or with an empty one) is keyed
     /// by its whole subject, with a warning: it is applied, not dropped.
-    fn key_of(&self, subject: &str, headers: Option<&HeaderMap>) -> String {
+    pub fn key_of(&self, subject: &str, headers: Option<&HeaderMap>) -> String {
         let Some(name) = &self.key_header else {
             return last_token(subject).to_string();
         };

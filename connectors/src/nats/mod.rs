@@ -41,7 +41,8 @@
 //!   component's error), `Weir-Subject` and `Weir-Sequence`. The copy is
 //!   published with core NATS: capture the subject with a stream to keep
 //!   the copies.
-//! - A message whose run was interrupted by a shutdown is negatively
+//! - A message whose run was interrupted by a shutdown, or whose key's
+//!   partition is not held by this member of a worker group, is negatively
 //!   acknowledged without delay, so it is redelivered at once.
 //! - Fetching is cancel-safe: the pull request being read is kept by the
 //!   source and read on at the next call, and a source dropped with one
@@ -64,17 +65,49 @@
 //! A batch holds at most `max_in_flight` messages, fetched once the last
 //! batch is settled: no more messages are unacknowledged at once.
 //! [`lag`](Source::lag) is the consumer's count of messages not yet
-//! delivered plus those awaiting acknowledgement.
+//! delivered plus those awaiting acknowledgement (in a worker group,
+//! summed over the consumers read).
 //!
 //! # Worker groups
 //!
-//! In a worker group, each member reads the whole stream through a
-//! consumer of its own (give each member its own
-//! [consumer name](JetStreamOptions::consumer)) and applies only the keys
-//! of the partitions it holds; the others are acknowledged as not held,
-//! since the holder of their partition reads them through its own
-//! consumer. This filter is on the client: every member receives every
-//! message, so N members read the stream N times.
+//! Outside a group the source reads through its one consumer. In a member
+//! of a [worker group](weir_actors::group), once
+//! [`App::consume`](weir_actors::App::consume) has told it the partitions
+//! the member holds ([`Source::assign`]), it reads through **one durable
+//! consumer per partition held**, named after the consumer with `-pN`
+//! appended (`weir-p3`), created if missing with the same settings
+//! (explicit acknowledgements, from the stream's first message). Every
+//! member gives the same [consumer name](JetStreamOptions::consumer): a
+//! partition's consumer holds that partition's position, so a partition
+//! moving to another member moves its unacknowledged messages with it and
+//! nothing is skipped.
+//!
+//! - Each partition's consumer reads the whole stream. A message whose
+//!   key's partition ([`partition_of`](weir_actors::group::partition_of),
+//!   the key taken as above) is another is **acknowledged at once** on
+//!   that consumer and not returned: that partition's consumer delivers it
+//!   to its holder. This filter is on the client, and costs one delivery
+//!   of each message per partition: a group of `P` partitions reads the
+//!   stream `P` times in all, whatever its member count. A publisher
+//!   could avoid it only with server-side partitioning equal to weir's
+//!   function; JetStream's subject-mapped partitions (`partition()`) are
+//!   not, since they hash with FNV-1a alone. The consumers overlap, so the
+//!   stream cannot use the work-queue retention policy.
+//! - Reads go round the consumers of the partitions held, up to
+//!   `max_in_flight` messages in all; a bounded read ends once every one
+//!   of them has reached the stream's last sequence at connect time.
+//! - When the partitions held change, the consumers of those no longer
+//!   held leave the read set: their open pull requests, and the messages
+//!   received but not yet returned, are handed back at once (negative
+//!   acknowledgements without delay).
+//! - A change whose partition moved between the fetch and the run
+//!   ([`Outcome::NotHeld`](weir_actors::source::Outcome::NotHeld)) is
+//!   negatively acknowledged without delay, never acknowledged: its
+//!   partition's new holder receives it through the same consumer.
+//! - A read that waits a whole [fetch wait](JetStreamOptions::fetch_wait)
+//!   without a message returns an empty batch, so that the member's next
+//!   (empty) run takes up partitions assigned to it meanwhile.
+//! - [`lag`](Source::lag) sums the consumers read.
 //!
 //! # Example
 //!
@@ -110,35 +143,35 @@ mod connect;
 mod fetch;
 mod message;
 mod options;
+mod read;
 mod settle;
 
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{Info, PullConsumer};
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::Message;
 use async_nats::Client;
-use weir_actors::source::{Batch, Change, Settled, Source};
+use weir_actors::source::{Assignment, Batch, Change, Settled, Source};
 use weir_actors::Result;
 
 use connect::Place;
-use fetch::Pull;
 use message::Mapping;
+use read::{Partition, ReadContext, ReadSet, Reader};
 use settle::Settler;
 
 pub use message::{JetStreamAck, JetStreamMessage};
 pub use options::{JetStreamOptions, DEFAULT_CONSUMER, DEFAULT_DELETE_HEADER, DEFAULT_FETCH_WAIT};
 pub use settle::{FAILURE_HEADER, SEQUENCE_HEADER, SUBJECT_HEADER};
 
-/// A NATS JetStream stream read through a durable pull consumer: a
-/// [`Source`] of changes. See the [module](self) for how messages map to
-/// changes and how they are acknowledged.
+/// A NATS JetStream stream read through a durable pull consumer (in a
+/// worker group, one per partition held): a [`Source`] of changes. See the
+/// [module](self) for how messages map to changes and how they are
+/// acknowledged.
 pub struct JetStreamSource {
     name: String,
     place: Place,
     client: Client,
     stream: Stream,
-    consumer: PullConsumer,
     mapping: Mapping,
     follow: bool,
     fetch_wait: Duration,
@@ -146,19 +179,19 @@ pub struct JetStreamSource {
     /// The stream's last sequence at connect time: where a bounded read
     /// ends.
     end: u64,
-    /// The pull request being read, kept while it is read so that a
-    /// cancelled read loses nothing.
-    open: Option<Pull>,
+    /// The consumers read, with their open pull requests and what was
+    /// received but not yet returned.
+    read: ReadSet,
+    /// In a worker group: the partitions read, as last assigned.
+    assignment: Option<Assignment>,
 }
 
 impl Drop for JetStreamSource {
-    /// Hands the messages of a pull request still open back to the server
-    /// at once, so that they are redelivered without waiting for the
-    /// acknowledgement wait.
+    /// Hands the messages of pull requests still open, and those received
+    /// but not returned, back to the server at once, so that they are
+    /// redelivered without waiting for the acknowledgement wait.
     fn drop(&mut self) {
-        if let Some(open) = self.open.take() {
-            open.hand_back();
-        }
+        self.read.hand_back();
     }
 }
 
@@ -168,6 +201,7 @@ impl std::fmt::Debug for JetStreamSource {
             .field("place", &self.place)
             .field("follow", &self.follow)
             .field("end", &self.end)
+            .field("assignment", &self.assignment)
             .finish_non_exhaustive()
     }
 }
@@ -200,16 +234,16 @@ impl JetStreamSource {
         };
         Ok(Self {
             name: format!("nats:{}", options.stream),
+            read: ReadSet::new(vec![Reader::new(place.clone(), consumer, None)]),
             place,
             client,
             stream,
-            consumer,
             mapping,
             follow: options.follow,
             fetch_wait: options.fetch_wait,
             dead_letter: options.dead_letter_subject,
             end,
-            open: None,
+            assignment: None,
         })
     }
 
@@ -218,80 +252,87 @@ impl JetStreamSource {
         &self.name
     }
 
+    /// The name of the durable consumer of partition `n` in a worker
+    /// group: the consumer's name with `-pN` appended (`weir-p3`).
+    pub fn partition_consumer(&self, n: u32) -> String {
+        partition_consumer(&self.place.consumer, n)
+    }
+
     /// The next messages: those ready now, or else (in follow mode, or
     /// while a bounded read still awaits redeliveries) the first to arrive
     /// within a fetch wait, with those ready after it. `None` when a
     /// bounded read is done.
     ///
-    /// Cancel-safe: the pull request being read is kept in the source,
-    /// and read on at the next call.
+    /// Cancel-safe: the pull requests being read, and the messages received
+    /// so far, are kept in the source, and read on at the next call.
     async fn next_messages(&mut self, max: usize) -> Result<Option<Vec<Message>>> {
+        let cx = ReadContext {
+            client: &self.client,
+            stream: &self.stream,
+            mapping: &self.mapping,
+            fetch_wait: self.fetch_wait,
+        };
         loop {
-            let left_open = self.read_open().await;
-            if !left_open.is_empty() {
-                return Ok(Some(self.top_up(left_open, max).await?));
+            let mut received = self.read.drain_open(&cx).await;
+            received += self.read.fetch_ready(max, &cx).await?;
+            if !self.read.pending.is_empty() {
+                return Ok(Some(std::mem::take(&mut self.read.pending)));
             }
-            let ready = Pull::ready(&self.consumer, max, self.fetch_wait, &self.place).await?;
-            let messages = self.pull(ready).await;
-            if !messages.is_empty() {
-                return Ok(Some(messages));
+            if received > 0 {
+                // Only messages of other partitions: ask again at once.
+                continue;
             }
-            if !self.follow && self.read_to_end().await? {
+            if !self.follow && self.read.read_to_end(cx.stream, self.end).await? {
                 return Ok(None);
             }
-            let wait = Pull::first_within(&self.consumer, self.fetch_wait, &self.place).await?;
-            let arrived = self.pull(wait).await;
-            if !arrived.is_empty() {
-                return Ok(Some(self.top_up(arrived, max).await?));
+            if self.read.wait_first(&cx).await? > 0 {
+                self.read.fetch_ready(max, &cx).await?;
+                if !self.read.pending.is_empty() {
+                    return Ok(Some(std::mem::take(&mut self.read.pending)));
+                }
+            } else if self.assignment.is_some() {
+                // Idle in a worker group: an empty batch, whose empty run
+                // takes up the partitions assigned to this member meanwhile.
+                return Ok(Some(Vec::new()));
             }
         }
     }
 
-    /// The answer of the pull request left open by a cancelled call, if
-    /// any.
-    async fn read_open(&mut self) -> Vec<Message> {
-        match self.open.as_mut() {
-            Some(open) => {
-                let messages = open.answer(&self.place).await;
-                self.open = None;
-                messages
+    /// Reads from the consumers of the partitions assigned: those already
+    /// read are kept, those of partitions no longer held are dropped (their
+    /// open requests handed back), the others are created if missing.
+    async fn read_partitions(&mut self, assignment: &Assignment) -> Result<()> {
+        let wanted =
+            |p: &Partition| p.of == assignment.partitions && assignment.held.contains(&p.number);
+        let read = |number: u32| {
+            self.read.readers.iter().any(|r| {
+                r.partition
+                    .is_some_and(|p| wanted(&p) && p.number == number)
+            })
+        };
+        let mut added = Vec::new();
+        for number in assignment.held.iter().copied().filter(|&n| !read(n)) {
+            let mut place = self.place.clone();
+            place.consumer = partition_consumer(&self.place.consumer, number);
+            let consumer = connect::consumer(&self.stream, &place).await?;
+            let partition = Partition {
+                number,
+                of: assignment.partitions,
+            };
+            added.push(Reader::new(place, consumer, Some(partition)));
+        }
+        let mut readers = added;
+        for mut reader in std::mem::take(&mut self.read.readers) {
+            match reader.partition {
+                Some(p) if wanted(&p) => readers.push(reader),
+                _ => reader.hand_back(),
             }
-            None => Vec::new(),
         }
-    }
-
-    /// Reads the answer of `pull`, kept open in the source while it is
-    /// read.
-    async fn pull(&mut self, pull: Pull) -> Vec<Message> {
-        let open = self.open.insert(pull);
-        let messages = open.answer(&self.place).await;
-        self.open = None;
-        messages
-    }
-
-    /// `messages`, with those ready now up to `max` in all.
-    async fn top_up(&mut self, mut messages: Vec<Message>, max: usize) -> Result<Vec<Message>> {
-        if max > messages.len() {
-            let more = max - messages.len();
-            let ready = Pull::ready(&self.consumer, more, self.fetch_wait, &self.place).await?;
-            messages.extend(self.pull(ready).await);
-        }
-        Ok(messages)
-    }
-
-    /// Whether every message up to the end of a bounded read is
-    /// acknowledged or terminated (or nothing at all is left).
-    async fn read_to_end(&self) -> Result<bool> {
-        let info = self.consumer_info().await?;
-        let nothing_left = info.num_pending == 0 && info.num_ack_pending == 0;
-        Ok(info.ack_floor.stream_sequence >= self.end || nothing_left)
-    }
-
-    async fn consumer_info(&self) -> Result<Info> {
-        self.stream
-            .consumer_info(&self.place.consumer)
-            .await
-            .map_err(|e| self.place.error("cannot read the consumer's state", e))
+        // Received but not yet returned: handed back, whichever partition.
+        fetch::hand_back_all(std::mem::take(&mut self.read.pending));
+        readers.sort_by_key(|r| r.partition.map(|p| p.number));
+        self.read = ReadSet::new(readers);
+        Ok(())
     }
 
     fn changes(
@@ -311,6 +352,11 @@ impl JetStreamSource {
             place: &self.place,
         }
     }
+}
+
+/// The name of partition `n`'s durable consumer: `{consumer}-p{n}`.
+fn partition_consumer(consumer: &str, n: u32) -> String {
+    format!("{consumer}-p{n}")
 }
 
 impl Source for JetStreamSource {
@@ -339,9 +385,19 @@ impl Source for JetStreamSource {
         self.settler().in_progress(acks).await
     }
 
+    async fn assign(&mut self, assignment: &Assignment) -> Result<()> {
+        if self.assignment.as_ref() == Some(assignment) {
+            return Ok(());
+        }
+        self.assignment = None;
+        self.read_partitions(assignment).await?;
+        self.assignment = Some(assignment.clone());
+        Ok(())
+    }
+
     async fn lag(&mut self) -> Option<u64> {
-        match self.consumer_info().await {
-            Ok(info) => Some(info.num_pending + info.num_ack_pending as u64),
+        match self.read.lag(&self.stream).await {
+            Ok(lag) => Some(lag),
             Err(e) => {
                 tracing::debug!("{e}");
                 None

@@ -58,7 +58,9 @@ impl JetStreamOptions {
     /// The name of the durable pull consumer (created if missing, reused
     /// otherwise); [`DEFAULT_CONSUMER`] unless set. A consumer holds the
     /// position of one reader: another name reads the stream from its
-    /// start.
+    /// start. In a worker group, every member gives the same name and
+    /// reads through the consumers `{name}-pN` of the partitions it holds
+    /// (see the [module](super#worker-groups)).
     #[must_use]
     pub fn consumer(mut self, name: impl Into<String>) -> Self {
         self.consumer = name.into();

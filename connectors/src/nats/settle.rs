@@ -137,17 +137,20 @@ impl Settler<'_> {
 /// What the server is told for an outcome.
 ///
 /// - `Ack`: acknowledged.
-/// - `NotHeld`: acknowledged too: with one consumer per partition, the
-///   holder of the key's partition reads it through its own consumer.
 /// - `Retry`: negatively acknowledged with the delay, so that the server
 ///   redelivers it then.
 /// - `DeadLetter`: terminated (after its copy, if any), so that the server
 ///   never delivers it again.
+/// - `NotHeld`: negatively acknowledged without delay, never acknowledged:
+///   its key's partition moved to another member of the worker group
+///   between the fetch and the run, and the consumer it came through is
+///   that partition's, which its new holder reads. Handed back, it is
+///   redelivered to the new holder at once.
 /// - `Interrupted` (and any later outcome): negatively acknowledged without
 ///   delay, to be redelivered at once.
 fn ack_kind(outcome: &Outcome) -> AckKind {
     match outcome {
-        Outcome::Ack | Outcome::NotHeld => AckKind::Ack,
+        Outcome::Ack => AckKind::Ack,
         Outcome::Retry { delay } => AckKind::Nak(Some(at_least_a_millisecond(*delay))),
         Outcome::DeadLetter { .. } => AckKind::Term,
         _ => AckKind::Nak(None),
@@ -162,4 +165,34 @@ fn at_least_a_millisecond(d: Duration) -> Duration {
 /// A header value holds one line.
 fn one_line(s: &str) -> String {
     s.replace(['\r', '\n'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn told(outcome: Outcome) -> String {
+        format!("{:?}", ack_kind(&outcome))
+    }
+
+    #[test]
+    fn a_change_of_a_partition_not_held_is_handed_back_never_acknowledged() {
+        let at_once = format!("{:?}", AckKind::Nak(None));
+        assert_eq!(told(Outcome::NotHeld), at_once);
+        assert_eq!(told(Outcome::Interrupted), at_once);
+        assert_eq!(told(Outcome::Ack), format!("{:?}", AckKind::Ack));
+    }
+
+    #[test]
+    fn a_retry_is_handed_back_with_at_least_a_millisecond_of_delay_and_a_release_terminates() {
+        let retry = Outcome::Retry {
+            delay: Duration::ZERO,
+        };
+        let a_millisecond = AckKind::Nak(Some(Duration::from_millis(1)));
+        assert_eq!(told(retry), format!("{a_millisecond:?}"));
+        let release = Outcome::DeadLetter {
+            reason: "bad".into(),
+        };
+        assert_eq!(told(release), format!("{:?}", AckKind::Term));
+    }
 }
