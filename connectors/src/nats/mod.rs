@@ -26,9 +26,11 @@
 //!
 //! - A message is **acknowledged after commit**: once its component's
 //!   target writes and the ledger's commit have succeeded. The
-//!   acknowledgement is sent as a request and the server's confirmation
-//!   awaited, so that a lost acknowledgement is an error rather than a
-//!   silent redelivery.
+//!   acknowledgements of a batch are published and flushed together,
+//!   without waiting for answers: a lost one redelivers a message already
+//!   applied, which is then acknowledged and ignored (its ordinal is not
+//!   newer). Naks and terms await the server's confirmation, so that a
+//!   release is known to have happened.
 //! - While a batch runs longer than [`ConsumeOptions::keep_alive`], an
 //!   **in-progress** notice (`+WPI`) is sent for each of its messages, so
 //!   the server does not redeliver them after its acknowledgement wait.

@@ -32,19 +32,41 @@ pub(super) struct Settler<'a> {
 }
 
 impl Settler<'_> {
-    /// Settles every change, awaiting the server's confirmation of each;
-    /// the first failure is returned once all were tried.
+    /// Settles every change: acknowledgements are published and flushed
+    /// (a lost one only redelivers a change already applied, which is then
+    /// ignored as older than what was applied); the others (naks, terms)
+    /// await the server's confirmation, so that a release is known to have
+    /// happened. The first failure is returned once all were tried.
     pub async fn settle(&self, settled: Vec<Settled<JetStreamAck>>) -> Result<()> {
         let copied = self.copy_dead_letters(&settled).await?;
-        let results: Vec<Result<()>> = futures::stream::iter(settled)
+        let (acks, others): (Vec<_>, Vec<_>) =
+            settled.into_iter().partition(|s| s.outcome.is_ack());
+        let published = self.publish_acks(&acks).await;
+        let results: Vec<Result<()>> = futures::stream::iter(others)
             .map(|s| self.settle_one(s))
             .buffer_unordered(CONCURRENT_ACKS)
             .collect()
             .await;
-        if copied {
+        if copied || !acks.is_empty() {
             self.flush().await?;
         }
+        published?;
         results.into_iter().collect()
+    }
+
+    /// Publishes the acknowledgements of applied changes, without waiting
+    /// for answers.
+    async fn publish_acks(&self, acks: &[Settled<JetStreamAck>]) -> Result<()> {
+        for s in acks {
+            self.client
+                .publish(s.ack.reply.clone(), AckKind::Ack.into())
+                .await
+                .map_err(|e| {
+                    self.place
+                        .error(&format!("cannot acknowledge message {}", s.ack.sequence), e)
+                })?;
+        }
+        Ok(())
     }
 
     /// Tells the server what became of one message, and awaits its answer.
@@ -112,10 +134,12 @@ impl Settler<'_> {
     }
 
     async fn flush(&self) -> Result<()> {
-        self.client
-            .flush()
-            .await
-            .map_err(|e| self.place.error("cannot flush the dead-letter copies", e))
+        self.client.flush().await.map_err(|e| {
+            self.place.error(
+                "cannot flush the acknowledgements and dead-letter copies",
+                e,
+            )
+        })
     }
 
     /// Tells the server that these messages are still being worked on, so
