@@ -18,6 +18,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+// As the `weir` command: weir allocates across many threads.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "sources/jetstream.rs"]
 mod jetstream;
 #[path = "sources/pg_snapshot.rs"]

@@ -6,13 +6,14 @@
 //! stream to its end into a PostgreSQL table of its own `(id text primary
 //! key, doc jsonb)`, keeping each key's latest message:
 //!
-//! - weir: a `JetStreamSource` consumed by `App::consume`, each message
-//!   one component declaring its row in a `weir_connectors::postgres`
-//!   table target; acknowledged (and confirmed) after each batch's commit.
-//! - baseline: a durable pull consumer read with async-nats, 1 000
-//!   messages per fetch, each batch's latest row per key upserted with one
-//!   `INSERT ... SELECT FROM UNNEST(...) ON CONFLICT DO UPDATE`, then the
-//!   batch's messages acknowledged.
+//! - weir: a `JetStreamSource` consumed by `App::consume` in batches of
+//!   [`batch_size`] messages, each key one component declaring its row in
+//!   a `weir_connectors::postgres` table target; acknowledged after each
+//!   batch's commit.
+//! - baseline: a durable pull consumer read with async-nats, the same
+//!   number of messages per fetch, each batch's latest row per key
+//!   upserted with one `INSERT ... SELECT FROM UNNEST(...) ON CONFLICT DO
+//!   UPDATE`, then the batch's messages acknowledged.
 //!
 //! Both are measured as messages read per second, from the connection to
 //! the stream to the last acknowledgement; publishing is not timed. Both
@@ -37,7 +38,14 @@ type BoxError = Box<dyn StdError>;
 
 const NATS_URL: &str = "nats://127.0.0.1:4222";
 /// Messages per fetch of the baseline (weir's default `max_in_flight`).
-const BASELINE_BATCH: usize = 1000;
+/// Messages per batch on both sides (`WEIR_BENCH_BATCH`, default 5 000):
+/// weir's `max_in_flight`, the baseline's fetch.
+fn batch_size() -> usize {
+    std::env::var("WEIR_BENCH_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000)
+}
 
 /// Messages per second for `(weir, baseline)`, each reading `messages` JSON
 /// messages from a fresh stream into a fresh table of the database at
@@ -162,28 +170,32 @@ async fn weir_side(stream: String, table: String, pool: PgPool) -> Result<(), Bo
     let mut source = JetStreamSource::connect(JetStreamOptions::new(NATS_URL, stream)).await?;
     let table = Arc::new(table);
     let report = app
-        .consume(&mut source, ConsumeOptions::default(), move |ctx, batch| {
-            let (db, table) = (db.clone(), Arc::clone(&table));
-            async move {
-                let target = mount_table_target(&ctx, &db, &table, schema()?).await?;
-                ctx.mount_source(batch, move |ctx, item| {
-                    let target = target.clone();
-                    async move {
-                        let doc = serde_json::from_slice(&item.payload.payload)
-                            .map_err(|e| Error::msg(format!("not JSON: {e}")))?;
-                        let id = item.payload.subject.rsplit('.').next().unwrap_or_default();
-                        target.declare_row(
-                            &ctx,
-                            Doc {
-                                id: id.to_string(),
-                                doc,
-                            },
-                        )
-                    }
-                })
-                .await
-            }
-        })
+        .consume(
+            &mut source,
+            ConsumeOptions::default().max_in_flight(batch_size()),
+            move |ctx, batch| {
+                let (db, table) = (db.clone(), Arc::clone(&table));
+                async move {
+                    let target = mount_table_target(&ctx, &db, &table, schema()?).await?;
+                    ctx.mount_source(batch, move |ctx, item| {
+                        let target = target.clone();
+                        async move {
+                            let doc = serde_json::from_slice(&item.payload.payload)
+                                .map_err(|e| Error::msg(format!("not JSON: {e}")))?;
+                            let id = item.payload.subject.rsplit('.').next().unwrap_or_default();
+                            target.declare_row(
+                                &ctx,
+                                Doc {
+                                    id: id.to_string(),
+                                    doc,
+                                },
+                            )
+                        }
+                    })
+                    .await
+                }
+            },
+        )
         .await?;
     if report.stats.failed_components > 0 {
         return Err(format!("weir: {} components failed", report.stats.failed_components).into());
@@ -214,13 +226,14 @@ async fn baseline_side(
         .create_consumer(consumer::pull::Config {
             durable_name: Some("baseline".to_string()),
             ack_policy: consumer::AckPolicy::Explicit,
+            max_ack_pending: 20_000,
             ..Default::default()
         })
         .await?;
     loop {
         let mut batch = consumer
             .fetch()
-            .max_messages(BASELINE_BATCH)
+            .max_messages(batch_size())
             .messages()
             .await?;
         let mut messages = Vec::new();

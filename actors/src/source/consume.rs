@@ -19,7 +19,7 @@ use super::mount::{Mounted, Prepared, SourceBatch};
 use super::{Assignment, Batch, Change, Outcome, Settled, Source};
 
 /// The default of [`ConsumeOptions::max_in_flight`].
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 1000;
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 5000;
 /// The default of [`ConsumeOptions::max_deliveries`].
 pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
 

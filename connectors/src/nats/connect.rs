@@ -117,6 +117,11 @@ pub(super) async fn stream(context: &jetstream::Context, place: &Place) -> Resul
     }
 }
 
+/// The most messages a consumer weir creates leaves unacknowledged: above
+/// any `ConsumeOptions::max_in_flight` in use, so that the batch size, not
+/// the server, bounds a fetch.
+pub const MAX_ACK_PENDING: i64 = 20_000;
+
 /// The durable pull consumer: reused if it exists, created otherwise
 /// (explicit acknowledgements, from the stream's first message). A
 /// consumer that does not acknowledge each message explicitly is refused.
@@ -126,6 +131,7 @@ pub(super) async fn consumer(stream: &Stream, place: &Place) -> Result<PullConsu
         ack_policy: AckPolicy::Explicit,
         deliver_policy: DeliverPolicy::All,
         description: Some("weir".to_string()),
+        max_ack_pending: MAX_ACK_PENDING,
         ..Default::default()
     };
     let consumer = stream
