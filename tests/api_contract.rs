@@ -1071,7 +1071,7 @@ async fn a_failed_component_is_listed_by_path_and_cause_while_the_others_commit(
 }
 
 // ---------------------------------------------------------------------------
-// Additions the issues named: worker groups, table owners, error classes.
+// Additions to the contract: worker groups, table owners, error classes.
 // ---------------------------------------------------------------------------
 
 #[allow(dead_code)]
@@ -1115,4 +1115,63 @@ fn an_owner_is_its_key_and_shows_its_description() {
         ledger.description(),
         "the ledger 1234 at host:/var/lib/weir"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Additions to the contract: sources.
+// ---------------------------------------------------------------------------
+
+#[allow(dead_code)]
+fn source_api(app: &App, ctx: &Ctx) {
+    use weir::source::{
+        Assignment, Batch, Change, ConsumeOptions, ConsumeReport, Listed, Listing, Outcome,
+        Settled, Source, SourceBatch, SourceItem,
+    };
+    let options = ConsumeOptions::default()
+        .max_in_flight(100)
+        .max_deliveries(3)
+        .backoff(Duration::from_millis(10), Duration::from_secs(1))
+        .keep_alive(Duration::from_secs(1));
+    let _: usize = options.max_in_flight;
+    let listing: Listing<String> = Listing::new(vec![
+        Listed::new("a", Some(b"v1".to_vec()), "a".to_string()),
+        Listed::lazy("b", b"v1".to_vec()),
+    ])
+    .salt("t1");
+    let batch: SourceBatch<String> = SourceBatch::from(listing).salt("more");
+    let _: usize = batch.len();
+    assert_send(
+        &ctx.mount_source(batch, |_ctx, item: SourceItem<String>| async move {
+            let _: (weir::StableKey, Option<u64>, String) = (item.key, item.ordinal, item.payload);
+            Ok(())
+        }),
+    );
+    let change: Change<String, u64> = Change::upsert("k", 1, "p".to_string(), 7).delivered(2);
+    let _: Change<String, u64> = Change::delete("k", 2, 8);
+    let _: Batch<String, u64> = Batch::Changes(vec![change]);
+    let settled = Settled {
+        ack: 7u64,
+        outcome: Outcome::Retry {
+            delay: Duration::from_secs(1),
+        },
+    };
+    assert!(!settled.outcome.is_ack());
+    let _: Option<Assignment> = app.assignment();
+    let _ = |r: ConsumeReport| {
+        (
+            r.received,
+            r.listed,
+            r.acknowledged,
+            r.retried,
+            r.dead_lettered,
+        )
+    };
+    fn consume_is_send<S: Source + 'static>(app: &App, source: &'static mut S) {
+        assert_send(
+            &app.consume(source, ConsumeOptions::default(), |ctx, batch| async move {
+                ctx.mount_source(batch, |_ctx, _item| async { Ok(()) })
+                    .await
+            }),
+        );
+    }
 }

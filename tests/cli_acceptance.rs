@@ -1,6 +1,6 @@
-//! Acceptance tests of the main job (issue 4): the `weir` command run as a
+//! Acceptance tests of the main job: the `weir` command run as a
 //! black box on generated trees, with the SQLite (and PostgreSQL) tables
-//! checked exactly. They look for behaviour the issue or the README promises
+//! checked exactly. They look for behaviour the README promises
 //! that `tests/cli_sync.rs` does not already check.
 
 // Test code: a failed unwrap is a failed test.

@@ -196,8 +196,10 @@ pub trait Source: Send {
     /// What a component receives for an item (a row, a message body).
     type Payload: Send + 'static;
     /// What [`settle`](Source::settle) needs to acknowledge a change (a
-    /// message handle, an offset). Listing sources use `()`.
-    type Ack: Send + 'static;
+    /// message handle, an offset). Listing sources use `()`. `Sync`, so
+    /// that [`keep_alive`](Source::keep_alive) can borrow the handles of a
+    /// batch while it runs (and `App::consume`'s future stays `Send`).
+    type Ack: Send + Sync + 'static;
 
     /// A short name for logs and metrics (the `source` label).
     fn name(&self) -> &str;
