@@ -173,6 +173,26 @@ async fn a_bad_table_or_column_is_an_error_naming_it() -> TestResult {
     .await
 }
 
+#[test]
+fn a_worker_group_with_a_table_or_stream_source_is_refused_with_what_to_do() {
+    let env = Env::new();
+    for source in [
+        "postgres://postgres@127.0.0.1:5432/test?table=orders",
+        "nats://127.0.0.1:4222/ORDERS",
+    ] {
+        let out = env.sync_source(
+            source,
+            "postgres://postgres@127.0.0.1:5432/test",
+            &["--group", "g"],
+        );
+        let err = exits(&out, 2);
+        assert!(
+            err.contains("worker group g") && err.contains("App::consume"),
+            "{err}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn live_mode_picks_up_a_table_change_within_a_second() -> TestResult {
     PgDatabase::around("src_live", async |pg: &PgDatabase| {
@@ -438,4 +458,78 @@ async fn no_message_is_acknowledged_before_its_row_is_committed() -> TestResult 
         Ok(())
     })
     .await
+}
+
+/// A NATS server of this test's own, with JetStream and a user and
+/// password, on a free port; killed when dropped.
+struct AuthServer {
+    process: cmd::Running,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl AuthServer {
+    fn start() -> AuthServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir.path())
+            .args(["--user", "weir", "--pass", "s3cret"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server is installed (the NATS of the machine runs it)");
+        AuthServer {
+            process: cmd::Running(child),
+            port,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, credentials: &str) -> String {
+        format!("nats://{credentials}127.0.0.1:{}", self.port)
+    }
+}
+
+#[tokio::test]
+async fn credentials_in_the_url_connect_and_wrong_ones_are_an_error_hiding_the_password(
+) -> TestResult {
+    let server = AuthServer::start();
+    let mut client = None;
+    for _ in 0..100 {
+        let options =
+            async_nats::ConnectOptions::with_user_and_password("weir".into(), "s3cret".into());
+        if let Ok(c) = options.connect(server.url("")).await {
+            client = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let js = jetstream::new(client.ok_or("the NATS server did not start")?);
+    js.create_stream(stream::Config {
+        name: "AUTH".into(),
+        subjects: vec!["auth.>".into()],
+        ..Default::default()
+    })
+    .await?;
+    js.publish("auth.k1", r#"{"a":1}"#.into()).await?.await?;
+    let env = Env::new();
+    let good = format!("{}/AUTH", server.url("weir:s3cret@"));
+    let out = ok(&env.sync_source(&good, &env.url_arg(), &[]));
+    assert!(out.contains("1 acknowledged"), "{out}");
+    assert_eq!(
+        sqlite_records(&env).await,
+        BTreeMap::from([("k1".to_string(), serde_json::json!({"a": 1}))])
+    );
+    let bad = format!("{}/AUTH", server.url("weir:wrong-pass@"));
+    let err = exits(&env.sync_source(&bad, &env.url_arg(), &[]), 2);
+    assert!(err.contains(&format!("127.0.0.1:{}", server.port)), "{err}");
+    assert!(!err.contains("wrong-pass"), "the password shows: {err}");
+    drop(server.process);
+    Ok(())
 }

@@ -268,6 +268,11 @@ impl ToRecord for JetStreamMessage {
 /// Syncs a stream source into the records table: once up to where the
 /// source stood when it started, or, with `--live`, until stopped.
 pub async fn run(args: SyncArgs, source: StreamSource) -> Result<u8> {
+    if let Some(group) = &args.group.group {
+        return Err(Error::msg(format!(
+            "worker group {group}: the command splits a directory's sync between the members of a group; a table or a stream is synced by one process (in a program, App::consume reads a source in a worker group)"
+        )));
+    }
     let db = Database::parse(&args.into.into)?;
     let table = args
         .table

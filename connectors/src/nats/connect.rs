@@ -65,16 +65,80 @@ fn address_without_password(url: &str) -> String {
     let authority_end = rest.find('/').unwrap_or(rest.len());
     let (authority, path) = rest.split_at(authority_end);
     let authority = match authority.rsplit_once('@') {
-        Some((user_info, host)) => {
-            let user = user_info.split_once(':').map_or(user_info, |(u, _)| u);
-            format!("{user}@{host}")
-        }
+        Some((user_info, host)) => match user_info.split_once(':') {
+            Some((user, _)) => format!("{user}@{host}"),
+            // A user without a password is a token: a secret too.
+            None => format!("***@{host}"),
+        },
         None => authority.to_string(),
     };
     match scheme {
         Some(scheme) => format!("{scheme}://{authority}{path}"),
         None => format!("{authority}{path}"),
     }
+}
+
+/// What a server URL logs in with: `nats://user:password@host` or
+/// `nats://token@host`.
+#[derive(Debug, PartialEq, Eq)]
+enum Credentials {
+    UserPassword(String, String),
+    Token(String),
+}
+
+/// The credentials of a server URL, or of the first of a comma-separated
+/// list that has some (percent-decoded), and the URL without any.
+fn split_credentials(urls: &str) -> (Option<Credentials>, String) {
+    let mut credentials = None;
+    let mut addresses = Vec::new();
+    for url in urls.split(',') {
+        let (found, address) = split_one(url.trim());
+        credentials = credentials.or(found);
+        addresses.push(address);
+    }
+    (credentials, addresses.join(","))
+}
+
+/// The credentials of one server URL, and the URL without them.
+fn split_one(url: &str) -> (Option<Credentials>, String) {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let Some((user_info, host)) = authority.rsplit_once('@') else {
+        return (None, url.to_string());
+    };
+    let credentials = match user_info.split_once(':') {
+        Some((user, password)) => Credentials::UserPassword(decode(user), decode(password)),
+        None => Credentials::Token(decode(user_info)),
+    };
+    (Some(credentials), format!("{scheme}{host}{path}"))
+}
+
+/// Percent-decodes a part of a URL's user information.
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b, hex) {
+            (b'%', Some(decoded)) => {
+                out.push(decoded);
+                i += 3;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A client connected to the server, logged in with the URL's user and
@@ -91,9 +155,17 @@ pub(super) async fn client(options: &JetStreamOptions, place: &Place) -> Result<
             })?,
         None => ConnectOptions::new(),
     };
+    let (credentials, address) = split_credentials(&options.url);
+    let connect = match credentials {
+        Some(Credentials::UserPassword(user, password)) => {
+            connect.user_and_password(user, password)
+        }
+        Some(Credentials::Token(token)) => connect.token(token),
+        None => connect,
+    };
     connect
         .name("weir")
-        .connect(options.url.as_str())
+        .connect(address.as_str())
         .await
         .map_err(|e| Error::msg(format!("cannot connect to NATS at {}: {e}", place.url)))
 }
@@ -160,13 +232,35 @@ mod tests {
         );
         assert_eq!(
             without_password("nats://token@host:4222/x"),
-            "nats://token@host:4222/x"
+            "nats://***@host:4222/x"
         );
         assert_eq!(without_password("nats://host:4222"), "nats://host:4222");
         assert_eq!(without_password("host:4222"), "host:4222");
         assert_eq!(
             without_password("nats://a:b@h1:4222,nats://c:d@h2:4222"),
             "nats://a@h1:4222,nats://c@h2:4222"
+        );
+    }
+
+    #[test]
+    fn credentials_are_taken_out_of_the_url_and_decoded() {
+        assert_eq!(
+            split_credentials("nats://app:p%40ss@127.0.0.1:4222"),
+            (
+                Some(Credentials::UserPassword("app".into(), "p@ss".into())),
+                "nats://127.0.0.1:4222".to_string()
+            )
+        );
+        assert_eq!(
+            split_credentials("nats://tok@h1:4222, nats://h2:4222"),
+            (
+                Some(Credentials::Token("tok".into())),
+                "nats://h1:4222,nats://h2:4222".to_string()
+            )
+        );
+        assert_eq!(
+            split_credentials("nats://h:4222"),
+            (None, "nats://h:4222".to_string())
         );
     }
 }
