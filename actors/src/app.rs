@@ -746,6 +746,10 @@ pub struct LedgerReport {
     /// Target states tracked, by provider name (`documents`, or
     /// `tables/documents` for the rows of a table below a container).
     pub providers: Vec<(String, u64)>,
+    /// Of those, the states that may not exist (by provider): tracked as
+    /// possibly created by a run stopped while it applied them, or after a
+    /// failed update.
+    pub maybe_missing: Vec<(String, u64)>,
     /// Components whose last run failed, with the cause.
     pub failures: Vec<(ComponentPath, String)>,
 }

@@ -213,18 +213,22 @@ impl Target {
         Ok(self.app.inspect().await?.target_states > 0)
     }
 
-    /// How many tables the ledger tracks in the database.
+    /// How many tables the ledger tracks in the database as created: not
+    /// counting those it tracks as possibly created (by a sync stopped
+    /// while it created them), which the next sync creates if they are
+    /// missing.
     pub async fn tracked_tables(&self) -> Result<u64> {
         let provider = match &self.pool {
             Pool::Sqlite(_) => sqlite::tables_provider_name(SQLITE.0),
             Pool::Postgres(_) => postgres::tables_provider_name(POSTGRES.0),
         };
         let report = self.app.inspect().await?;
-        Ok(report
-            .providers
-            .iter()
-            .find(|(name, _)| *name == provider)
-            .map_or(0, |(_, n)| *n))
+        let count = |list: &[(String, u64)]| {
+            list.iter()
+                .find(|(name, _)| *name == provider)
+                .map_or(0, |(_, n)| *n)
+        };
+        Ok(count(&report.providers).saturating_sub(count(&report.maybe_missing)))
     }
 
     /// Refuses tables another owner manages (another ledger, or a worker

@@ -429,6 +429,7 @@ impl Ledger {
     /// components that failed.
     pub(crate) fn report(&self) -> Result<crate::app::LedgerReport> {
         let mut providers: std::collections::BTreeMap<String, u64> = Default::default();
+        let mut maybe_missing: std::collections::BTreeMap<String, u64> = Default::default();
         let mut failures = Vec::new();
         let mut states = 0;
         let entries = self.all_entries()?;
@@ -440,6 +441,9 @@ impl Ledger {
                         crate::model::provider::ProviderPath::name_of(provider)
                     })
                     .unwrap_or_else(|| "(undecodable provider)".to_string());
+                if s.may_be_missing {
+                    *maybe_missing.entry(name.clone()).or_default() += 1;
+                }
                 *providers.entry(name).or_default() += 1;
             }
             if let Some(cause) = &entry.failure {
@@ -461,6 +465,7 @@ impl Ledger {
             components: entries.len() as u64,
             target_states: states,
             providers: providers.into_iter().collect(),
+            maybe_missing: maybe_missing.into_iter().collect(),
             failures,
         })
     }
