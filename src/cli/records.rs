@@ -359,7 +359,7 @@ where
                 let name = Arc::clone(&name);
                 async move { sync_batch(ctx, batch, &db, &table, name).await }
             },
-            log_progress,
+            progress_logger(),
         )
         .await
 }
@@ -395,16 +395,29 @@ async fn sync_batch<P: ToRecord>(
     .await
 }
 
-/// Logs the totals after each batch.
-fn log_progress(report: &ConsumeReport) {
-    tracing::debug!(
-        "batch {}: {} received, {} acknowledged, {} retried, {} dead-lettered",
-        report.batches,
-        report.received,
-        report.acknowledged,
-        report.retried,
-        report.dead_lettered
-    );
+/// How often the totals are logged while a sync runs.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Logs the totals after a batch, at most every [`PROGRESS_EVERY`] (each
+/// batch at debug level).
+fn progress_logger() -> impl FnMut(&ConsumeReport) + Send {
+    let mut last = std::time::Instant::now();
+    move |report: &ConsumeReport| {
+        let line = format!(
+            "batch {}: {} items, {} acknowledged, {} retried, {} dead-lettered",
+            report.batches,
+            report.received + report.listed,
+            report.acknowledged,
+            report.retried,
+            report.dead_lettered
+        );
+        if last.elapsed() >= PROGRESS_EVERY {
+            last = std::time::Instant::now();
+            tracing::info!("{line}");
+        } else {
+            tracing::debug!("{line}");
+        }
+    }
 }
 
 /// Prints what the sync did; returns the exit code.
