@@ -14,6 +14,7 @@ use weir::{Ctx, Error, Fingerprint, PreviewAction, Result, ShutdownHandle, Stabl
 
 use super::chunk::{chunk_text, MAX_CHUNK_BYTES};
 use super::progress::Progress;
+use super::table::Table;
 use super::target::{Database, POSTGRES, SQLITE};
 
 /// The version of what this job declares for a file. Bump it when that
@@ -70,68 +71,34 @@ fn chunks_schema() -> Result<TableSchema> {
         .build()
 }
 
-/// The two tables, in either database.
+/// The two tables.
 #[derive(Clone)]
-enum Tables {
-    Sqlite {
-        documents: sqlite::TableTarget,
-        chunks: sqlite::TableTarget,
-    },
-    Postgres {
-        documents: postgres::TableTarget,
-        chunks: postgres::TableTarget,
-    },
+struct Tables {
+    documents: Table,
+    chunks: Table,
 }
 
 impl Tables {
     /// Declares both tables (created, or altered, at once).
     async fn mount(ctx: &Ctx, db: &Database) -> Result<Tables> {
-        Ok(match db {
-            Database::Sqlite(_) => {
-                let key = SQLITE.sqlite();
-                let documents =
-                    sqlite::mount_table_target(ctx, &key, DOCUMENTS, documents_schema()?).await?;
-                let chunks = sqlite::mount_table_target(ctx, &key, CHUNKS, chunks_schema()?)
-                    .await?
-                    .depends_on(&documents);
-                Tables::Sqlite { documents, chunks }
-            }
-            Database::Postgres(_) => {
-                let key = POSTGRES.postgres();
-                let documents =
-                    postgres::mount_table_target(ctx, &key, DOCUMENTS, documents_schema()?).await?;
-                let chunks = postgres::mount_table_target(ctx, &key, CHUNKS, chunks_schema()?)
-                    .await?
-                    .depends_on(&documents);
-                Tables::Postgres { documents, chunks }
-            }
-        })
+        let documents = Table::mount(ctx, db, DOCUMENTS, documents_schema()?).await?;
+        let chunks = Table::mount(ctx, db, CHUNKS, chunks_schema()?)
+            .await?
+            .depends_on(&documents);
+        Ok(Tables { documents, chunks })
     }
 
     /// Changes when either table is rebuilt: files must declare again.
     fn memo_key(&self) -> String {
-        match self {
-            Tables::Sqlite { documents, chunks } => {
-                format!("{}+{}", documents.memo_key(), chunks.memo_key())
-            }
-            Tables::Postgres { documents, chunks } => {
-                format!("{}+{}", documents.memo_key(), chunks.memo_key())
-            }
-        }
+        format!("{}+{}", self.documents.memo_key(), self.chunks.memo_key())
     }
 
     fn document(&self, ctx: &Ctx, row: &Document<'_>) -> Result<()> {
-        match self {
-            Tables::Sqlite { documents, .. } => documents.declare_row(ctx, row),
-            Tables::Postgres { documents, .. } => documents.declare_row(ctx, row),
-        }
+        self.documents.declare_row(ctx, row)
     }
 
     fn chunk(&self, ctx: &Ctx, row: &Chunk<'_>) -> Result<()> {
-        match self {
-            Tables::Sqlite { chunks, .. } => chunks.declare_row(ctx, row),
-            Tables::Postgres { chunks, .. } => chunks.declare_row(ctx, row),
-        }
+        self.chunks.declare_row(ctx, row)
     }
 }
 

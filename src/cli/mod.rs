@@ -9,6 +9,7 @@ mod job;
 mod progress;
 mod records;
 mod sync;
+mod table;
 mod target;
 
 use std::net::SocketAddr;
