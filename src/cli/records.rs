@@ -9,14 +9,17 @@ use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
-use weir::connectors::nats::{JetStreamMessage, JetStreamOptions, JetStreamSource};
+use url::Url;
+use weir::connectors::nats::{
+    without_password, JetStreamMessage, JetStreamOptions, JetStreamSource,
+};
 use weir::connectors::postgres::{SourceRow, TableSource, TableSourceOptions};
 use weir::connectors::sql::{ColumnType, TableSchema};
-use weir::connectors::{postgres, sqlite};
 use weir::source::{ConsumeOptions, ConsumeReport, Source, SourceBatch, SourceItem};
 use weir::{Ctx, Error, Result, StableKey};
 
-use super::target::{self, Database, POSTGRES, SQLITE};
+use super::table::Table;
+use super::target::{self, Database};
 use super::{SyncArgs, EXIT_FAILED_FILES, EXIT_INTERRUPTED, EXIT_OK};
 
 /// The version of what a record row holds. Bump it when that changes:
@@ -55,120 +58,112 @@ pub fn parse(source: &str) -> Result<Option<StreamSource>> {
     if source.starts_with("postgres://") || source.starts_with("postgresql://") {
         return parse_postgres(source).map(Some);
     }
-    if let Some(rest) = source.strip_prefix("nats://") {
-        return parse_nats(rest).map(Some);
+    if source.starts_with("nats://") {
+        return parse_nats(source).map(Some);
     }
     Ok(None)
 }
 
-/// `postgres://…?table=NAME[&schema=S][&key=C1,C2][&ordinal=C]`: weir's
-/// parameters are taken out; the others stay for the connection.
+/// `postgres://…?table=NAME[&schema=S][&key=C1,C2][&ordinal=C][&notify=1]`:
+/// weir's parameters are taken out; the others stay for the connection.
 fn parse_postgres(source: &str) -> Result<StreamSource> {
-    let (base, query) = source.split_once('?').unwrap_or((source, ""));
-    let mut table = None;
-    let mut schema = None;
-    let mut key = None;
-    let mut ordinal = None;
-    let mut notify = false;
+    let mut url = Url::parse(source)
+        .map_err(|e| Error::msg(format!("{} is not a URL: {e}", target::redact(source))))?;
+    let mut options = SourceParams::default();
     let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = decode(value);
-        match name {
-            "table" => table = Some(value),
-            "schema" => schema = Some(value),
-            "key" => key = Some(value),
-            "ordinal" => ordinal = Some(value),
-            "notify" => notify = matches!(value.as_str(), "" | "1" | "true" | "on" | "yes"),
-            _ => kept.push(pair.to_string()),
+    for (name, value) in url.query_pairs() {
+        if !options.take(&name, &value) {
+            kept.push((name.into_owned(), value.into_owned()));
         }
     }
-    let Some(table) = table.filter(|t| !t.is_empty()) else {
+    url.set_query(None);
+    if !kept.is_empty() {
+        url.query_pairs_mut().extend_pairs(kept);
+    }
+    let Some(table) = options.table.take().filter(|t| !t.is_empty()) else {
         return Err(Error::msg(format!(
-            "{}: a PostgreSQL source needs the table to read: add ?table=NAME (and optionally schema=, key=, ordinal=)",
+            "{}: a PostgreSQL source needs the table to read: add ?table=NAME (and optionally schema=, key=, ordinal=, notify=1)",
             target::redact(source)
         )));
     };
-    let mut options = TableSourceOptions::new(table.clone());
-    let display = match &schema {
-        Some(s) => format!("{s}.{table}"),
-        None => table,
-    };
-    if let Some(s) = schema {
-        options = options.schema(s);
-    }
-    if let Some(k) = key {
-        options = options.key(k.split(',').map(str::trim).filter(|c| !c.is_empty()));
-    }
-    if let Some(o) = ordinal {
-        options = options.ordinal(o);
-    }
-    if notify {
-        options = options.notify(true);
-    }
-    let url = if kept.is_empty() {
-        base.to_string()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
     Ok(StreamSource::Postgres {
-        url,
-        options,
-        display,
+        url: url.to_string(),
+        display: match &options.schema {
+            Some(s) => format!("{s}.{table}"),
+            None => table.clone(),
+        },
+        options: options.into_options(table),
     })
+}
+
+/// weir's query parameters of a PostgreSQL source URL.
+#[derive(Default)]
+struct SourceParams {
+    table: Option<String>,
+    schema: Option<String>,
+    key: Option<String>,
+    ordinal: Option<String>,
+    notify: bool,
+}
+
+impl SourceParams {
+    /// Takes the parameter if it is weir's; whether it was.
+    fn take(&mut self, name: &str, value: &str) -> bool {
+        let value = Some(value.to_string());
+        match name {
+            "table" => self.table = value,
+            "schema" => self.schema = value,
+            "key" => self.key = value,
+            "ordinal" => self.ordinal = value,
+            "notify" => {
+                self.notify = matches!(value.as_deref(), Some("" | "1" | "true" | "on" | "yes"))
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    fn into_options(self, table: String) -> TableSourceOptions {
+        let mut options = TableSourceOptions::new(table).notify(self.notify);
+        if let Some(s) = self.schema {
+            options = options.schema(s);
+        }
+        if let Some(k) = self.key {
+            options = options.key(k.split(',').map(str::trim).filter(|c| !c.is_empty()));
+        }
+        if let Some(o) = self.ordinal {
+            options = options.ordinal(o);
+        }
+        options
+    }
 }
 
 /// `nats://[USER:PASS@]HOST:PORT/STREAM`.
-fn parse_nats(rest: &str) -> Result<StreamSource> {
-    let (server, stream) = rest.split_once('/').unwrap_or((rest, ""));
-    let stream = decode(stream.trim_end_matches('/'));
-    if stream.is_empty() || stream.contains('/') {
-        return Err(Error::msg(format!(
-            "nats://{}: name the JetStream stream to read: nats://HOST:PORT/STREAM",
-            redact_nats(server)
-        )));
-    }
+fn parse_nats(source: &str) -> Result<StreamSource> {
+    let bad = || {
+        Error::msg(format!(
+            "{}: name the JetStream stream to read: nats://HOST:PORT/STREAM",
+            without_password(source)
+        ))
+    };
+    let mut url = Url::parse(source).map_err(|_| bad())?;
+    let stream: Vec<String> = url
+        .path_segments()
+        .into_iter()
+        .flatten()
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .collect();
+    let [stream] = <[String; 1]>::try_from(stream).map_err(|_| bad())?;
+    url.set_path("");
     Ok(StreamSource::Nats {
-        url: format!("nats://{server}"),
+        url: url.to_string(),
         stream,
     })
-}
-
-/// Percent-decodes a query value (`%2C` → `,`).
-fn decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes.get(i), hex) {
-            (Some(b'%'), Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (Some(b'+'), _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (Some(&b), _) => {
-                out.push(b);
-                i += 1;
-            }
-            (None, _) => break,
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A NATS server address without its password.
-fn redact_nats(server: &str) -> String {
-    match server.rsplit_once('@') {
-        Some((_, host)) => format!("***@{host}"),
-        None => server.to_string(),
-    }
 }
 
 /// One row of the records table.
@@ -188,41 +183,6 @@ fn records_schema() -> Result<TableSchema> {
         .nullable_column("position", ColumnType::Text)
         .primary_key(["key"])
         .build()
-}
-
-/// The records table, in either database.
-#[derive(Clone)]
-enum Records {
-    Sqlite(sqlite::TableTarget),
-    Postgres(postgres::TableTarget),
-}
-
-impl Records {
-    async fn mount(ctx: &Ctx, db: &Database, name: &str) -> Result<Records> {
-        Ok(match db {
-            Database::Sqlite(_) => Records::Sqlite(
-                sqlite::mount_table_target(ctx, &SQLITE.sqlite(), name, records_schema()?).await?,
-            ),
-            Database::Postgres(_) => Records::Postgres(
-                postgres::mount_table_target(ctx, &POSTGRES.postgres(), name, records_schema()?)
-                    .await?,
-            ),
-        })
-    }
-
-    fn memo_key(&self) -> String {
-        match self {
-            Records::Sqlite(t) => t.memo_key(),
-            Records::Postgres(t) => t.memo_key(),
-        }
-    }
-
-    fn declare(&self, ctx: &Ctx, record: &Record<'_>) -> Result<()> {
-        match self {
-            Records::Sqlite(t) => t.declare_row(ctx, record),
-            Records::Postgres(t) => t.declare_row(ctx, record),
-        }
-    }
 }
 
 /// What a source's payload becomes in the records table.
@@ -372,7 +332,7 @@ async fn sync_batch<P: ToRecord>(
     table: &str,
     name: Arc<str>,
 ) -> Result<()> {
-    let records = Records::mount(&ctx, db, table).await?;
+    let records = Table::mount(&ctx, db, table, records_schema()?).await?;
     let salt = format!("{}+{RECORDS_VERSION}", records.memo_key());
     ctx.mount_source(batch.salt(salt), move |ctx, item: SourceItem<P>| {
         let records = records.clone();
@@ -381,7 +341,7 @@ async fn sync_batch<P: ToRecord>(
             let key = item.payload.key_text(&item.key);
             let value = item.payload.value();
             let position = item.payload.position(item.ordinal);
-            records.declare(
+            records.declare_row(
                 &ctx,
                 &Record {
                     key: &key,
@@ -497,13 +457,14 @@ mod tests {
 
     #[test]
     fn a_postgres_source_url_gives_its_table_options_and_keeps_the_other_parameters() {
-        let Ok(Some(StreamSource::Postgres { url, display, .. })) = parse(
+        let parsed = parse(
             "postgres://u@h:5432/db?table=orders&schema=shop&key=id%2Cregion&sslmode=disable",
-        ) else {
-            panic!("not parsed");
-        };
-        assert_eq!(url, "postgres://u@h:5432/db?sslmode=disable");
-        assert_eq!(display, "shop.orders");
+        );
+        assert!(
+            matches!(&parsed, Ok(Some(StreamSource::Postgres { url, display, .. }))
+                if url == "postgres://u@h:5432/db?sslmode=disable" && display == "shop.orders"),
+            "{parsed:?}"
+        );
     }
 
     #[test]
@@ -511,20 +472,21 @@ mod tests {
         let err = parse("postgres://u:secret@h/db")
             .err()
             .map(|e| e.to_string());
-        let err = err.unwrap_or_default();
-        assert!(err.contains("?table=NAME"), "{err}");
-        assert!(!err.contains("secret"), "{err}");
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("?table=NAME") && !e.contains("secret")),
+            "{err:?}"
+        );
     }
 
     #[test]
     fn a_nats_source_url_names_server_and_stream() {
-        let Ok(Some(StreamSource::Nats { url, stream })) =
-            parse("nats://u:p@127.0.0.1:4222/ORDERS")
-        else {
-            panic!("not parsed");
-        };
-        assert_eq!(url, "nats://u:p@127.0.0.1:4222");
-        assert_eq!(stream, "ORDERS");
+        let parsed = parse("nats://u:p@127.0.0.1:4222/ORDERS");
+        assert!(
+            matches!(&parsed, Ok(Some(StreamSource::Nats { url, stream }))
+                if url == "nats://u:p@127.0.0.1:4222" && stream == "ORDERS"),
+            "{parsed:?}"
+        );
         assert!(parse("nats://127.0.0.1:4222").is_err());
         assert!(matches!(parse("some/dir"), Ok(None)));
     }

@@ -47,9 +47,9 @@ impl fmt::Display for Place {
 }
 
 /// `url` with the passwords of its user information left out
-/// (`nats://app:secret@host` → `nats://app@host`), in each of its
-/// comma-separated addresses.
-pub(super) fn without_password(url: &str) -> String {
+/// (`nats://app:secret@host` → `nats://app@host`, a token as `***`), in
+/// each of its comma-separated addresses: a server URL fit for messages.
+pub fn without_password(url: &str) -> String {
     url.split(',')
         .map(address_without_password)
         .collect::<Vec<_>>()
@@ -99,46 +99,26 @@ fn split_credentials(urls: &str) -> (Option<Credentials>, String) {
     (credentials, addresses.join(","))
 }
 
-/// The credentials of one server URL, and the URL without them.
-fn split_one(url: &str) -> (Option<Credentials>, String) {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (format!("{scheme}://"), rest),
-        None => (String::new(), url),
+/// The credentials of one server URL, and the URL without them. A URL
+/// that does not parse (`host:4222`, without a scheme) has none.
+fn split_one(address: &str) -> (Option<Credentials>, String) {
+    let Ok(mut url) = url::Url::parse(address) else {
+        return (None, address.to_string());
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    let Some((user_info, host)) = authority.rsplit_once('@') else {
-        return (None, url.to_string());
+    let decode = |part: &str| {
+        percent_encoding::percent_decode_str(part)
+            .decode_utf8_lossy()
+            .into_owned()
     };
-    let credentials = match user_info.split_once(':') {
-        Some((user, password)) => Credentials::UserPassword(decode(user), decode(password)),
-        None => Credentials::Token(decode(user_info)),
+    let credentials = match (url.username(), url.password()) {
+        ("", None) => return (None, address.to_string()),
+        (user, Some(password)) => Credentials::UserPassword(decode(user), decode(password)),
+        (token, None) => Credentials::Token(decode(token)),
     };
-    (Some(credentials), format!("{scheme}{host}{path}"))
-}
-
-/// Percent-decodes a part of a URL's user information.
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (b, hex) {
-            (b'%', Some(decoded)) => {
-                out.push(decoded);
-                i += 3;
-            }
-            _ => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    // Clearing the user information of a URL with a host cannot fail.
+    let _ = url.set_password(None);
+    let _ = url.set_username("");
+    (Some(credentials), url.to_string())
 }
 
 /// A client connected to the server, logged in with the URL's user and

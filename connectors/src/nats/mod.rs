@@ -142,7 +142,7 @@
 //! [`ConsumeOptions::max_deliveries`]: weir_actors::source::ConsumeOptions::max_deliveries
 
 mod connect;
-pub use connect::MAX_ACK_PENDING;
+pub use connect::{without_password, MAX_ACK_PENDING};
 mod fetch;
 mod message;
 mod options;
