@@ -256,11 +256,10 @@ impl App {
     /// last run acquired them); `None` outside a group.
     pub fn assignment(&self) -> Option<Assignment> {
         let holding = self.engine.member.as_ref()?.holding();
-        let mut held = holding.data();
-        held.sort_unstable();
+        // Ascending: the holding's partitions are ordered.
         Some(Assignment {
             partitions: holding.partitions,
-            held,
+            held: holding.data(),
         })
     }
 }

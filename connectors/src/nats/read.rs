@@ -17,10 +17,7 @@ use weir_actors::{IntoStableKey, Result};
 use super::connect::Place;
 use super::fetch::Pull;
 use super::message::Mapping;
-
-/// How many acknowledgements of other partitions' messages are awaited at
-/// once.
-const CONCURRENT_ACKS: usize = 256;
+use super::settle::CONCURRENT_ACKS;
 
 /// One durable consumer of the read set.
 pub(super) struct Reader {

@@ -12,8 +12,8 @@ use weir_actors::Result;
 use super::connect::Place;
 use super::message::JetStreamAck;
 
-/// How many acknowledgements are awaited at once.
-const CONCURRENT_ACKS: usize = 256;
+/// How many acknowledgements (and naks, terms) are awaited at once.
+pub(super) const CONCURRENT_ACKS: usize = 256;
 
 /// The header of a dead-letter copy that names the failure.
 pub const FAILURE_HEADER: &str = "Weir-Failure";
