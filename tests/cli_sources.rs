@@ -8,19 +8,17 @@
 
 mod cli;
 mod cmd;
+mod nats;
 mod pg;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer, stream};
-use async_nats::HeaderMap;
+use async_nats::jetstream::{self, stream};
 use sqlx::{PgPool, SqlitePool};
 
 use cli::{exits, ok, Env, PgDatabase, TestResult};
-
-const NATS_URL: &str = "nats://127.0.0.1:4222";
+use nats::TestStream;
 
 /// `key → value` of the records table of a SQLite database.
 async fn sqlite_records(env: &Env) -> BTreeMap<String, serde_json::Value> {
@@ -228,100 +226,6 @@ async fn live_mode_picks_up_a_table_change_within_a_second() -> TestResult {
     .await
 }
 
-/// A stream of this test's own; its subjects are `<name>.<key>`.
-struct TestStream {
-    js: jetstream::Context,
-    name: String,
-}
-
-impl TestStream {
-    async fn new(label: &str) -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "weir_cli_{label}_{}_{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        );
-        let js = jetstream::new(async_nats::connect(NATS_URL).await.unwrap());
-        let _ = js.delete_stream(&name).await;
-        js.create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.>")],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        Self { js, name }
-    }
-
-    fn url(&self) -> String {
-        format!("{NATS_URL}/{}", self.name)
-    }
-
-    /// Publishes `payload` (`None`: a tombstone, with the delete header) to
-    /// `<name>.<key>`.
-    async fn publish(&self, key: &str, payload: Option<&str>) {
-        let mut headers = HeaderMap::new();
-        if payload.is_none() {
-            headers.insert("Weir-Delete", "1");
-        }
-        self.js
-            .publish_with_headers(
-                format!("{}.{key}", self.name),
-                headers,
-                payload.unwrap_or("").to_string().into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
-
-    /// Publishes `messages` (as [`TestStream::publish`]) without waiting
-    /// for each acknowledgement before the next.
-    async fn publish_all(&self, messages: &[(String, Option<String>)]) {
-        for chunk in messages.chunks(500) {
-            let mut acks = Vec::with_capacity(chunk.len());
-            for (key, payload) in chunk {
-                let mut headers = HeaderMap::new();
-                if payload.is_none() {
-                    headers.insert("Weir-Delete", "1");
-                }
-                let body = payload.clone().unwrap_or_default();
-                let subject = format!("{}.{key}", self.name);
-                acks.push(
-                    self.js
-                        .publish_with_headers(subject, headers, body.into())
-                        .await
-                        .unwrap(),
-                );
-            }
-            for ack in acks {
-                ack.await.unwrap();
-            }
-        }
-    }
-
-    async fn consumer(&self, name: &str) -> consumer::Info {
-        let stream = self.js.get_stream(&self.name).await.unwrap();
-        stream.consumer_info(name).await.unwrap()
-    }
-
-    /// The stream sequence below which the consumer `name` acknowledged
-    /// everything; 0 before it exists.
-    async fn ack_floor(&self, name: &str) -> u64 {
-        let stream = self.js.get_stream(&self.name).await.unwrap();
-        stream
-            .consumer_info(name)
-            .await
-            .map_or(0, |info| info.ack_floor.stream_sequence)
-    }
-
-    async fn delete(self) {
-        let _ = self.js.delete_stream(&self.name).await;
-    }
-}
-
 /// What the records should hold after `messages`: each key's last message,
 /// unless it is a tombstone.
 fn expected(messages: &[(String, Option<String>)]) -> BTreeMap<String, serde_json::Value> {
@@ -352,16 +256,16 @@ async fn a_stream_syncs_to_its_last_message_then_exits_and_a_replay_changes_no_r
     let s = TestStream::new("replay").await;
     let msgs = messages(300, 40);
     for (k, p) in &msgs {
-        s.publish(k, p.as_deref()).await;
+        s.publish_change(k, p.as_deref()).await;
     }
-    s.publish("plain", Some("not json")).await;
+    s.publish_change("plain", Some("not json")).await;
     let env = Env::new();
     let out = ok(&env.sync_source(&s.url(), &env.url_arg(), &[]));
     assert!(out.contains("301 acknowledged"), "{out}");
     let mut want = expected(&msgs);
     want.insert("plain".into(), serde_json::json!("not json"));
     assert_eq!(sqlite_records(&env).await, want);
-    let info = s.consumer("weir").await;
+    let info = s.consumer_info("weir").await;
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
     // The whole stream again, through a new consumer: nothing changes.
     let out = ok(&env.sync_source(&s.url(), &env.url_arg(), &["--consumer", "again"]));
@@ -395,7 +299,7 @@ async fn a_sync_killed_mid_stream_and_restarted_leaves_every_row_once_and_no_tom
             .map(|(k, (v, _))| (k, v))
             .collect();
         assert_eq!(records, expected(&msgs));
-        let info = s.consumer("weir").await;
+        let info = s.consumer_info("weir").await;
         assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
         s.delete().await;
         pool.close().await;

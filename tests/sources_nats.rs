@@ -8,18 +8,19 @@
 // Test support code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod nats;
 mod pg;
 mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer, stream};
 use async_nats::HeaderMap;
 use futures::StreamExt;
+use nats::{TestStream, NATS_URL};
 use sqlx::PgPool;
 use support::*;
 use weir::connectors::nats::{JetStreamOptions, JetStreamSource};
@@ -28,82 +29,7 @@ use weir::group::{partition_of, Coordinator, WorkerGroup};
 use weir::prelude::*;
 use weir::source::{ConsumeOptions, ConsumeReport};
 
-const NATS_URL: &str = "nats://127.0.0.1:4222";
 const ROWS: &str = "test/row";
-
-/// A stream of this test's own, named after the test: its subjects are
-/// `<name>.<key>`.
-struct TestStream {
-    js: jetstream::Context,
-    name: String,
-}
-
-impl TestStream {
-    async fn new(label: &str) -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "weir_{label}_{}_{}_{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos()
-        );
-        let client = async_nats::connect(NATS_URL).await.unwrap();
-        let js = jetstream::new(client);
-        js.create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.>")],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        Self { js, name }
-    }
-
-    fn subject(&self, key: &str) -> String {
-        format!("{}.{key}", self.name)
-    }
-
-    /// Publishes `payload` to `<name>.<key>` and awaits the stream's ack.
-    async fn publish(&self, key: &str, payload: &str) {
-        self.publish_with(key, payload, HeaderMap::new()).await;
-    }
-
-    async fn publish_with(&self, key: &str, payload: &str, headers: HeaderMap) {
-        self.js
-            .publish_with_headers(self.subject(key), headers, payload.to_string().into())
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
-
-    fn options(&self) -> JetStreamOptions {
-        JetStreamOptions::new(NATS_URL, &self.name)
-    }
-
-    async fn source(&self, options: JetStreamOptions) -> JetStreamSource {
-        JetStreamSource::connect(options).await.unwrap()
-    }
-
-    async fn consumer_info(&self, consumer: &str) -> consumer::Info {
-        let stream = self.js.get_stream(&self.name).await.unwrap();
-        stream.consumer_info(consumer).await.unwrap()
-    }
-
-    /// Every message was settled: none awaits delivery or acknowledgement.
-    async fn assert_all_settled(&self, consumer: &str) {
-        let info = self.consumer_info(consumer).await;
-        assert_eq!(info.num_pending, 0, "messages not yet delivered");
-        assert_eq!(info.num_ack_pending, 0, "messages not acknowledged");
-    }
-
-    async fn delete(self) {
-        self.js.delete_stream(&self.name).await.unwrap();
-    }
-}
 
 /// Consumes `source` into the rig's rows: each message declares the row
 /// `key = payload`; a message whose payload is `poison` fails.
