@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use crate::actors::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{Error, Result};
-use crate::ledger::record::LedgerOp;
+use crate::ledger::record::{LedgerOp, StateEntry};
 use crate::model::sink::EncodedAction;
+use crate::model::StableKey;
 use crate::run::{lock, PreviewAction, Run};
 
 use super::mount::{mounted_children_op, record_failure};
@@ -175,16 +176,12 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     }
     if prev_failure.is_some() {
         ops.push(LedgerOp::SetFailure {
-            component: own.clone(),
+            component: own,
             failure: None,
         });
     }
-    let removes = removes_children(state, &prev_children);
-    let pending = !orphans.is_empty() || removes;
-    if !orphans.is_empty() && !removes {
-        defer_memo(state);
-    }
-    ops.extend(memo_op(state, own, pending, !ops.is_empty()));
+    let memo = memo_after_success(state, &orphans, &prev_children, !ops.is_empty());
+    ops.extend(memo);
     if !ops.is_empty() {
         state
             .committing
@@ -194,6 +191,23 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     note_children_and_orphans(state, &prev_children, orphans);
     free_later(run, (decls, results));
     Ok(())
+}
+
+/// The memo key op of a successful component (see [`memo_op`]); when its
+/// only pending work is deleting its orphans, the key is also kept for the
+/// end of the run (see [`defer_memo`]).
+fn memo_after_success(
+    state: &ComponentState,
+    orphans: &[StateEntry],
+    prev_children: &[StableKey],
+    changed: bool,
+) -> Option<LedgerOp> {
+    let removes = removes_children(state, prev_children);
+    if !orphans.is_empty() && !removes {
+        defer_memo(state);
+    }
+    let own = state.key.to_vec();
+    memo_op(state, own, !orphans.is_empty() || removes, changed)
 }
 
 /// Keeps the memo key of a successful component whose only pending work is
