@@ -1,6 +1,6 @@
 //! One update run: its registry of providers, sinks, failures and statistics.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -139,8 +139,8 @@ impl Run {
             engine,
             preview,
             dropping,
-            providers: Mutex::new(HashMap::new()),
-            sinks: Mutex::new(HashMap::new()),
+            providers: Mutex::new(HashMap::default()),
+            sinks: Mutex::new(HashMap::default()),
             activity: Arc::new(Activity::new()),
             intent_ids: Arc::new(Mutex::new(Vec::new())),
             failures: Mutex::new(Vec::new()),
@@ -148,11 +148,11 @@ impl Run {
             orphans: Mutex::new(Vec::new()),
             removed: Mutex::new(Vec::new()),
             preview_actions: Mutex::new(Vec::new()),
-            failed_containers: Mutex::new(HashMap::new()),
+            failed_containers: Mutex::new(HashMap::default()),
             metrics,
             inflight,
             cancelled: AtomicU64::new(0),
-            deferred_memos: Mutex::new(HashMap::new()),
+            deferred_memos: Mutex::new(HashMap::default()),
             scope,
             group,
         })

@@ -1,7 +1,8 @@
 //! Applying a commit's ops to the store atomically: one sled batch, or one
 //! transaction over both trees when it writes large entries too.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::edit::{Encoded, EntryEdit};
@@ -34,16 +35,17 @@ impl Ledger {
             note,
             touched: BTreeSet::new(),
             ledger: self,
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             index_adds: Vec::new(),
             index_removes: Vec::new(),
             forget_intents: Vec::new(),
-            containers: HashSet::new(),
-            children: HashMap::new(),
-            child_removals: HashMap::new(),
-            raw_puts: HashMap::new(),
+            containers: HashSet::default(),
+            children: HashMap::default(),
+            child_removals: HashMap::default(),
+            raw_puts: HashMap::default(),
             large: sled::Batch::default(),
             large_used: false,
+            large_changes: Vec::new(),
             keys: 0,
             bytes: 0,
             batch: sled::Batch::default(),
@@ -89,6 +91,9 @@ struct BatchBuilder<'a> {
     /// Writes to the tree of large values, and whether there are any.
     large: sled::Batch,
     large_used: bool,
+    /// Components whose entries move into the tree of large values (true)
+    /// or out of it, for the ledger's [`Layout`](super::Layout).
+    large_changes: Vec<(Vec<u8>, bool)>,
 }
 
 impl BatchBuilder<'_> {
@@ -223,11 +228,13 @@ impl BatchBuilder<'_> {
             self.del(k.clone());
             self.large.insert(k, value);
             self.large_used = true;
+            self.large_changes.push((component.to_vec(), true));
         } else {
             if was_large {
                 self.keys += 1;
                 self.large.remove(k.clone());
                 self.large_used = true;
+                self.large_changes.push((component.to_vec(), false));
             }
             self.keys += 1;
             self.bytes += (k.len() + value.len()) as u64;
@@ -528,9 +535,9 @@ impl BatchBuilder<'_> {
         {
             // An entry given whole replaces any delta (none is expected:
             // only a component without an entry gives its entry whole).
-            let deltas = self.ledger.deltas();
+            let layout = self.ledger.layout();
             for (component, _) in &raw {
-                if deltas.contains(component) {
+                if layout.deltas.contains(component) {
                     delta_changes.push((component.clone(), false));
                 }
             }
@@ -600,7 +607,7 @@ impl BatchBuilder<'_> {
                 Ok(g) => g,
                 Err(p) => p.into_inner(),
             };
-            let mut leaving: HashMap<u64, usize> = HashMap::new();
+            let mut leaving: HashMap<u64, usize> = HashMap::default();
             for c in &unpacked {
                 if let Some(id) = packs.members.get(c) {
                     *leaving.entry(*id).or_default() += 1;
@@ -616,6 +623,7 @@ impl BatchBuilder<'_> {
             self.del(key(P_PACK, &id.to_be_bytes()));
         }
         let children = std::mem::take(&mut self.children);
+        let mut parent_changes: Vec<(&[u8], bool)> = Vec::with_capacity(children.len());
         for (component, children) in &children {
             let k = key(P_CHILDREN, component);
             if children.is_empty() {
@@ -623,6 +631,7 @@ impl BatchBuilder<'_> {
             } else {
                 self.put(k, encode(children)?);
             }
+            parent_changes.push((component, !children.is_empty()));
         }
         let containers = std::mem::take(&mut self.containers);
         for k in containers {
@@ -638,7 +647,7 @@ impl BatchBuilder<'_> {
         {
             // Readers of entries wait, so that none reads an entry from
             // before this batch with a delta from after it, or the reverse.
-            let mut deltas = ledger.deltas_mut();
+            let mut layout = ledger.layout_mut();
             if self.large_used {
                 use sled::Transactional;
                 let (first, large) = (&self.batch, &self.large);
@@ -657,13 +666,11 @@ impl BatchBuilder<'_> {
             } else {
                 ledger.tree.apply_batch(self.batch)?;
             }
-            for (component, has) in delta_changes {
-                if has {
-                    deltas.insert(component);
-                } else {
-                    deltas.remove(&component);
-                }
-            }
+            layout.note(
+                delta_changes,
+                std::mem::take(&mut self.large_changes),
+                parent_changes,
+            );
         }
         self.ledger
             .seq

@@ -144,11 +144,11 @@ pub(crate) struct Ledger {
     dir: Arc<str>,
     index: Arc<RwLock<OwnerIndex>>,
     packs: Arc<RwLock<pack::PackIndex>>,
-    /// The components whose entries have a delta. Reading an entry holds
-    /// this for reading, and applying a commit holds it for writing, so
-    /// that an entry's value (in either tree) and its delta are read as one
-    /// commit left them.
-    deltas: Arc<RwLock<FxHashSet<Vec<u8>>>>,
+    /// Where entries and child lists are. Reading an entry holds this for
+    /// reading, and applying a commit holds it for writing, so that an
+    /// entry's value (in either tree) and its delta are read as one commit
+    /// left them.
+    layout: Arc<RwLock<Layout>>,
     /// Commits applied so far (stored under `mseq` by each batch).
     seq: Arc<std::sync::atomic::AtomicU64>,
     /// `weir.seq`: the commit count last flushed.
@@ -178,16 +178,65 @@ fn split_container_key(rest: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((container, component))
 }
 
+/// What the ledger knows in memory of where its components' values are,
+/// so that a read looks only where a value can be: a component's entry is
+/// read with one sled lookup, and its child list with none when it has
+/// none (most components: a component of a hundred thousand, each
+/// reconciled in a run, saves two lookups of the three it took).
+///
+/// Each set holds at least the components it names (a stale member only
+/// costs a lookup that finds nothing): they are loaded when the ledger
+/// opens, and a commit adds to them before it is applied and removes from
+/// them only what it deleted, under the write lock.
+#[derive(Default)]
+pub(crate) struct Layout {
+    /// The components whose entries have a delta (`e`).
+    deltas: FxHashSet<Vec<u8>>,
+    /// The components whose entries are in the tree of large values.
+    large: FxHashSet<Vec<u8>>,
+    /// The components with a child list (`h`).
+    parents: FxHashSet<Vec<u8>>,
+}
+
+impl Layout {
+    /// Notes what an applied commit changed: components whose entries got
+    /// (true) or lost a delta, moved into (true) or out of the tree of large
+    /// values, and got (true) or lost a child list.
+    fn note(
+        &mut self,
+        deltas: Vec<(Vec<u8>, bool)>,
+        large: Vec<(Vec<u8>, bool)>,
+        parents: Vec<(&[u8], bool)>,
+    ) {
+        for (set, changes) in [(&mut self.deltas, deltas), (&mut self.large, large)] {
+            for (component, has) in changes {
+                if has {
+                    set.insert(component);
+                } else {
+                    set.remove(&component);
+                }
+            }
+        }
+        for (component, has) in parents {
+            if has {
+                self.parents.insert(component.to_vec());
+            } else {
+                self.parents.remove(component);
+            }
+        }
+    }
+}
+
 impl Ledger {
-    fn deltas(&self) -> std::sync::RwLockReadGuard<'_, FxHashSet<Vec<u8>>> {
-        match self.deltas.read() {
+    fn layout(&self) -> std::sync::RwLockReadGuard<'_, Layout> {
+        match self.layout.read() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
     }
 
-    fn deltas_mut(&self) -> std::sync::RwLockWriteGuard<'_, FxHashSet<Vec<u8>>> {
-        match self.deltas.write() {
+    fn layout_mut(&self) -> std::sync::RwLockWriteGuard<'_, Layout> {
+        match self.layout.write() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
@@ -212,7 +261,7 @@ impl Ledger {
         let mut out = Vec::new();
         // Held throughout, so that no commit lands between an entry and
         // its delta.
-        let deltas = self.deltas();
+        let layout = self.layout();
         for item in self
             .tree
             .scan_prefix([P_COMPONENT])
@@ -223,7 +272,7 @@ impl Ledger {
                 continue;
             }
             let component = k.get(1..).unwrap_or_default();
-            let entry: ComponentEntry = match self.delta_of(component, &deltas)? {
+            let entry: ComponentEntry = match self.delta_of(component, &layout)? {
                 Some(delta) => StoredEntry::parse(self, v, Some(delta))?.to_owned_entry(),
                 None => self.decode(&v, "a component entry")?,
             };
@@ -234,7 +283,7 @@ impl Ledger {
             Err(p) => p.into_inner().members.keys().cloned().collect(),
         };
         for component in members {
-            if let Some((raw, delta)) = self.bytes_with(&component, &deltas)? {
+            if let Some((raw, delta)) = self.bytes_with(&component, &layout)? {
                 out.push((
                     component,
                     StoredEntry::parse(self, raw, delta)?.to_owned_entry(),
@@ -312,29 +361,25 @@ impl Ledger {
         // Held even for an entry without a delta: its value may be moving
         // between the trees, which `component_raw` reads one after the
         // other.
-        let deltas = self.deltas();
-        self.bytes_with(component, &deltas)
+        let layout = self.layout();
+        self.bytes_with(component, &layout)
     }
 
-    /// [`Ledger::stored_bytes`], with the components that have deltas held.
+    /// [`Ledger::stored_bytes`], with the layout held.
     fn bytes_with(
         &self,
         component: &[u8],
-        deltas: &FxHashSet<Vec<u8>>,
+        layout: &Layout,
     ) -> Result<Option<(sled::IVec, Option<sled::IVec>)>> {
-        let Some(raw) = self.component_raw(component)? else {
+        let Some(raw) = self.raw_with(component, layout)? else {
             return Ok(None);
         };
-        Ok(Some((raw, self.delta_of(component, deltas)?)))
+        Ok(Some((raw, self.delta_of(component, layout)?)))
     }
 
-    /// The delta of a component's entry, if `deltas` says it has one.
-    fn delta_of(
-        &self,
-        component: &[u8],
-        deltas: &FxHashSet<Vec<u8>>,
-    ) -> Result<Option<sled::IVec>> {
-        if !deltas.contains(component) {
+    /// The delta of a component's entry, if the layout says it has one.
+    fn delta_of(&self, component: &[u8], layout: &Layout) -> Result<Option<sled::IVec>> {
+        if !layout.deltas.contains(component) {
             return Ok(None);
         }
         Ok(self.tree.get(key(P_DELTA, component))?)
@@ -343,6 +388,11 @@ impl Ledger {
     /// The stored bytes of a component's own entry (without its delta):
     /// from its pack, or its own key.
     fn component_raw(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
+        self.raw_with(component, &self.layout())
+    }
+
+    /// [`Ledger::component_raw`], with the layout held.
+    fn raw_with(&self, component: &[u8], layout: &Layout) -> Result<Option<sled::IVec>> {
         if let Some(id) = self.pack_of(component) {
             if let Some(p) = self.tree.get(key(P_PACK, &id.to_be_bytes()))? {
                 if let Some((off, len)) = pack::find(&p, component) {
@@ -354,12 +404,17 @@ impl Ledger {
         match self.tree.get(&k)? {
             // A tombstone means the component was deleted.
             Some(v) => Ok(Some(v).filter(|v| pack::tombstone_generation(v).is_none())),
-            None => Ok(self.entries.get(&k)?),
+            None if layout.large.contains(component) => Ok(self.entries.get(&k)?),
+            None => Ok(None),
         }
     }
 
     /// The child components a component mounted in its last successful run.
     pub(crate) fn children(&self, component: &[u8]) -> Result<Vec<StableKey>> {
+        let layout = self.layout();
+        if !layout.parents.contains(component) {
+            return Ok(Vec::new());
+        }
         match self.tree.get(key(P_CHILDREN, component))? {
             Some(v) => self.decode(&v, "a child list"),
             None => Ok(Vec::new()),

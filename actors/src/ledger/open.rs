@@ -12,8 +12,8 @@ use super::index::OwnerIndex;
 use super::journal::{Journal, JournalError};
 use super::record::{Intent, LedgerOp};
 use super::{
-    key, pack, Ledger, ENTRIES_TREE, FORMAT_KEY, FORMAT_VERSION, FORMAT_WITHOUT_DELTAS, ID_KEY,
-    P_COMPONENT, P_DELTA, P_INTENT, P_PACK, SEQ_FILE, SEQ_KEY,
+    key, pack, Layout, Ledger, ENTRIES_TREE, FORMAT_KEY, FORMAT_VERSION, FORMAT_WITHOUT_DELTAS,
+    ID_KEY, P_CHILDREN, P_COMPONENT, P_DELTA, P_INTENT, P_PACK, SEQ_FILE, SEQ_KEY,
 };
 use crate::error::{Error, Result};
 
@@ -201,7 +201,7 @@ impl Ledger {
             dir: display,
             index: Arc::new(RwLock::new(OwnerIndex::default())),
             packs: Arc::new(RwLock::new(pack::PackIndex::default())),
-            deltas: Arc::new(RwLock::new(FxHashSet::default())),
+            layout: Arc::new(RwLock::new(Layout::default())),
             seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             seq_file: Arc::new(dir.join(SEQ_FILE)),
             journal: Arc::new(std::sync::Mutex::new(journal)),
@@ -221,7 +221,7 @@ impl Ledger {
         ledger.check_seq(flushed_seq)?;
         named(ledger.ensure_id())?;
         named(ledger.load_packs())?;
-        named(ledger.load_deltas())?;
+        named(ledger.load_layout())?;
         named(ledger.build_index())?;
         named(ledger.recover(pending))?;
         Ok(ledger)
@@ -372,14 +372,22 @@ impl Ledger {
         Ok(())
     }
 
-    /// Finds the components whose entries have a delta.
-    fn load_deltas(&self) -> Result<()> {
-        let mut deltas = FxHashSet::default();
-        for item in self.tree.scan_prefix([P_DELTA]) {
-            let (k, _) = item?;
-            deltas.insert(k.get(1..).unwrap_or_default().to_vec());
-        }
-        *self.deltas_mut() = deltas;
+    /// Finds the components whose entries have a delta, those whose
+    /// entries are in the tree of large values, and those with a child
+    /// list (see [`Layout`]).
+    fn load_layout(&self) -> Result<()> {
+        let components = |tree: &sled::Tree, prefix: u8| -> Result<FxHashSet<Vec<u8>>> {
+            let mut found = FxHashSet::default();
+            for k in tree.scan_prefix([prefix]).keys() {
+                found.insert(k?.get(1..).unwrap_or_default().to_vec());
+            }
+            Ok(found)
+        };
+        *self.layout_mut() = Layout {
+            deltas: components(&self.tree, P_DELTA)?,
+            large: components(&self.entries, P_COMPONENT)?,
+            parents: components(&self.tree, P_CHILDREN)?,
+        };
         Ok(())
     }
 

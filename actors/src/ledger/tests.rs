@@ -691,3 +691,121 @@ fn a_commit_whose_op_fails_fails_alone_and_the_others_of_its_group_land() -> Res
     assert!(has(&ledger, "first") && has(&ledger, "last"));
     Ok(())
 }
+
+fn add_children(component: &str, children: &[i64]) -> LedgerOp {
+    LedgerOp::AddChildren {
+        component: component.as_bytes().to_vec(),
+        children: children.iter().map(|c| StableKey::Int(*c)).collect(),
+    }
+}
+
+fn remove_child(parent: &str, child: i64) -> LedgerOp {
+    let component = crate::model::keycode::component_key(&[StableKey::Int(child)]);
+    LedgerOp::RemoveComponent {
+        component,
+        parent: Some((parent.as_bytes().to_vec(), StableKey::Int(child))),
+    }
+}
+
+fn children_of(ledger: &Ledger, component: &str) -> Result<Vec<StableKey>> {
+    ledger.children(component.as_bytes())
+}
+
+#[test]
+fn child_lists_are_read_back_as_commits_add_and_empty_them_and_after_reopening() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        assert!(children_of(ledger, "p")?.is_empty());
+        ledger.apply(vec![add_children("p", &[1, 2]), fresh("q", "x")])?;
+        assert_eq!(
+            children_of(ledger, "p")?,
+            vec![StableKey::Int(1), StableKey::Int(2)]
+        );
+        assert!(children_of(ledger, "q")?.is_empty());
+        ledger.apply(vec![remove_child("p", 1), remove_child("p", 2)])?;
+        assert!(
+            children_of(ledger, "p")?.is_empty(),
+            "a list emptied by a commit"
+        );
+        ledger.apply(vec![add_children("p", &[3]), add_children("q", &[4])])?;
+        ledger.flush()
+    })?;
+    assert_eq!(children_of(&ledger, "p")?, vec![StableKey::Int(3)]);
+    assert_eq!(children_of(&ledger, "q")?, vec![StableKey::Int(4)]);
+    ledger.apply(vec![remove_child("q", 4)])?;
+    ledger.flush()?;
+    drop(ledger);
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    assert!(children_of(&ledger, "q")?.is_empty());
+    assert_eq!(children_of(&ledger, "p")?, vec![StableKey::Int(3)]);
+    Ok(())
+}
+
+/// An entry of `n` states of `bytes` bytes each, given whole.
+fn sized(component: &str, n: usize, bytes: usize) -> LedgerOp {
+    let states: Vec<StateEntry> = (0..n)
+        .map(|i| state(&format!("p{i:06}"), &"r".repeat(bytes)))
+        .collect();
+    let indexed = states
+        .iter()
+        .map(|s| Arc::from(s.path.as_slice()))
+        .collect();
+    LedgerOp::PutEntry {
+        component: component.as_bytes().to_vec(),
+        encoded: rmp_serde::to_vec(&ComponentEntry {
+            states,
+            failure: None,
+        })
+        .unwrap_or_default()
+        .into(),
+        indexed,
+        containers: Vec::new(),
+    }
+}
+
+fn state_count(ledger: &Ledger, component: &str) -> Result<usize> {
+    Ok(ledger
+        .component(component.as_bytes())?
+        .map_or(0, |e| e.states.len()))
+}
+
+#[test]
+fn an_entry_moving_into_and_out_of_the_tree_of_large_values_is_read_back_there_and_after_reopening(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let large = |ledger: &Ledger| -> Result<bool> {
+        Ok(ledger.entries.get(key(P_COMPONENT, b"big"))?.is_some())
+    };
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(vec![sized("big", 200, 1_000)])?;
+        assert!(large(ledger)?);
+        assert_eq!(state_count(ledger, "big")?, 200);
+        ledger.flush()
+    })?;
+    assert_eq!(state_count(&ledger, "big")?, 200, "large, reopened");
+    // All but one removed: a delta beside the large value.
+    let removals = (1..200)
+        .map(|i| remove("big", &format!("p{i:06}")))
+        .collect();
+    ledger.apply(removals)?;
+    assert_eq!(state_count(&ledger, "big")?, 1);
+    ledger.flush()?;
+    drop(ledger);
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    assert_eq!(state_count(&ledger, "big")?, 1, "with its delta, reopened");
+    // The last removed: the value leaves the tree of large values, and
+    // the component, given a small entry again, is read from the first.
+    ledger.apply(vec![remove("big", "p000000")])?;
+    assert!(!large(&ledger)?);
+    assert_eq!(state_count(&ledger, "big")?, 0);
+    ledger.apply(vec![sized("big", 3, 10)])?;
+    assert!(!large(&ledger)?);
+    assert_eq!(state_count(&ledger, "big")?, 3, "small again");
+    ledger.apply(vec![sized("other", 100, 1_000)])?;
+    ledger.flush()?;
+    drop(ledger);
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    assert_eq!(state_count(&ledger, "big")?, 3, "small, reopened");
+    assert_eq!(state_count(&ledger, "other")?, 100, "large, reopened");
+    Ok(())
+}

@@ -37,9 +37,15 @@ pub(crate) struct ShardDecl {
 pub(crate) struct ShardBatch {
     pub decls: Vec<ShardDecl>,
     pub providers: Vec<Arc<ProviderCore>>,
-    /// The providers' positions, by address.
-    by_address: HashMap<usize, usize>,
+    /// The providers' positions, by address, once there are more than
+    /// [`PROVIDERS_SEARCHED`] (fewer are searched in the list: most
+    /// components name one or two, and a map per batch was an allocation
+    /// per component).
+    by_address: Option<HashMap<usize, usize>>,
 }
+
+/// The most providers of a batch found by searching its list.
+const PROVIDERS_SEARCHED: usize = 8;
 
 impl ShardBatch {
     /// Batches for `shards` shards, sized for `decls` declarations spread
@@ -63,16 +69,7 @@ impl ShardBatch {
         // added last is checked before the index.
         let provider = match self.providers.last() {
             Some(last) if Arc::ptr_eq(last, &d.provider) => self.providers.len() - 1,
-            _ => {
-                let providers = &mut self.providers;
-                *self
-                    .by_address
-                    .entry(Arc::as_ptr(&d.provider) as usize)
-                    .or_insert_with(|| {
-                        providers.push(Arc::clone(&d.provider));
-                        providers.len() - 1
-                    })
-            }
+            _ => self.provider_index(&d.provider),
         };
         self.decls.push(ShardDecl {
             idx,
@@ -82,6 +79,32 @@ impl ShardBatch {
             value: d.value.hand_on(),
             container: d.child.is_some(),
         });
+    }
+
+    /// The position of `provider` in the batch's list, added if new.
+    fn provider_index(&mut self, provider: &Arc<ProviderCore>) -> usize {
+        let providers = &mut self.providers;
+        let address = Arc::as_ptr(provider) as usize;
+        if let Some(by_address) = &mut self.by_address {
+            return *by_address.entry(address).or_insert_with(|| {
+                providers.push(Arc::clone(provider));
+                providers.len() - 1
+            });
+        }
+        if let Some(i) = providers.iter().position(|p| Arc::ptr_eq(p, provider)) {
+            return i;
+        }
+        providers.push(Arc::clone(provider));
+        if providers.len() > PROVIDERS_SEARCHED {
+            self.by_address = Some(
+                providers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| (Arc::as_ptr(p) as usize, i))
+                    .collect(),
+            );
+        }
+        providers.len() - 1
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -1,7 +1,6 @@
 //! A component's actions grouped by sink, to be sent to the sink actors.
 
-use std::collections::HashMap;
-
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use super::unit::{PlannedAction, UnitWaiter};
@@ -12,12 +11,20 @@ use crate::run::Run;
 /// The actions of one unit, grouped by sink identity, ready to dispatch.
 #[derive(Default)]
 pub(crate) struct SinkGroups {
-    groups: HashMap<u64, SinkGroup>,
+    groups: Vec<SinkGroup>,
+    /// The groups' positions by sink identity, once there are more than
+    /// [`GROUPS_SEARCHED`] (fewer are searched in the list: most units
+    /// write to one or two sinks, and a map per unit was an allocation
+    /// per component).
+    by_sink: Option<HashMap<u64, usize>>,
     total: usize,
     /// The room the first group's list starts with (later groups, of
     /// other sinks, start empty).
     room: usize,
 }
+
+/// The most groups found by searching the list.
+const GROUPS_SEARCHED: usize = 8;
 
 struct SinkGroup {
     core: Arc<SinkCore>,
@@ -45,17 +52,48 @@ impl SinkGroups {
         action: PlannedAction,
     ) {
         self.total += 1;
-        let room = &mut self.room;
-        self.groups
-            .entry(core.id)
-            .or_insert_with(|| SinkGroup {
-                core: Arc::clone(core),
-                provider: Arc::clone(provider),
-                label: Arc::clone(label),
-                actions: Vec::with_capacity(std::mem::take(room)),
-            })
-            .actions
-            .push(action);
+        let at = match self.position(core.id) {
+            Some(at) => at,
+            None => {
+                let room = std::mem::take(&mut self.room);
+                self.add_group(SinkGroup {
+                    core: Arc::clone(core),
+                    provider: Arc::clone(provider),
+                    label: Arc::clone(label),
+                    actions: Vec::with_capacity(room),
+                })
+            }
+        };
+        if let Some(group) = self.groups.get_mut(at) {
+            group.actions.push(action);
+        }
+    }
+
+    /// The position of the group of sink `id`, if there is one.
+    fn position(&self, id: u64) -> Option<usize> {
+        match &self.by_sink {
+            Some(by_sink) => by_sink.get(&id).copied(),
+            None => self.groups.iter().position(|g| g.core.id == id),
+        }
+    }
+
+    /// Adds a group, returning its position.
+    fn add_group(&mut self, group: SinkGroup) -> usize {
+        let at = self.groups.len();
+        if let Some(by_sink) = &mut self.by_sink {
+            by_sink.insert(group.core.id, at);
+        }
+        self.groups.push(group);
+        if self.by_sink.is_none() && self.groups.len() > GROUPS_SEARCHED {
+            self.by_sink = Some(
+                self.groups
+                    .iter()
+                    .enumerate()
+                    .map(|(i, g)| (g.core.id, i))
+                    .collect(),
+            );
+        }
+        at
     }
 
     /// The number of actions gathered.
@@ -66,7 +104,7 @@ impl SinkGroups {
     /// Sends every group to its sink actor, to be acknowledged to `waiter`.
     pub(crate) fn dispatch(self, run: &Run, waiter: &UnitWaiter) {
         waiter.add_pending(self.total);
-        for group in self.groups.into_values() {
+        for group in self.groups {
             run.sink(&group.core).send(ApplyActions {
                 unit: waiter.unit(group.provider, group.label),
                 actions: group.actions,
