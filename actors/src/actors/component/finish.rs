@@ -79,68 +79,16 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         return Ok(());
     }
 
-    // Apply wave by wave: containers before their children.
-    let waiter = UnitWaiter::in_partition(run.partition_of(&state.key));
-    let mut attempted: Vec<usize> = Vec::new();
-    let mut failure: Option<Error> = None;
-    let mut records: Option<Result<SuccessRecords>> = None;
-    // A large wave goes to the sinks a batch at a time, so that the first
-    // sink calls start while the rest is being planned.
-    let batch = run.engine.config.batch.max_actions.max(1);
-    for (w, wave) in waves.iter().enumerate() {
-        // A fresh component has an action for every state: its sink
-        // group starts with room for a batch of them. Another's waves
-        // hold its unchanged states too, so its groups grow as needed.
-        let room = |left: usize| if fresh { left.min(batch) } else { 0 };
-        let mut groups = SinkGroups::with_room(room(wave.len()));
-        for (n, &i) in wave.iter().enumerate() {
-            let (Some(r), Some(d)) = (results.get_mut(i), decls.get(i)) else {
-                continue;
-            };
-            let typed = r.output.as_mut().and_then(|o| o.typed.take());
-            let r = &*r;
-            let Some(out) = &r.output else { continue };
-            // A container's refresh is applied like any action: its sink
-            // is called on every run that returns one (it needs no intent:
-            // its records do not change, and it counts as unchanged).
-            let refresh = is_refresh(state, d, r);
-            let planned = PlannedAction {
-                action: EncodedAction {
-                    kind: out.kind,
-                    bytes: Arc::clone(&out.action),
-                    typed,
-                },
-                key: d.key.clone(),
-                intent: intent_for(state, d, r),
-                refresh,
-            };
-            groups.add(
-                &out.sink,
-                &d.provider.path.name,
-                &d.provider.path.root,
-                planned,
-            );
-            if !refresh {
-                attempted.push(i);
-            }
-            if groups.len() >= batch {
-                let left = wave.len() - n - 1;
-                std::mem::replace(&mut groups, SinkGroups::with_room(room(left)))
-                    .dispatch(run, &waiter);
-            }
-        }
-        groups.dispatch(run, &waiter);
-        state.leave_activity();
-        if w + 1 == waves.len() {
-            // What to commit if every action lands, worked out while the
-            // sinks apply the last wave.
-            records = Some(success_records(state, &decls, &results, fresh));
-        }
-        failure = waiter.wait().await;
-        if failure.is_some() {
-            break;
-        }
-    }
+    let Applied {
+        failure,
+        attempted,
+        records,
+    } = if results.len() == 0 {
+        // Every declaration found unchanged: nothing to dispatch or wait for.
+        Applied::default()
+    } else {
+        apply_waves(state, &decls, &mut results, &waves, fresh).await
+    };
     state.leave_activity();
 
     if let Some(err) = failure {
@@ -191,6 +139,92 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     note_children_and_orphans(state, &prev_children, orphans);
     free_later(run, (decls, results));
     Ok(())
+}
+
+/// What applying a component's waves came to.
+#[derive(Default)]
+struct Applied {
+    /// The first failure, which stopped the waves.
+    failure: Option<Error>,
+    /// The declarations whose actions were dispatched (refreshes aside).
+    attempted: Vec<usize>,
+    /// What to commit if every action landed, worked out while the sinks
+    /// applied the last wave (`None` if a wave failed before).
+    records: Option<Result<SuccessRecords>>,
+}
+
+/// Applies the actions of `waves` wave by wave (containers before their
+/// children), a batch of actions at a time.
+async fn apply_waves(
+    state: &Arc<ComponentState>,
+    decls: &[Declaration],
+    results: &mut Outcomes,
+    waves: &[Vec<usize>],
+    fresh: bool,
+) -> Applied {
+    let run = &state.run;
+    let waiter = UnitWaiter::in_partition(run.partition_of(&state.key));
+    let mut out = Applied::default();
+    // A large wave goes to the sinks a batch at a time, so that the first
+    // sink calls start while the rest is being planned.
+    let batch = run.engine.config.batch.max_actions.max(1);
+    for (w, wave) in waves.iter().enumerate() {
+        // A fresh component has an action for every state: its sink
+        // group starts with room for a batch of them. Another's waves
+        // hold its unchanged states too, so its groups grow as needed.
+        let room = |left: usize| if fresh { left.min(batch) } else { 0 };
+        let mut groups = SinkGroups::with_room(room(wave.len()));
+        for (n, &i) in wave.iter().enumerate() {
+            let (Some(r), Some(d)) = (results.get_mut(i), decls.get(i)) else {
+                continue;
+            };
+            let typed = r.output.as_mut().and_then(|o| o.typed.take());
+            let r = &*r;
+            let Some(out_action) = &r.output else {
+                continue;
+            };
+            // A container's refresh is applied like any action: its sink
+            // is called on every run that returns one (it needs no intent:
+            // its records do not change, and it counts as unchanged).
+            let refresh = is_refresh(state, d, r);
+            let planned = PlannedAction {
+                action: EncodedAction {
+                    kind: out_action.kind,
+                    bytes: Arc::clone(&out_action.action),
+                    typed,
+                },
+                key: d.key.clone(),
+                intent: intent_for(state, d, r),
+                refresh,
+            };
+            groups.add(
+                &out_action.sink,
+                &d.provider.path.name,
+                &d.provider.path.root,
+                planned,
+            );
+            if !refresh {
+                out.attempted.push(i);
+            }
+            if groups.len() >= batch {
+                let left = wave.len() - n - 1;
+                std::mem::replace(&mut groups, SinkGroups::with_room(room(left)))
+                    .dispatch(run, &waiter);
+            }
+        }
+        groups.dispatch(run, &waiter);
+        state.leave_activity();
+        if w + 1 == waves.len() {
+            // What to commit if every action lands, worked out while the
+            // sinks apply the last wave.
+            out.records = Some(success_records(state, decls, results, fresh));
+        }
+        out.failure = waiter.wait().await;
+        if out.failure.is_some() {
+            break;
+        }
+    }
+    out
 }
 
 /// The memo key op of a successful component (see [`memo_op`]); when its

@@ -33,8 +33,11 @@ pub(super) struct Reconciled {
 /// returned. Each reply's outcomes stay in a part of their own, sized once:
 /// one list grown reply by reply would copy a first run's outcomes again.
 pub(super) struct Outcomes {
-    /// Per declaration, where its outcome is: part and position.
+    /// Per declaration, where its outcome is: part and position. Sized
+    /// for every declaration once a reply brings an outcome (most
+    /// components of a run with nothing to do get none).
     slot: Vec<(usize, usize)>,
+    declarations: usize,
     /// The replies' outcomes, each with its declaration's index.
     parts: Vec<Vec<(usize, Reconciled)>>,
 }
@@ -45,7 +48,8 @@ const NO_OUTCOME: (usize, usize) = (usize::MAX, usize::MAX);
 impl Outcomes {
     fn new(declarations: usize) -> Self {
         Self {
-            slot: vec![NO_OUTCOME; declarations],
+            slot: Vec::new(),
+            declarations,
             parts: Vec::new(),
         }
     }
@@ -53,6 +57,12 @@ impl Outcomes {
     /// Records a reply's outcomes, by declaration index (an index out of
     /// range is dropped: every index comes from the component's own list).
     fn add(&mut self, outcomes: Vec<(usize, Reconciled)>) {
+        if outcomes.is_empty() {
+            return;
+        }
+        if self.slot.is_empty() {
+            self.slot = vec![NO_OUTCOME; self.declarations];
+        }
         let part = self.parts.len();
         for (at, (idx, _)) in outcomes.iter().enumerate() {
             if let Some(slot) = self.slot.get_mut(*idx) {

@@ -44,6 +44,9 @@ pub(crate) struct ShardBatch {
     by_address: Option<HashMap<usize, usize>>,
 }
 
+/// The fewest declarations for which each shard's list is sized ahead.
+const SIZED_FROM: usize = 64;
+
 /// The most providers of a batch found by searching its list.
 const PROVIDERS_SEARCHED: usize = 8;
 
@@ -52,8 +55,14 @@ impl ShardBatch {
     /// over them.
     pub(crate) fn for_shards(shards: usize, decls: usize) -> Vec<ShardBatch> {
         let each = decls / shards.max(1);
-        // Paths hash evenly: a little over the mean is enough.
-        let capacity = each + each / 8 + 8;
+        // Paths hash evenly: a little over the mean is enough. A few
+        // declarations are not sized for: most shards get none, and an
+        // empty list allocates nothing.
+        let capacity = if decls < SIZED_FROM {
+            0
+        } else {
+            each + each / 8 + 8
+        };
         (0..shards)
             .map(|_| ShardBatch {
                 decls: Vec::with_capacity(capacity),
