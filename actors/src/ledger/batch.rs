@@ -46,6 +46,7 @@ impl Ledger {
             large: sled::Batch::default(),
             large_used: false,
             large_changes: Vec::new(),
+            memo_puts: HashSet::default(),
             keys: 0,
             bytes: 0,
             batch: sled::Batch::default(),
@@ -94,6 +95,8 @@ struct BatchBuilder<'a> {
     /// Components whose entries move into the tree of large values (true)
     /// or out of it, for the ledger's [`Layout`](super::Layout).
     large_changes: Vec<(Vec<u8>, bool)>,
+    /// The memo keys this batch writes (`o` keys).
+    memo_puts: HashSet<Vec<u8>>,
 }
 
 impl BatchBuilder<'_> {
@@ -432,8 +435,17 @@ impl BatchBuilder<'_> {
             LedgerOp::SetMemo { component, memo } => {
                 let k = key(P_MEMO, &component);
                 match memo {
-                    Some(m) => self.put(k, m),
-                    None => self.del(k),
+                    Some(m) => {
+                        self.memo_puts.insert(k.clone());
+                        self.put(k, m);
+                    }
+                    // Every new component run without a memo key forgets
+                    // one: deleting a key that is not there would write a
+                    // tombstone into the store for nothing.
+                    None if self.memo_puts.contains(&k) || self.ledger.tree.contains_key(&k)? => {
+                        self.del(k)
+                    }
+                    None => {}
                 }
             }
             LedgerOp::RemoveComponent { component, parent } => {

@@ -809,3 +809,30 @@ fn an_entry_moving_into_and_out_of_the_tree_of_large_values_is_read_back_there_a
     assert_eq!(state_count(&ledger, "other")?, 100, "large, reopened");
     Ok(())
 }
+
+fn forget_memo(component: &str) -> LedgerOp {
+    LedgerOp::SetMemo {
+        component: component.as_bytes().to_vec(),
+        memo: None,
+    }
+}
+
+#[test]
+fn a_memo_key_is_forgotten_whether_stored_before_or_written_earlier_in_the_same_commit(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    ledger.apply(vec![set_memo("stored", "m1")])?;
+    ledger.apply(vec![
+        forget_memo("stored"),
+        set_memo("same", "m2"),
+        forget_memo("same"),
+        forget_memo("never"),
+        set_memo("kept", "m3"),
+    ])?;
+    assert_eq!(ledger.memo(b"stored")?, None);
+    assert_eq!(ledger.memo(b"same")?, None);
+    assert_eq!(ledger.memo(b"never")?, None);
+    assert_eq!(ledger.memo(b"kept")?.as_deref(), Some(&b"m3"[..]));
+    Ok(())
+}
