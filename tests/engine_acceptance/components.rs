@@ -163,6 +163,74 @@ async fn component_keys_of_different_kinds_are_different_components() -> Result<
     Ok(())
 }
 
+/// Counts the components running their code at once, and the most seen.
+#[derive(Default)]
+struct Running {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl Running {
+    async fn during(&self, work: impl std::future::Future<Output = ()>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        work.await;
+        self.now.fetch_sub(1, SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_nested_children_all_commit_and_never_more_than_max_inflight_run_at_once() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let app = open_with(dir.path(), |b| b.max_inflight_components(5)).await?;
+    let ext = Ext::new();
+    let handler = ext.handler();
+    let running = Arc::new(Running::default());
+    let leaves = Arc::clone(&running);
+    // More children per parent than the parent takes slots for at once.
+    bounded(app.run(move |ctx| async move {
+        let p = register_root_target_states_provider(&ctx, KV, handler)?;
+        ctx.mount_each(
+            (0..40i64).collect::<Vec<_>>(),
+            |i| *i,
+            move |c, i| {
+                let p = p.clone();
+                let leaves = Arc::clone(&leaves);
+                async move {
+                    c.mount_each(
+                        (0..50i64).collect::<Vec<_>>(),
+                        |j| *j,
+                        move |e, j| {
+                            let p = p.clone();
+                            let leaves = Arc::clone(&leaves);
+                            async move {
+                                leaves
+                                    .during(tokio::time::sleep(std::time::Duration::from_micros(
+                                        200,
+                                    )))
+                                    .await;
+                                declare_target_state(&e, p.target_state((i, j), "v".to_string()))
+                            }
+                        },
+                    )
+                    .await
+                }
+            },
+        )
+        .await
+    }))
+    .await?;
+    assert_eq!(ext.store().len(), 40 * 50);
+    let most = running.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (2..=5).contains(&most),
+        "{most} leaves ran at once, with 5 slots"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_inflight_components_of_one_runs_nested_mounts_without_deadlock() -> Result<()> {
     let dir = tempfile::tempdir()?;

@@ -5,6 +5,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::record::LedgerOp;
@@ -354,18 +355,13 @@ where
     let had_slot = parent.release_slot();
     let mut handles = ChildTasks::default();
     let mut interrupted = false;
+    let mut slots = Slots::default();
+    let mut left = items.len();
     for (key, item) in items {
-        let permit = match Arc::clone(&run.inflight).try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                // Wait for a slot without counting as active.
-                parent.leave_activity();
-                match Arc::clone(&run.inflight).acquire_owned().await {
-                    Ok(p) => p,
-                    Err(_) => break,
-                }
-            }
+        let Some(permit) = slots.next(parent, left).await else {
+            break;
         };
+        left -= 1;
         if shutdown.is_requested() {
             interrupted = true;
             break;
@@ -397,6 +393,50 @@ where
         return Err(self::interrupted(parent));
     }
     Ok(())
+}
+
+/// The slots a parent takes for its children. When none is free, it waits
+/// for several at once (up to [`SLOTS_AWAITED`]), so that a parent of many
+/// small children is woken once per few of them that end rather than once
+/// per child.
+#[derive(Default)]
+struct Slots {
+    /// Slots taken and not handed to a child yet.
+    spare: Option<OwnedSemaphorePermit>,
+}
+
+/// The most slots a parent waits for at once.
+const SLOTS_AWAITED: usize = 32;
+
+impl Slots {
+    /// A slot for the next child, `left` children (this one included)
+    /// being left to mount; `None` once the run's slots are closed.
+    async fn next(&mut self, parent: &ComponentState, left: usize) -> Option<OwnedSemaphorePermit> {
+        if self.spare.is_none() {
+            let inflight = &parent.run.inflight;
+            if let Ok(p) = Arc::clone(inflight).try_acquire_owned() {
+                return Some(p);
+            }
+            // Wait for slots without counting as active.
+            parent.leave_activity();
+            let wanted = left
+                .min(SLOTS_AWAITED)
+                .min(parent.run.engine.config.max_inflight)
+                .max(1);
+            let wanted = u32::try_from(wanted).unwrap_or(1);
+            self.spare = Some(Arc::clone(inflight).acquire_many_owned(wanted).await.ok()?);
+        }
+        self.take_one()
+    }
+
+    /// One of the spare slots.
+    fn take_one(&mut self) -> Option<OwnedSemaphorePermit> {
+        let spare = self.spare.as_mut()?;
+        if spare.num_permits() > 1 {
+            return spare.split(1);
+        }
+        self.spare.take()
+    }
 }
 
 /// The tasks of a parent's children. Finished ones are reaped as more are
