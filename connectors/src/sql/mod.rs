@@ -18,7 +18,8 @@ pub(crate) mod owners;
 pub mod schema;
 pub mod value;
 
-pub use ident::{on_conflict_update, quote_identifier, validate_identifier};
+pub use ident::{quote_identifier, validate_identifier};
+pub use schema::on_conflict_update;
 
 use weir_actors::statediff::ManagedBy;
 use weir_actors::{PreviewAction, StableKey};

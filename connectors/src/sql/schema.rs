@@ -397,6 +397,27 @@ impl TableSchema {
     }
 }
 
+/// The `ON CONFLICT` action of an upsert into a table with `schema`:
+/// `DO UPDATE SET col = <excluded>.col` for every column outside the primary
+/// key, or `DO NOTHING` when every column is in the key. `excluded` is the
+/// pseudo-table's name as the dialect's SQL spells it (`EXCLUDED`).
+pub fn on_conflict_update(schema: &TableSchema, excluded: &str) -> String {
+    let updates: Vec<String> = schema
+        .columns()
+        .iter()
+        .filter(|c| !schema.is_key(&c.name))
+        .map(|c| {
+            let q = super::ident::quote_identifier(&c.name);
+            format!("{q} = {excluded}.{q}")
+        })
+        .collect();
+    if updates.is_empty() {
+        "DO NOTHING".to_string()
+    } else {
+        format!("DO UPDATE SET {}", updates.join(", "))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

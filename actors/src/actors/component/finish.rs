@@ -9,7 +9,7 @@ use crate::model::sink::EncodedAction;
 use crate::model::StableKey;
 use crate::run::{lock, PreviewAction, Run};
 
-use super::mount::{mounted_children_op, record_failure};
+use super::failed::{mounted_children_op, record_failure};
 use super::records::{
     children_change, full_intent, intent_for, is_refresh, note_children_and_orphans,
     removes_children, success_records, SuccessRecords,

@@ -11,6 +11,7 @@
 //! - [`mount`](mod@mount): running a component's code, and mounting its children;
 //! - [`waves`]: reconciling the declarations with the shards;
 //! - [`finish`]: applying the actions and committing, once the code returned;
+//! - [`failed`]: what a failed component commits;
 //! - [`records`]: what the commit writes to the ledger, and the intents
 //!   written before the actions are applied.
 
@@ -30,6 +31,7 @@ use crate::model::provider::{ChildGeneration, DeclaredValue, ProviderCore, Resol
 use crate::model::{ComponentPath, StableKey};
 use crate::run::{lock, Run};
 
+mod failed;
 mod finish;
 mod mount;
 mod records;

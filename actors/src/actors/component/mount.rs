@@ -8,11 +8,11 @@ use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::{ComponentFailure, Error, Result};
-use crate::ledger::record::LedgerOp;
 use crate::model::{ComponentPath, StableKey};
 use crate::run::lock;
 use crate::run::Run;
 
+use super::failed::{failure_ops, record_failure};
 use super::finish::finish;
 use super::ComponentState;
 use crate::actors::pipeline::AbortOnDrop;
@@ -191,45 +191,6 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".to_string())
-}
-
-/// Remembers in the ledger that the component failed; its states stay as
-/// they were.
-pub(super) async fn record_failure(state: &ComponentState, err: &Error) {
-    if state.run.preview || state.read_only_root() {
-        return;
-    }
-    // The failure itself is reported to the caller; a ledger error here
-    // only loses the note, which the next run rewrites.
-    let _ = state
-        .run
-        .engine
-        .ledger_handle
-        .commit(failure_ops(state, err))
-        .await;
-}
-
-/// The ops that note a component's failure, and the children it mounted.
-fn failure_ops(state: &ComponentState, err: &Error) -> Vec<LedgerOp> {
-    let mut ops = vec![LedgerOp::SetFailure {
-        component: state.key.to_vec(),
-        failure: Some(err.to_string()),
-    }];
-    ops.extend(mounted_children_op(state));
-    ops
-}
-
-/// Lists the children mounted in this run in the component's child list,
-/// so that they are found again even when the component fails.
-pub(super) fn mounted_children_op(state: &ComponentState) -> Option<LedgerOp> {
-    if state.is_group_root() {
-        return None;
-    }
-    let children = lock(&state.children);
-    (!children.keys.is_empty()).then(|| LedgerOp::AddChildren {
-        component: state.key.to_vec(),
-        children: children.keys.clone(),
-    })
 }
 
 /// Mounts one child component and waits until it has committed. A

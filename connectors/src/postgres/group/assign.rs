@@ -18,7 +18,7 @@ use sqlx::PgConnection;
 use weir_actors::group::PartitionState;
 use weir_actors::{PartitionId, Result};
 
-use super::member::{lock_group, no_group};
+use super::settings::{lock_group, no_group};
 
 /// A partition's row: number, live owner, target, epoch, completed pass.
 type StateRow = (i32, Option<String>, Option<String>, i64, Option<i64>);

@@ -18,6 +18,7 @@ mod lease;
 mod member;
 mod pass;
 mod schema;
+mod settings;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -177,7 +178,7 @@ impl PostgresCoordinator {
         if known.is_some() {
             return Ok(known);
         }
-        let settings = member::settings(self.ready().await?, group).await?;
+        let settings = settings::settings(self.ready().await?, group).await?;
         let ttl = settings.map(|s| s.lease_ttl);
         if let Some(ttl) = ttl {
             self.remember_ttl(group, ttl);
