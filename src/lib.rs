@@ -12,6 +12,8 @@
 
 pub use weir_actors::*;
 
+pub mod guide;
+
 /// Source and target connectors.
 pub use weir_connectors as connectors;
 
