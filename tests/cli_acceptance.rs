@@ -1,6 +1,6 @@
 //! Acceptance tests of the main job: the `weir` command run as a
 //! black box on generated trees, with the SQLite (and PostgreSQL) tables
-//! checked exactly. They look for behaviour the README promises
+//! checked exactly. They look for behaviour the guide (`weir::guide::command`) promises
 //! that `tests/cli_sync.rs` does not already check.
 
 // Test code: a failed unwrap is a failed test.
@@ -128,7 +128,7 @@ async fn a_deeply_nested_file_is_keyed_by_its_whole_relative_path() -> TestResul
 async fn a_gitignore_in_a_subdirectory_applies_only_below_it_and_one_above_the_root_is_not_read(
 ) -> TestResult {
     let env = Env::new();
-    // Above the root: must be ignored (README: ignore files above the root
+    // Above the root: must be ignored (the guide: ignore files above the root
     // are never read).
     std::fs::write(env.tmp.path().join(".gitignore"), "*.md\n")?;
     env.put("a.log", "top log\n");

@@ -1,5 +1,5 @@
 //! Black-box acceptance tests of the engine's contract (`API.md`, its 14
-//! guarantees, and the README's "What weir guarantees" and "Reliability"),
+//! guarantees, and the guide's guarantees and reliability, `weir::guide::guarantees`),
 //! written against the public API only, with in-memory targets of our own.
 //!
 //! Each test names the behaviour it checks. The external system is an
