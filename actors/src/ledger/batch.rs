@@ -46,6 +46,8 @@ impl Ledger {
             large: sled::Batch::default(),
             large_used: false,
             large_changes: Vec::new(),
+            delta_changes: Vec::new(),
+            parent_changes: Vec::new(),
             memo_puts: HashSet::default(),
             keys: 0,
             bytes: 0,
@@ -95,6 +97,10 @@ struct BatchBuilder<'a> {
     /// Components whose entries move into the tree of large values (true)
     /// or out of it, for the ledger's [`Layout`](super::Layout).
     large_changes: Vec<(Vec<u8>, bool)>,
+    /// Components whose delta this batch writes (true) or deletes.
+    delta_changes: Vec<(Vec<u8>, bool)>,
+    /// Components whose child list this batch writes (true) or deletes.
+    parent_changes: Vec<(Vec<u8>, bool)>,
     /// The memo keys this batch writes (`o` keys).
     memo_puts: HashSet<Vec<u8>>,
 }
@@ -283,132 +289,18 @@ impl BatchBuilder<'_> {
                 encoded,
                 indexed,
                 containers,
-            } => {
-                self.index_adds.push((component.clone(), indexed));
-                for c in containers {
-                    self.note_container(Some(&c), &component);
-                }
-                if self.entries.contains_key(&component) {
-                    // Edited earlier in this batch: merge instead.
-                    let entry: ComponentEntry =
-                        self.ledger.decode(&encoded, "a component entry")?;
-                    let edit = self.edit(&component)?;
-                    for s in entry.states {
-                        edit.upsert(s);
-                    }
-                } else {
-                    self.raw_puts.insert(component, encoded);
-                }
-            }
+            } => self.put_entry(component, encoded, indexed, containers)?,
             LedgerOp::Remove { component, path } => {
                 self.edit(&component)?.remove(&path);
                 self.index_removes.push((path, component));
             }
             LedgerOp::Recover(intent) => {
                 if !self.already_committed(&intent)? {
-                    self.op(LedgerOp::Fold(intent))?;
+                    self.fold(intent)?;
                 }
             }
-            LedgerOp::Fold(intent) => {
-                // The component's states may now differ from what its memo
-                // key stands for: it must run again.
-                self.del(key(P_MEMO, &intent.component));
-                self.note_container(
-                    intent.container.as_ref().map(|c| c.as_slice()),
-                    &intent.component,
-                );
-                let entry = self.entry(&intent.component)?;
-                match entry.find(&intent.path) {
-                    Ok(i) => {
-                        let s = &mut entry.states[i];
-                        if let Some(r) = &intent.record {
-                            if !s.records.contains(r) {
-                                s.records.push(r.clone());
-                            }
-                        }
-                        s.may_be_missing = true;
-                        // The record may have been written under the newer
-                        // parent generation: never let it fall below a floor.
-                        s.gen = s.gen.max(intent.gen);
-                        if let Some(cg) = intent.child_gen {
-                            // The container change may or may not have
-                            // happened: children may be missing (a lossy
-                            // bump), but their records are kept.
-                            let old = s.child_gen.unwrap_or_default();
-                            s.child_gen = Some(crate::model::provider::ChildGeneration {
-                                current: old.current.max(cg.current),
-                                destructive_floor: old.destructive_floor,
-                            });
-                        }
-                    }
-                    Err(i) => {
-                        entry.states.insert(
-                            i,
-                            StateEntry {
-                                path: intent.path.clone(),
-                                records: intent.record.iter().cloned().collect(),
-                                may_be_missing: true,
-                                gen: intent.gen,
-                                child_gen: intent.child_gen,
-                            },
-                        );
-                        self.index_add(&intent.component, &intent.path);
-                    }
-                }
-            }
-            LedgerOp::DropDescendants { path } => {
-                let path = path.as_slice();
-                let mut holders: Vec<Vec<u8>> = Vec::new();
-                // The container itself, or one below it (a byte prefix can
-                // also be another key: see `keycode::is_below`).
-                let at_or_below = |rest: &[u8]| {
-                    split_container_key(rest).is_some_and(|(container, _)| {
-                        container == path || keycode::is_below(container, path)
-                    })
-                };
-                for item in self.ledger.tree.scan_prefix(key(P_CONTAINER, path)) {
-                    let (k, _) = item?;
-                    let rest = k.get(1..).unwrap_or_default();
-                    if !at_or_below(rest) {
-                        continue;
-                    }
-                    if let Some((_, component)) = split_container_key(rest) {
-                        holders.push(component.to_vec());
-                    }
-                    self.del(k);
-                }
-                let pending: Vec<Vec<u8>> = self
-                    .containers
-                    .iter()
-                    .filter(|k| k.get(1..).is_some_and(at_or_below))
-                    .cloned()
-                    .collect();
-                for k in pending {
-                    if let Some((_, component)) = k.get(1..).and_then(split_container_key) {
-                        holders.push(component.to_vec());
-                    }
-                    self.containers.remove(&k);
-                }
-                holders.sort();
-                holders.dedup();
-                if self.note {
-                    self.touched.extend(holders.iter().cloned());
-                }
-                for component in holders {
-                    let entry = self.entry(&component)?;
-                    let mut gone = Vec::new();
-                    entry.states.retain(|s| {
-                        let below = keycode::is_below(&s.path, path);
-                        if below {
-                            gone.push(s.path.to_vec());
-                        }
-                        !below
-                    });
-                    for p in gone {
-                        self.index_removes.push((p, component.clone()));
-                    }
-                }
-            }
+            LedgerOp::Fold(intent) => self.fold(intent)?,
+            LedgerOp::DropDescendants { path } => self.drop_descendants(&path)?,
             LedgerOp::AddChildren {
                 component,
                 children,
@@ -432,48 +324,188 @@ impl BatchBuilder<'_> {
                 let runs = self.ledger.failed_runs(&component)? + 1;
                 self.put(key(P_FAILED_RUNS, &component), runs.to_be_bytes().to_vec());
             }
-            LedgerOp::SetMemo { component, memo } => {
-                let k = key(P_MEMO, &component);
-                match memo {
-                    Some(m) => {
-                        self.memo_puts.insert(k.clone());
-                        self.put(k, m);
-                    }
-                    // Every new component run without a memo key forgets
-                    // one: deleting a key that is not there would write a
-                    // tombstone into the store for nothing.
-                    None if self.memo_puts.contains(&k) || self.ledger.tree.contains_key(&k)? => {
-                        self.del(k)
-                    }
-                    None => {}
-                }
-            }
+            LedgerOp::SetMemo { component, memo } => self.set_memo(&component, memo)?,
             LedgerOp::RemoveComponent { component, parent } => {
-                let entry = self.entry(&component)?;
-                if !entry.states.is_empty() {
-                    return Ok(());
-                }
-                self.children_of(&component)?;
-                let pending = self.child_removals.get(&component);
-                let left = self.children.get(&component).is_some_and(|list| {
-                    list.iter().any(|k| !pending.is_some_and(|p| p.contains(k)))
-                });
-                if left {
-                    return Ok(());
-                }
-                self.edit(&component)?.base.failure = None;
-                self.del(key(P_MEMO, &component));
-                self.del(key(P_FAILED_RUNS, &component));
-                self.children.insert(component.clone(), Vec::new());
-                self.child_removals.remove(&component);
-                if let Some((parent, key)) = parent {
-                    self.children_of(&parent)?;
-                    self.child_removals.entry(parent).or_default().insert(key);
-                }
+                self.remove_component(component, parent)?
             }
             LedgerOp::DeleteIntents { id } => self.forget_intents.push(id),
             LedgerOp::Forget { component } => self.forget(&component)?,
             LedgerOp::Restore { component, record } => self.restore(component, *record)?,
+        }
+        Ok(())
+    }
+
+    /// A component's whole entry, encoded by the component: kept as given,
+    /// unless the batch edited the entry already (then merged into it).
+    fn put_entry(
+        &mut self,
+        component: Vec<u8>,
+        encoded: Arc<[u8]>,
+        indexed: Vec<Arc<[u8]>>,
+        containers: Vec<Vec<u8>>,
+    ) -> Result<()> {
+        self.index_adds.push((component.clone(), indexed));
+        for c in containers {
+            self.note_container(Some(&c), &component);
+        }
+        if self.entries.contains_key(&component) {
+            // Edited earlier in this batch: merge instead.
+            let entry: ComponentEntry = self.ledger.decode(&encoded, "a component entry")?;
+            let edit = self.edit(&component)?;
+            for s in entry.states {
+                edit.upsert(s);
+            }
+        } else {
+            self.raw_puts.insert(component, encoded);
+        }
+        Ok(())
+    }
+
+    /// Folds an intent into its component's entry as a possible record:
+    /// the state may be missing, and keeps every record it may have.
+    fn fold(&mut self, intent: Intent) -> Result<()> {
+        // The component's states may now differ from what its memo key
+        // stands for: it must run again.
+        self.del(key(P_MEMO, &intent.component));
+        self.note_container(
+            intent.container.as_ref().map(|c| c.as_slice()),
+            &intent.component,
+        );
+        let entry = self.entry(&intent.component)?;
+        match entry.find(&intent.path) {
+            Ok(i) => {
+                if let Some(s) = entry.states.get_mut(i) {
+                    fold_into(s, &intent);
+                }
+            }
+            Err(i) => {
+                entry.states.insert(
+                    i,
+                    StateEntry {
+                        path: intent.path.clone(),
+                        records: intent.record.iter().cloned().collect(),
+                        may_be_missing: true,
+                        gen: intent.gen,
+                        child_gen: intent.child_gen,
+                    },
+                );
+                self.index_add(&intent.component, &intent.path);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the states below a container at `path`, in every component
+    /// that holds some, and the container's `d` keys.
+    fn drop_descendants(&mut self, path: &[u8]) -> Result<()> {
+        let holders = self.holders_below(path)?;
+        if self.note {
+            self.touched.extend(holders.iter().cloned());
+        }
+        for component in holders {
+            let entry = self.entry(&component)?;
+            let mut gone = Vec::new();
+            entry.states.retain(|s| {
+                let below = keycode::is_below(&s.path, path);
+                if below {
+                    gone.push(s.path.to_vec());
+                }
+                !below
+            });
+            for p in gone {
+                self.index_removes.push((p, component.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The components holding states at or below the container at `path`
+    /// (stored, or noted in this batch), sorted; their `d` keys go.
+    fn holders_below(&mut self, path: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let mut holders: Vec<Vec<u8>> = Vec::new();
+        // The container itself, or one below it (a byte prefix can also
+        // be another key: see `keycode::is_below`).
+        let at_or_below = |rest: &[u8]| {
+            split_container_key(rest).is_some_and(|(container, _)| {
+                container == path || keycode::is_below(container, path)
+            })
+        };
+        for item in self.ledger.tree.scan_prefix(key(P_CONTAINER, path)) {
+            let (k, _) = item?;
+            let rest = k.get(1..).unwrap_or_default();
+            if !at_or_below(rest) {
+                continue;
+            }
+            if let Some((_, component)) = split_container_key(rest) {
+                holders.push(component.to_vec());
+            }
+            self.del(k);
+        }
+        let pending: Vec<Vec<u8>> = self
+            .containers
+            .iter()
+            .filter(|k| k.get(1..).is_some_and(at_or_below))
+            .cloned()
+            .collect();
+        for k in pending {
+            if let Some((_, component)) = k.get(1..).and_then(split_container_key) {
+                holders.push(component.to_vec());
+            }
+            self.containers.remove(&k);
+        }
+        holders.sort();
+        holders.dedup();
+        Ok(holders)
+    }
+
+    /// Records or forgets a component's memo key.
+    fn set_memo(&mut self, component: &[u8], memo: Option<Vec<u8>>) -> Result<()> {
+        let k = key(P_MEMO, component);
+        match memo {
+            Some(m) => {
+                self.memo_puts.insert(k.clone());
+                self.put(k, m);
+            }
+            // Every new component run without a memo key forgets one:
+            // deleting a key that is not there would write a tombstone into
+            // the store for nothing.
+            None if self.memo_puts.contains(&k) || self.ledger.tree.contains_key(&k)? => {
+                self.del(k)
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Removes a component that holds no state and has no child left:
+    /// its failure, memo key, failed-run count and child list go, and it
+    /// leaves its parent's child list at the end of the batch.
+    fn remove_component(
+        &mut self,
+        component: Vec<u8>,
+        parent: Option<(Vec<u8>, StableKey)>,
+    ) -> Result<()> {
+        let entry = self.entry(&component)?;
+        if !entry.states.is_empty() {
+            return Ok(());
+        }
+        self.children_of(&component)?;
+        let pending = self.child_removals.get(&component);
+        let left = self
+            .children
+            .get(&component)
+            .is_some_and(|list| list.iter().any(|k| !pending.is_some_and(|p| p.contains(k))));
+        if left {
+            return Ok(());
+        }
+        self.edit(&component)?.base.failure = None;
+        self.del(key(P_MEMO, &component));
+        self.del(key(P_FAILED_RUNS, &component));
+        self.children.insert(component.clone(), Vec::new());
+        self.child_removals.remove(&component);
+        if let Some((parent, key)) = parent {
+            self.children_of(&parent)?;
+            self.child_removals.entry(parent).or_default().insert(key);
         }
         Ok(())
     }
@@ -538,50 +570,75 @@ impl BatchBuilder<'_> {
                 list.retain(|k| !gone.contains(k));
             }
         }
-        // New components' entries: packed together when there are enough.
-        let raw: Vec<(Vec<u8>, Arc<[u8]>)> =
-            std::mem::take(&mut self.raw_puts).into_iter().collect();
-        let mut new_pack: Option<(u64, Vec<Vec<u8>>)> = None;
-        // Components whose delta this batch writes (true) or deletes.
-        let mut delta_changes: Vec<(Vec<u8>, bool)> = Vec::new();
-        {
-            // An entry given whole replaces any delta (none is expected:
-            // only a component without an entry gives its entry whole).
-            let layout = self.ledger.layout();
-            for (component, _) in &raw {
-                if layout.deltas.contains(component) {
-                    delta_changes.push((component.clone(), false));
-                }
+        let new_pack = self.write_new_entries();
+        let unpacked = self.write_edited_entries()?;
+        self.delete_emptied_packs(&unpacked);
+        self.write_child_lists()?;
+        let containers = std::mem::take(&mut self.containers);
+        for k in containers {
+            if !self.ledger.tree.contains_key(&k)? {
+                self.put(k, Vec::new());
             }
         }
-        for (component, _) in &delta_changes {
-            self.del(key(P_DELTA, component));
+        let seq = self.apply_to_store()?;
+        self.ledger
+            .seq
+            .store(seq, std::sync::atomic::Ordering::SeqCst);
+        // Forgotten at the flush that makes this batch durable.
+        self.ledger.journal()?.forget_later(&self.forget_intents);
+        metrics::counter!(crate::metrics::LEDGER_RECORDS).increment(self.keys);
+        metrics::counter!(crate::metrics::LEDGER_WRITTEN_BYTES).increment(self.bytes);
+        self.update_indexes(&unpacked, new_pack);
+        Ok(())
+    }
+
+    /// Writes the entries of new components, given whole: packed together
+    /// when there are enough (large ones go to their own tree). Returns the
+    /// new pack, with its members.
+    fn write_new_entries(&mut self) -> Option<(u64, Vec<Vec<u8>>)> {
+        let raw: Vec<(Vec<u8>, Arc<[u8]>)> =
+            std::mem::take(&mut self.raw_puts).into_iter().collect();
+        // An entry given whole replaces any delta (none is expected: only a
+        // component without an entry gives its entry whole).
+        let with_delta: Vec<Vec<u8>> = {
+            let layout = self.ledger.layout();
+            raw.iter()
+                .filter(|(component, _)| layout.deltas.contains(component))
+                .map(|(component, _)| component.clone())
+                .collect()
+        };
+        for component in with_delta {
+            self.del(key(P_DELTA, &component));
+            self.delta_changes.push((component, false));
         }
-        // Large new entries are not packed: they go to their own tree.
         let (large, mut raw): (Vec<_>, Vec<_>) = raw
             .into_iter()
             .partition(|(_, v)| v.len() >= delta::MIN_OWN);
         for (component, value) in large {
             self.put_own(&component, value, false);
         }
-        if raw.len() >= PACK_MIN {
-            raw.sort_by(|a, b| a.0.cmp(&b.0));
-            let id = {
-                let mut packs = self.ledger.packs_mut();
-                let id = packs.next_id;
-                packs.next_id += 1;
-                id
-            };
-            self.put(key(P_PACK, &id.to_be_bytes()), pack::encode(&raw));
-            new_pack = Some((id, raw.into_iter().map(|(c, _)| c).collect()));
-        } else {
+        if raw.len() < PACK_MIN {
             for (component, value) in raw {
                 self.put_own(&component, value, false);
             }
+            return None;
         }
-        // Edited entries get keys of their own (a packed one moves out of
-        // its pack), or a delta beside it; a deleted one leaves a tombstone,
-        // so that no pack that still holds an old copy brings it back.
+        raw.sort_by(|a, b| a.0.cmp(&b.0));
+        let id = {
+            let mut packs = self.ledger.packs_mut();
+            let id = packs.next_id;
+            packs.next_id += 1;
+            id
+        };
+        self.put(key(P_PACK, &id.to_be_bytes()), pack::encode(&raw));
+        Some((id, raw.into_iter().map(|(c, _)| c).collect()))
+    }
+
+    /// Writes the entries the batch edited: each gets a key of its own (a
+    /// packed one moves out of its pack), or a delta beside it; a deleted
+    /// one leaves a tombstone, so that no pack that still holds an old copy
+    /// brings it back. Returns the components that left their pack.
+    fn write_edited_entries(&mut self) -> Result<Vec<Vec<u8>>> {
         let mut entries = std::mem::take(&mut self.entries);
         let next_id = match self.ledger.packs.read() {
             Ok(g) => g.next_id,
@@ -600,7 +657,7 @@ impl BatchBuilder<'_> {
                 Encoded::Delta(delta) => {
                     self.put(key(P_DELTA, component), delta);
                     if !edit.had_delta {
-                        delta_changes.push((component.clone(), true));
+                        self.delta_changes.push((component.clone(), true));
                     }
                     None
                 }
@@ -609,18 +666,22 @@ impl BatchBuilder<'_> {
                 self.put_own(component, value, was_large);
                 if edit.had_delta {
                     self.del(key(P_DELTA, component));
-                    delta_changes.push((component.clone(), false));
+                    self.delta_changes.push((component.clone(), false));
                 }
             }
         }
-        // Packs left without a live member are deleted.
+        Ok(unpacked)
+    }
+
+    /// Deletes the packs that `unpacked` leaves without a live member.
+    fn delete_emptied_packs(&mut self, unpacked: &[Vec<u8>]) {
         let emptied: Vec<u64> = {
             let packs = match self.ledger.packs.read() {
                 Ok(g) => g,
                 Err(p) => p.into_inner(),
             };
             let mut leaving: HashMap<u64, usize> = HashMap::default();
-            for c in &unpacked {
+            for c in unpacked {
                 if let Some(id) = packs.members.get(c) {
                     *leaving.entry(*id).or_default() += 1;
                 }
@@ -634,66 +695,67 @@ impl BatchBuilder<'_> {
         for id in &emptied {
             self.del(key(P_PACK, &id.to_be_bytes()));
         }
+    }
+
+    /// Writes the child lists the batch changed (an empty one is deleted).
+    fn write_child_lists(&mut self) -> Result<()> {
         let children = std::mem::take(&mut self.children);
-        let mut parent_changes: Vec<(&[u8], bool)> = Vec::with_capacity(children.len());
-        for (component, children) in &children {
-            let k = key(P_CHILDREN, component);
+        for (component, children) in children {
+            let k = key(P_CHILDREN, &component);
             if children.is_empty() {
                 self.del(k);
             } else {
-                self.put(k, encode(children)?);
+                self.put(k, encode(&children)?);
             }
-            parent_changes.push((component, !children.is_empty()));
+            self.parent_changes.push((component, !children.is_empty()));
         }
-        let containers = std::mem::take(&mut self.containers);
-        for k in containers {
-            if !self.ledger.tree.contains_key(&k)? {
-                self.put(k, Vec::new());
-            }
-        }
-        // Count the commit in the batch; the count in memory moves only once
-        // the batch is applied, so `weir.seq` never leads the store.
+        Ok(())
+    }
+
+    /// Applies the batch to the store, counted as one more commit (one
+    /// transaction when it writes the tree of large values too), and notes
+    /// what it changed in the ledger's layout. Returns the commit count,
+    /// which moves in memory only once the batch is applied, so that
+    /// `weir.seq` never leads the store.
+    fn apply_to_store(&mut self) -> Result<u64> {
         let seq = self.ledger.seq.load(std::sync::atomic::Ordering::SeqCst) + 1;
         self.batch.insert(SEQ_KEY, &seq.to_be_bytes());
         let ledger = self.ledger;
-        {
-            // Readers of entries wait, so that none reads an entry from
-            // before this batch with a delta from after it, or the reverse.
-            let mut layout = ledger.layout_mut();
-            if self.large_used {
-                use sled::Transactional;
-                let (first, large) = (&self.batch, &self.large);
-                (&*ledger.tree, &ledger.entries)
-                    .transaction(|(tree, entries)| {
-                        tree.apply_batch(first)?;
-                        entries.apply_batch(large)?;
-                        Ok(())
-                    })
-                    .map_err(|e: sled::transaction::TransactionError<()>| match e {
-                        sled::transaction::TransactionError::Storage(e) => Error::from(e),
-                        sled::transaction::TransactionError::Abort(()) => {
-                            Error::msg("a ledger commit was aborted")
-                        }
-                    })?;
-            } else {
-                ledger.tree.apply_batch(self.batch)?;
-            }
-            layout.note(
-                delta_changes,
-                std::mem::take(&mut self.large_changes),
-                parent_changes,
-            );
+        // Readers of entries wait, so that none reads an entry from before
+        // this batch with a delta from after it, or the reverse.
+        let mut layout = ledger.layout_mut();
+        let first = std::mem::take(&mut self.batch);
+        if self.large_used {
+            use sled::Transactional;
+            let large = std::mem::take(&mut self.large);
+            (&*ledger.tree, &ledger.entries)
+                .transaction(|(tree, entries)| {
+                    tree.apply_batch(&first)?;
+                    entries.apply_batch(&large)?;
+                    Ok(())
+                })
+                .map_err(|e: sled::transaction::TransactionError<()>| match e {
+                    sled::transaction::TransactionError::Storage(e) => Error::from(e),
+                    sled::transaction::TransactionError::Abort(()) => {
+                        Error::msg("a ledger commit was aborted")
+                    }
+                })?;
+        } else {
+            ledger.tree.apply_batch(first)?;
         }
-        self.ledger
-            .seq
-            .store(seq, std::sync::atomic::Ordering::SeqCst);
-        // Forgotten at the flush that makes this batch durable.
-        self.ledger.journal()?.forget_later(&self.forget_intents);
-        metrics::counter!(crate::metrics::LEDGER_RECORDS).increment(self.keys);
-        metrics::counter!(crate::metrics::LEDGER_WRITTEN_BYTES).increment(self.bytes);
+        layout.note(
+            std::mem::take(&mut self.delta_changes),
+            std::mem::take(&mut self.large_changes),
+            std::mem::take(&mut self.parent_changes),
+        );
+        Ok(seq)
+    }
+
+    /// Once the batch is applied: the packs' members and the owner index.
+    fn update_indexes(&self, unpacked: &[Vec<u8>], new_pack: Option<(u64, Vec<Vec<u8>>)>) {
         {
             let mut packs = self.ledger.packs_mut();
-            for c in &unpacked {
+            for c in unpacked {
                 packs.unpack(c);
             }
             if let Some((id, members)) = new_pack {
@@ -710,6 +772,29 @@ impl BatchBuilder<'_> {
         for (component, paths) in &self.index_adds {
             index.add_all(component, paths);
         }
-        Ok(())
+    }
+}
+
+/// Folds an intent into the state it names: its record joins the state's
+/// possible records, the state may be missing, and its generations never
+/// fall below the intent's.
+fn fold_into(s: &mut StateEntry, intent: &Intent) {
+    if let Some(r) = &intent.record {
+        if !s.records.contains(r) {
+            s.records.push(r.clone());
+        }
+    }
+    s.may_be_missing = true;
+    // The record may have been written under the newer parent generation:
+    // never let it fall below a floor.
+    s.gen = s.gen.max(intent.gen);
+    if let Some(cg) = intent.child_gen {
+        // The container change may or may not have happened: children may
+        // be missing (a lossy bump), but their records are kept.
+        let old = s.child_gen.unwrap_or_default();
+        s.child_gen = Some(crate::model::provider::ChildGeneration {
+            current: old.current.max(cg.current),
+            destructive_floor: old.destructive_floor,
+        });
     }
 }

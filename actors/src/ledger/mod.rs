@@ -206,22 +206,19 @@ impl Layout {
         &mut self,
         deltas: Vec<(Vec<u8>, bool)>,
         large: Vec<(Vec<u8>, bool)>,
-        parents: Vec<(&[u8], bool)>,
+        parents: Vec<(Vec<u8>, bool)>,
     ) {
-        for (set, changes) in [(&mut self.deltas, deltas), (&mut self.large, large)] {
+        for (set, changes) in [
+            (&mut self.deltas, deltas),
+            (&mut self.large, large),
+            (&mut self.parents, parents),
+        ] {
             for (component, has) in changes {
                 if has {
                     set.insert(component);
                 } else {
                     set.remove(&component);
                 }
-            }
-        }
-        for (component, has) in parents {
-            if has {
-                self.parents.insert(component.to_vec());
-            } else {
-                self.parents.remove(component);
             }
         }
     }
