@@ -15,12 +15,94 @@ use super::records::{
     removes_children, success_records, SuccessRecords,
 };
 use super::waves::{reconcile_waves, Outcomes, Reconciliation};
-use super::{ComponentState, Declaration};
+use super::{ComponentState, Declaration, Early, Seen};
 
 /// Reconciles, applies and commits what the component declared.
 pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let run = &state.run;
-    let (mut decls, paths, errors, early) = {
+    let (mut decls, paths, errors, early) = take_declarations(state);
+    let reconciled = match errors.first() {
+        Some(first) => Err(Error::Usage(first.clone())),
+        None => reconcile_waves(state, &mut decls, paths, early).await,
+    };
+    let mut reconciled = match reconciled {
+        Ok(r) => r,
+        Err(e) => {
+            state.leave_activity();
+            record_failure(state, &e).await;
+            return Err(e);
+        }
+    };
+    if let Some(group) = run.group.as_ref().filter(|_| state.is_group_root()) {
+        reconciled.prev_children =
+            crate::group::run::held_root_children(&run.engine, &group.holding).await?;
+    }
+    if state.read_only_root() && !run.preview {
+        return finish_read_only_root(state, &decls, reconciled);
+    }
+    if run.preview {
+        note_preview(state, &decls, &reconciled.results);
+        note_children_and_orphans(state, &reconciled.prev_children, reconciled.orphans);
+        return Ok(());
+    }
+    let Applied {
+        failure,
+        attempted,
+        records,
+    } = if reconciled.results.len() == 0 {
+        // Every declaration found unchanged: nothing to dispatch or wait for.
+        Applied::default()
+    } else {
+        let fresh = reconciled.fresh;
+        apply_waves(
+            state,
+            &decls,
+            &mut reconciled.results,
+            &reconciled.waves,
+            fresh,
+        )
+        .await
+    };
+    state.leave_activity();
+    if let Some(err) = failure {
+        let ops = failed_apply_ops(
+            state,
+            &decls,
+            &reconciled.results,
+            &attempted,
+            err.to_string(),
+        );
+        run.engine.ledger_handle.commit(ops).await?;
+        return Err(err);
+    }
+    let records = match records {
+        Some(r) => r?,
+        None => success_records(state, &decls, &reconciled.results, reconciled.fresh)?,
+    };
+    let Reconciliation {
+        results,
+        unchanged,
+        orphans,
+        prev_children,
+        prev_failure,
+        ..
+    } = reconciled;
+    let found = Found {
+        unchanged,
+        orphans: &orphans,
+        prev_children: &prev_children,
+        had_failure: prev_failure.is_some(),
+    };
+    commit_success(state, records, found).await?;
+    note_children_and_orphans(state, &prev_children, orphans);
+    free_later(run, (decls, results));
+    Ok(())
+}
+
+/// The component's declarations, the paths kept to refuse duplicates,
+/// the errors its declarations met, and what it sent early; counted.
+fn take_declarations(state: &ComponentState) -> (Vec<Declaration>, Seen, Vec<String>, Early) {
+    let taken = {
         let mut d = lock(&state.decls);
         (
             std::mem::take(&mut d.list),
@@ -29,106 +111,83 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             std::mem::take(&mut d.early),
         )
     };
-    run.metrics.declarations.increment(decls.len() as u64);
-    state.note_declared(decls.len());
-    if let Some(first) = errors.first() {
-        let e = Error::Usage(first.clone());
-        state.leave_activity();
-        record_failure(state, &e).await;
-        return Err(e);
-    }
-    let reconciled = match reconcile_waves(state, &mut decls, paths, early).await {
-        Ok(r) => r,
-        Err(e) => {
-            state.leave_activity();
-            record_failure(state, &e).await;
-            return Err(e);
-        }
-    };
-    let Reconciliation {
-        mut results,
-        unchanged: unchanged_own,
-        waves,
-        orphans,
-        prev_children,
-        prev_failure,
-        fresh,
-    } = reconciled;
-    let prev_children = match &run.group {
-        Some(group) if state.is_group_root() => {
-            crate::group::run::held_root_children(&run.engine, &group.holding).await?
-        }
-        _ => prev_children,
-    };
-    if state.read_only_root() && !run.preview {
-        state.leave_activity();
-        let pending = root_actions_pending(state, &decls, &results, orphans.len());
-        if let Some(detail) = pending {
-            return Err(Error::RootPending {
-                group: run.engine.group_name().unwrap_or_default(),
-                detail,
-            });
-        }
-        note_children_and_orphans(state, &prev_children, Vec::new());
-        return Ok(());
-    }
+    state
+        .run
+        .metrics
+        .declarations
+        .increment(taken.0.len() as u64);
+    state.note_declared(taken.0.len());
+    taken
+}
 
-    if run.preview {
-        note_preview(state, &decls, &results);
-        note_children_and_orphans(state, &prev_children, orphans);
-        return Ok(());
-    }
-
-    let Applied {
-        failure,
-        attempted,
-        records,
-    } = if results.len() == 0 {
-        // Every declaration found unchanged: nothing to dispatch or wait for.
-        Applied::default()
-    } else {
-        apply_waves(state, &decls, &mut results, &waves, fresh).await
-    };
+/// In a member that does not hold the root partition, a root component
+/// applies nothing: it fails while the holder has not applied what it
+/// declares (see [`root_actions_pending`]).
+fn finish_read_only_root(
+    state: &ComponentState,
+    decls: &[Declaration],
+    reconciled: Reconciliation,
+) -> Result<()> {
     state.leave_activity();
-
-    if let Some(err) = failure {
-        let ops = failed_apply_ops(state, &decls, &results, &attempted, err.to_string());
-        run.engine.ledger_handle.commit(ops).await?;
-        return Err(err);
+    let orphans = reconciled.orphans.len();
+    if let Some(detail) = root_actions_pending(state, decls, &reconciled.results, orphans) {
+        return Err(Error::RootPending {
+            group: state.run.engine.group_name().unwrap_or_default(),
+            detail,
+        });
     }
+    note_children_and_orphans(state, &reconciled.prev_children, Vec::new());
+    Ok(())
+}
 
-    // Success: final records, ownership moves, children and failure notes.
+/// What reconciling found that a successful commit records.
+struct Found<'a> {
+    /// Declarations found unchanged by the shards.
+    unchanged: u64,
+    /// States the component no longer declares.
+    orphans: &'a [StateEntry],
+    /// Its children as its last successful run left them.
+    prev_children: &'a [StableKey],
+    /// Its last run failed.
+    had_failure: bool,
+}
+
+/// Commits a successful component: final records, ownership moves, its
+/// children and failure notes, its memo key; and counts what it did.
+async fn commit_success(
+    state: &ComponentState,
+    records: SuccessRecords,
+    reconciled: Found<'_>,
+) -> Result<()> {
+    let run = &state.run;
     let SuccessRecords {
         mut ops,
         unchanged,
         actions,
-    } = match records {
-        Some(r) => r?,
-        None => success_records(state, &decls, &results, fresh)?,
-    };
+    } = records;
     run.counters.unchanged.fetch_add(
-        unchanged + unchanged_own,
+        unchanged + reconciled.unchanged,
         std::sync::atomic::Ordering::Relaxed,
     );
     for (kind, n) in actions {
         run.counters.count_action(kind, n);
     }
+    let prev_children = reconciled.prev_children;
     let own = state.key.to_vec();
-    if let Some(children) =
-        children_change(state, &prev_children).filter(|_| !state.is_group_root())
+    if let Some(children) = children_change(state, prev_children).filter(|_| !state.is_group_root())
     {
         ops.push(LedgerOp::AddChildren {
             component: own.clone(),
             children,
         });
     }
-    if prev_failure.is_some() {
+    if reconciled.had_failure {
         ops.push(LedgerOp::SetFailure {
             component: own,
             failure: None,
         });
     }
-    let memo = memo_after_success(state, &orphans, &prev_children, !ops.is_empty());
+    let memo = memo_after_success(state, reconciled.orphans, prev_children, !ops.is_empty());
     ops.extend(memo);
     if !ops.is_empty() {
         state
@@ -136,8 +195,6 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         run.engine.ledger_handle.commit(ops).await?;
     }
-    note_children_and_orphans(state, &prev_children, orphans);
-    free_later(run, (decls, results));
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use tokio::sync::oneshot;
 use crate::actors::reconciler::{shard_of, shard_stopped, Chunk, Found, ShardBatch, ShardReply};
 use crate::error::{Error, Result};
 use crate::ledger::record::StateEntry;
+use crate::ledger::stored::StoredEntry;
 use crate::model::erased::ErasedOutput;
 use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::{ActionKind, StableKey, TargetChildInvalidation};
@@ -123,45 +124,108 @@ pub(super) async fn reconcile_waves(
     paths: Seen,
     early: Early,
 ) -> Result<Reconciliation> {
-    let run = &state.run;
-    let shards = &run.engine.shards;
-    let n = shards.len();
-    // The home shard reads the whole entry once: it hands its reading back
-    // (to find the states the component no longer declares in) and reads
-    // its child list. Taking the
-    // shard of the first declaration as home means a component whose states
-    // all live on one shard sends one message.
-    let home = decls
-        .first()
-        .map_or_else(|| shard_of(&state.key, n), |d| shard_of(&d.path, n));
-    let sent_early = |i: usize| early.sent.get(i).copied().unwrap_or(false);
-    let mut done: Vec<bool> = (0..decls.len()).map(sent_early).collect();
-    let chunked = |s: usize| early.shards.get(s).copied().unwrap_or(false);
-    let mut early_replies = early.replies;
-    let mut out = Reconciliation {
-        results: Outcomes::new(decls.len()),
-        unchanged: 0,
-        waves: Vec::new(),
-        orphans: Vec::new(),
-        prev_children: Vec::new(),
-        prev_failure: None,
-        fresh: false,
-    };
-    let mut first = true;
-    // The home shard's reading of the component's entry.
-    let mut home_entry = None;
-    // The entry's states, and how many the declarations found there.
-    let (mut stored, mut matched) = (0, 0);
-    loop {
-        let ready: Vec<usize> = (0..decls.len())
-            .filter(|&i| !done[i] && decls[i].provider.resolved.get().is_some())
+    let mut waves = Waves::new(state, decls, early);
+    while let Some((wave, replies)) = waves.send_next(state, decls) {
+        waves.gather(state, decls, replies).await?;
+        for &i in &wave {
+            let d = &decls[i];
+            let (Some(child), Some(r)) = (&d.child, waves.out.results.get_mut(i)) else {
+                continue;
+            };
+            r.child_gen = resolve_child(&state.run, d, child, r)?;
+        }
+        waves.out.waves.push(wave);
+    }
+    if let Some(i) = waves.done.iter().position(|d| !d) {
+        let d = &decls[i];
+        return Err(Error::Reconcile {
+            provider: d.provider.path.name.to_string(),
+            key: d.key.clone(),
+            cause: Box::new(Error::Usage(
+                "its provider never resolved: the container's handler returned no Create or Update action"
+                    .into(),
+            )),
+        });
+    }
+    waves.find_orphans(state, decls, paths)
+}
+
+/// The reconciliation of one component's declarations, wave by wave.
+struct Waves {
+    out: Reconciliation,
+    /// The shard that reads the component's whole entry.
+    home: usize,
+    /// Per declaration: sent to its shard (early, or in a wave).
+    done: Vec<bool>,
+    /// Per declaration: sent early, while the code ran.
+    sent_early: Vec<bool>,
+    /// Per shard: sent chunks early (it gets a last message).
+    chunked: Vec<bool>,
+    /// The replies to the chunks sent early, awaited with the first wave.
+    early_replies: Vec<oneshot::Receiver<ShardReply>>,
+    first: bool,
+    /// The home shard's reading of the component's entry.
+    home_entry: Option<Arc<Option<StoredEntry>>>,
+    /// The entry's states, and how many the declarations found there.
+    stored: usize,
+    matched: usize,
+}
+
+/// A wave's declarations, and the replies of the shards they went to
+/// (the home shard's marked).
+type SentWave = (Vec<usize>, Vec<(bool, oneshot::Receiver<ShardReply>)>);
+
+impl Waves {
+    fn new(state: &ComponentState, decls: &[Declaration], early: Early) -> Self {
+        let n = state.run.engine.shards.len();
+        // The home shard reads the whole entry once: it hands its reading
+        // back (to find the states the component no longer declares in)
+        // and reads its child list. Taking the shard of the first
+        // declaration as home means a component whose states all live on
+        // one shard sends one message.
+        let home = decls
+            .first()
+            .map_or_else(|| shard_of(&state.key, n), |d| shard_of(&d.path, n));
+        let sent_early: Vec<bool> = (0..decls.len())
+            .map(|i| early.sent.get(i).copied().unwrap_or(false))
             .collect();
-        if !first && ready.is_empty() {
-            break;
+        Self {
+            out: Reconciliation {
+                results: Outcomes::new(decls.len()),
+                unchanged: 0,
+                waves: Vec::new(),
+                orphans: Vec::new(),
+                prev_children: Vec::new(),
+                prev_failure: None,
+                fresh: false,
+            },
+            home,
+            done: sent_early.clone(),
+            sent_early,
+            chunked: early.shards,
+            early_replies: early.replies,
+            first: true,
+            home_entry: None,
+            stored: 0,
+            matched: 0,
+        }
+    }
+
+    /// Sends the next wave (the declarations whose provider is resolved
+    /// and that were not sent yet) to their shards; `None` when there is
+    /// none. The first wave is always sent: it also takes the declarations
+    /// sent early, and the home shard's reading.
+    fn send_next(&mut self, state: &ComponentState, decls: &mut [Declaration]) -> Option<SentWave> {
+        let n = state.run.engine.shards.len();
+        let ready: Vec<usize> = (0..decls.len())
+            .filter(|&i| !self.done[i] && decls[i].provider.resolved.get().is_some())
+            .collect();
+        if !self.first && ready.is_empty() {
+            return None;
         }
         let mut per_shard = ShardBatch::for_shards(n, ready.len());
         for &i in &ready {
-            done[i] = true;
+            self.done[i] = true;
             let Some(d) = decls.get_mut(i) else {
                 continue;
             };
@@ -169,47 +233,56 @@ pub(super) async fn reconcile_waves(
                 batch.push(i, d);
             }
         }
-        // The first wave also takes the declarations sent early.
+        let first = std::mem::replace(&mut self.first, false);
+        let mut replies: Vec<(bool, oneshot::Receiver<ShardReply>)> = Vec::new();
         let wave: Vec<usize> = if first {
+            replies.extend(self.early_replies.drain(..).map(|rx| (false, rx)));
             (0..decls.len())
-                .filter(|&i| sent_early(i) || ready.binary_search(&i).is_ok())
+                .filter(|&i| self.sent_early[i] || ready.binary_search(&i).is_ok())
                 .collect()
         } else {
             ready
         };
-        let mut replies: Vec<(bool, oneshot::Receiver<ShardReply>)> = Vec::new();
-        if first {
-            replies.extend(early_replies.drain(..).map(|rx| (false, rx)));
-        }
         for (s, batch) in per_shard.into_iter().enumerate() {
-            let is_home = first && s == home;
+            let is_home = first && s == self.home;
             // A shard sent chunks early gets a last message, which lets
             // go of the entry it kept.
-            let last = first && chunked(s);
+            let last = first && self.chunked.get(s).copied().unwrap_or(false);
             if batch.is_empty() && !is_home && !last {
                 continue;
             }
             let chunk = if last { Chunk::Last } else { Chunk::Only };
-            let reply = state.send_batch(s, batch, is_home, chunk);
-            replies.push((is_home, reply));
+            replies.push((is_home, state.send_batch(s, batch, is_home, chunk)));
         }
+        Some((wave, replies))
+    }
+
+    /// Takes a wave's replies in: the outcomes, the home shard's reading,
+    /// and the first error (a handler's, or a state another component
+    /// declared first).
+    async fn gather(
+        &mut self,
+        state: &ComponentState,
+        decls: &[Declaration],
+        replies: Vec<(bool, oneshot::Receiver<ShardReply>)>,
+    ) -> Result<()> {
         let mut errors: Vec<Error> = Vec::new();
         for (is_home, rx) in replies {
             let reply = rx.await.map_err(shard_stopped)?;
             if let Some(e) = reply.error {
                 return Err(e);
             }
-            matched += reply.matched;
-            out.unchanged += reply.unchanged as u64;
-            if first && is_home {
-                out.prev_children = reply.prev_children;
+            self.matched += reply.matched;
+            self.out.unchanged += reply.unchanged as u64;
+            if is_home {
+                self.out.prev_children = reply.prev_children;
                 // The entry as the home shard read it: its state count,
                 // failure, and whether there is one.
                 let own = reply.entry.as_deref().and_then(Option::as_ref);
-                stored = own.map_or(0, |e| e.states.len());
-                out.prev_failure = own.and_then(|e| e.failure.clone());
-                out.fresh = own.is_none();
-                home_entry = reply.entry;
+                self.stored = own.map_or(0, |e| e.states.len());
+                self.out.prev_failure = own.and_then(|e| e.failure.clone());
+                self.out.fresh = own.is_none();
+                self.home_entry = reply.entry;
             }
             let mut found = Vec::with_capacity(reply.outcomes.len());
             for o in reply.outcomes {
@@ -230,7 +303,7 @@ pub(super) async fn reconcile_waves(
                     )),
                 }
             }
-            out.results.add(found);
+            self.out.results.add(found);
             // States another component declared first.
             for (idx, first_by) in reply.duplicates {
                 if let Some(d) = decls.get(idx) {
@@ -242,31 +315,23 @@ pub(super) async fn reconcile_waves(
                 }
             }
         }
-        if let Some(e) = errors.into_iter().next() {
-            return Err(e);
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        for &i in &wave {
-            let d = &decls[i];
-            let (Some(child), Some(r)) = (&d.child, out.results.get_mut(i)) else {
-                continue;
-            };
-            r.child_gen = resolve_child(run, d, child, r)?;
+    }
+
+    /// The reconciliation, with the states of the entry that no
+    /// declaration matched: the component's orphans.
+    fn find_orphans(
+        mut self,
+        state: &ComponentState,
+        decls: &[Declaration],
+        paths: Seen,
+    ) -> Result<Reconciliation> {
+        if self.matched == self.stored {
+            return Ok(self.out);
         }
-        out.waves.push(wave);
-        first = false;
-    }
-    if let Some(i) = done.iter().position(|d| !d) {
-        let d = &decls[i];
-        return Err(Error::Reconcile {
-            provider: d.provider.path.name.to_string(),
-            key: d.key.clone(),
-            cause: Box::new(Error::Usage(
-                "its provider never resolved: the container's handler returned no Create or Update action"
-                    .into(),
-            )),
-        });
-    }
-    if matched != stored {
         // The entry as the home shard read it in this run, which the
         // declarations were matched against. States can have left it
         // since: taken over by components that declared them in this run
@@ -278,17 +343,17 @@ pub(super) async fn reconcile_waves(
         // is not recorded in such a run (it runs again next time). None
         // entered it: only the component's own commit, after this, adds
         // to it.
-        let Some(entry) = home_entry else {
+        let Some(entry) = self.home_entry else {
             return Err(Error::msg(format!(
                 "component {}: its home shard gave no reading of its entry",
                 state.path
             )));
         };
         if let Some(entry) = entry.as_ref() {
-            out.orphans = paths.orphans_in(decls, entry);
+            self.out.orphans = paths.orphans_in(decls, entry);
         }
+        Ok(self.out)
     }
-    Ok(out)
 }
 
 /// The generation of a container with none of its own (new, or declared
