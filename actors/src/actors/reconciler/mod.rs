@@ -41,9 +41,10 @@ use tokio::sync::oneshot;
 use super::component::guarded;
 use crate::error::{Error, Result};
 use crate::ledger::record::{ComponentEntry, PrevView};
-use crate::ledger::stored::{StoredEntry, StoredState};
+use crate::ledger::stored::{EntryBytes, StoredEntry, StoredState};
 use crate::ledger::Ledger;
 use crate::model::keycode;
+use crate::model::provider::ProviderCore;
 use crate::model::ComponentPath;
 
 /// The error of a shard that dropped a reply it owed (it stopped).
@@ -219,29 +220,10 @@ impl ReconcilerActor {
         let mut cursor = Cursor::default();
         for mut d in decls {
             let Some(provider) = msg.providers.get(d.provider) else {
-                reply.outcomes.push(Outcome {
-                    idx: d.idx,
-                    location: Found::Nowhere,
-                    prev: None,
-                    result: Err(Error::Usage(format!(
-                        "declaration {} of component {} names no provider of its batch",
-                        d.idx, msg.component_path
-                    ))),
-                });
+                reply.outcomes.push(no_provider(msg, &d));
                 continue;
             };
-            let first = if claim_later {
-                declared_now.paths.get(&d.path).copied()
-            } else {
-                match declared_now.paths.entry(Arc::clone(&d.path)) {
-                    Entry::Occupied(first) => Some(*first.get()),
-                    Entry::Vacant(slot) => {
-                        slot.insert(me);
-                        None
-                    }
-                }
-            };
-            if let Some(first) = first {
+            if let Some(first) = claim(declared_now, me, &d, claim_later) {
                 reply.duplicates.push((d.idx, declared_now.path_of(first)));
                 continue;
             }
@@ -251,54 +233,27 @@ impl ReconcilerActor {
                     idx: d.idx,
                 });
             }
-            let found = cursor.find(own_states, |s| s.path(base).cmp(d.path.as_ref()));
-            let outcome = match found {
+            let outcome = match cursor.find(own_states, |s| s.path(base).cmp(d.path.as_ref())) {
                 Ok(i) => {
                     let Some(state) = own_states.get(i) else {
                         continue;
                     };
                     reply.matched += 1;
-                    let result = reconcile_declared(&mut d, provider, Some(state.view(base)));
-                    if matches!(result, Ok(None)) && !d.container {
+                    let outcome = own_outcome(&mut d, provider, state, base);
+                    if outcome.is_none() {
                         reply.unchanged += 1;
-                        continue;
                     }
-                    // The component needs the previous entry only to commit a change.
-                    let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry(base));
-                    Outcome {
-                        idx: d.idx,
-                        location: Found::Own,
-                        prev,
-                        result,
-                    }
+                    outcome
                 }
-                Err(_) => {
-                    match lookup_elsewhere(&self.ledger, &msg.component, &d.path, &mut others) {
-                        Ok(found) => {
-                            let (location, prev) = found
-                                .map_or((Found::Nowhere, None), |(c, e)| (Found::In(c), Some(e)));
-                            let result = reconcile_declared(
-                                &mut d,
-                                provider,
-                                prev.as_ref().map(PrevView::from),
-                            );
-                            Outcome {
-                                idx: d.idx,
-                                location,
-                                prev,
-                                result,
-                            }
-                        }
-                        Err(e) => Outcome {
-                            idx: d.idx,
-                            location: Found::Nowhere,
-                            prev: None,
-                            result: Err(e),
-                        },
-                    }
-                }
+                Err(_) => Some(elsewhere_outcome(
+                    &self.ledger,
+                    msg,
+                    &mut d,
+                    provider,
+                    &mut others,
+                )),
             };
-            reply.outcomes.push(outcome);
+            reply.outcomes.extend(outcome);
         }
         if !pending.is_empty() {
             self.pending
@@ -335,6 +290,88 @@ impl ReconcilerActor {
             .into_iter()
             .map(|(idx, first)| (idx, declared_now.path_of(first)))
             .collect()
+    }
+}
+
+/// The outcome of a declaration naming no provider of its batch.
+fn no_provider(msg: &ReconcileBatch, d: &ShardDecl) -> Outcome {
+    Outcome {
+        idx: d.idx,
+        location: Found::Nowhere,
+        prev: None,
+        result: Err(Error::Usage(format!(
+            "declaration {} of component {} names no provider of its batch",
+            d.idx, msg.component_path
+        ))),
+    }
+}
+
+/// Notes that component `me` declares `d`'s state in this run (now, or at
+/// its commit when `claim_later`); the position of the component that
+/// declared it first, if another did.
+fn claim(declared: &mut RunDeclared, me: usize, d: &ShardDecl, claim_later: bool) -> Option<usize> {
+    if claim_later {
+        return declared.paths.get(&d.path).copied();
+    }
+    match declared.paths.entry(Arc::clone(&d.path)) {
+        Entry::Occupied(first) => Some(*first.get()),
+        Entry::Vacant(slot) => {
+            slot.insert(me);
+            None
+        }
+    }
+}
+
+/// The outcome of a declaration whose state is in the component's own
+/// entry; `None` when it needs nothing and has no children (it is only
+/// counted).
+fn own_outcome(
+    d: &mut ShardDecl,
+    provider: &ProviderCore,
+    state: &StoredState,
+    base: EntryBytes<'_>,
+) -> Option<Outcome> {
+    let result = reconcile_declared(d, provider, Some(state.view(base)));
+    if matches!(result, Ok(None)) && !d.container {
+        return None;
+    }
+    // The component needs the previous entry only to commit a change.
+    let prev = matches!(result, Ok(Some(_))).then(|| state.to_entry(base));
+    Some(Outcome {
+        idx: d.idx,
+        location: Found::Own,
+        prev,
+        result,
+    })
+}
+
+/// The outcome of a declaration whose state is not in the component's own
+/// entry: held by another component (it moves), or new.
+fn elsewhere_outcome(
+    ledger: &Ledger,
+    msg: &ReconcileBatch,
+    d: &mut ShardDecl,
+    provider: &ProviderCore,
+    others: &mut HashMap<Arc<[u8]>, Option<ComponentEntry>>,
+) -> Outcome {
+    match lookup_elsewhere(ledger, &msg.component, &d.path, others) {
+        Ok(found) => {
+            let (location, prev) =
+                found.map_or((Found::Nowhere, None), |(c, e)| (Found::In(c), Some(e)));
+            let result = reconcile_declared(d, provider, prev.as_ref().map(PrevView::from));
+            Outcome {
+                idx: d.idx,
+                location,
+                prev,
+                result,
+            }
+        }
+        Err(e) => Outcome {
+            idx: d.idx,
+            location: Found::Nowhere,
+            prev: None,
+            result: Err(e),
+        },
     }
 }
 
