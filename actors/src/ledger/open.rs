@@ -90,115 +90,27 @@ impl Ledger {
 
     /// Opens (or creates) the ledger in `dir`.
     pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<Ledger> {
-        let display: Arc<str> = Arc::from(dir.display().to_string());
-        if dir.is_file() {
-            return Err(Error::Usage(format!(
-                "cannot open the ledger at {display}: it is a file; a ledger is a directory"
-            )));
-        }
-        let io = |e: std::io::Error| named_io(e, &display);
-        let sled_dir: PathBuf = dir.join(STORE_DIR);
-        let existed = sled_dir.exists();
-        // `weir.seq` marks a ledger (see `Ledger::exists`): a `sled/`
-        // without it must be a store weir wrote, checked once it is open.
-        let marked = dir.join(SEQ_FILE).is_file();
-        if existed && !marked && !is_sled_store(&sled_dir) {
-            return Err(not_a_ledger(&display, NOT_A_STORE));
-        }
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let lock_path = dir.join(LOCK_FILE);
-        let lock_existed = lock_path.exists();
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io)?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::LedgerLocked {
-                    path: display.to_string(),
-                })
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
-        }
-        // What this refusal created, it removes: the directory is not weir's.
-        let refuse = |lock: File, detail: &str| {
-            drop(lock);
-            if !lock_existed {
-                let _ = std::fs::remove_file(&lock_path);
-            }
-            not_a_ledger(&display, detail)
-        };
-        if !existed && !marked {
+        let opening = Opening::new(dir)?;
+        std::fs::create_dir_all(dir).map_err(|e| opening.io(e))?;
+        let lock = opening.lock()?;
+        if !opening.existed && !opening.marked {
             // A new ledger is marked before its store exists, so that a
             // crash while the store is created leaves a ledger, not a
             // directory weir would refuse.
-            write_seq(&dir.join(SEQ_FILE), 0).map_err(io)?;
+            write_seq(&dir.join(SEQ_FILE), 0).map_err(|e| opening.io(e))?;
         }
-        let config = sled::Config::new()
-            .path(&sled_dir)
-            .cache_capacity(cache_bytes)
-            .flush_every_ms(None);
-        let corrupt = |detail: String| Error::LedgerCorrupt {
-            path: display.to_string(),
-            detail,
-        };
-        // sled takes a lock of its own, which a ledger closed a moment ago
-        // may still hold while its background threads wind down: wait
-        // for it a little, rather than call the ledger corrupt.
-        let mut waited = std::time::Duration::ZERO;
-        let db = loop {
-            // sled may panic on damaged files: that is corruption too.
-            let config = config.clone();
-            let opened =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()));
-            let opened = match opened {
-                Ok(opened) => opened,
-                Err(_) if existed && !marked => {
-                    return Err(refuse(lock, "sled panicked while reading its sled/"))
-                }
-                Err(_) => return Err(corrupt("sled panicked while reading it".into())),
-            };
-            match opened {
-                Ok(db) => break db,
-                Err(sled::Error::Io(io)) if is_sled_lock(&io) && waited < SLED_LOCK_WAIT => {
-                    std::thread::sleep(SLED_LOCK_RETRY);
-                    waited += SLED_LOCK_RETRY;
-                }
-                Err(sled::Error::Io(io)) if is_sled_lock(&io) => {
-                    return Err(Error::LedgerLocked {
-                        path: display.to_string(),
-                    })
-                }
-                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                    return Err(io(e))
-                }
-                Err(other) if existed && !marked => {
-                    return Err(refuse(
-                        lock,
-                        &format!("its sled/ cannot be opened ({other}) and it has no {SEQ_FILE}"),
-                    ))
-                }
-                Err(other) => return Err(corrupt(format!("sled cannot open it: {other}"))),
-            }
-        };
-        if existed && !marked && !db.contains_key(FORMAT_KEY).unwrap_or(false) {
-            drop(db);
-            return Err(refuse(lock, NO_FORMAT));
-        }
+        let (db, lock) = opening.open_store(cache_bytes, lock)?;
         let (journal, pending) = Journal::open(dir).map_err(|e| match e {
-            JournalError::Io(e) => io(e),
-            JournalError::Corrupt(detail) => corrupt(detail),
+            JournalError::Io(e) => opening.io(e),
+            JournalError::Corrupt(detail) => opening.corrupt(detail),
         })?;
         let entries = db
             .open_tree(ENTRIES_TREE)
-            .map_err(|e| storage(e, &display))?;
+            .map_err(|e| storage(e, &opening.display))?;
         let ledger = Ledger {
             tree: db,
             entries,
-            dir: display,
+            dir: Arc::clone(&opening.display),
             index: Arc::new(RwLock::new(OwnerIndex::default())),
             packs: Arc::new(RwLock::new(pack::PackIndex::default())),
             layout: Arc::new(RwLock::new(Layout::default())),
@@ -207,24 +119,31 @@ impl Ledger {
             journal: Arc::new(std::sync::Mutex::new(journal)),
             lock: Arc::new(std::sync::Mutex::new(Some(lock))),
         };
-        let flushed_seq = ledger.read_seq_file();
-        let display = Arc::clone(&ledger.dir);
+        ledger.load(opening.existed, pending)?;
+        Ok(ledger)
+    }
+
+    /// Checks an opened store and loads what lives in memory: the format,
+    /// the commit count, the identity, the packs, the layout and the owner
+    /// index; then folds the intents a crash left (`pending`, from the
+    /// journal).
+    fn load(&self, existed: bool, pending: Vec<Intent>) -> Result<()> {
+        let flushed_seq = self.read_seq_file();
         let named = |result: Result<()>| {
             result.map_err(|e| match e {
-                Error::Io(e) => named_io(e, &display),
-                Error::Storage(e) => storage(e, &display),
+                Error::Io(e) => named_io(e, &self.dir),
+                Error::Storage(e) => storage(e, &self.dir),
                 other => other,
             })
         };
-        named(ledger.check_format(existed, flushed_seq.is_some_and(|n| n > 0)))?;
+        named(self.check_format(existed, flushed_seq.is_some_and(|n| n > 0)))?;
         // Its write of `weir.seq` names the ledger already.
-        ledger.check_seq(flushed_seq)?;
-        named(ledger.ensure_id())?;
-        named(ledger.load_packs())?;
-        named(ledger.load_layout())?;
-        named(ledger.build_index())?;
-        named(ledger.recover(pending))?;
-        Ok(ledger)
+        self.check_seq(flushed_seq)?;
+        named(self.ensure_id())?;
+        named(self.load_packs())?;
+        named(self.load_layout())?;
+        named(self.build_index())?;
+        named(self.recover(pending))
     }
 
     /// The commit count in `weir.seq`; `None` when there is none (a new
@@ -469,6 +388,138 @@ fn write_seq(file: &Path, seq: u64) -> std::io::Result<()> {
 }
 
 /// Why a `sled/` that is not a store is not a ledger.
+/// What opening a ledger knows of its directory before the store is open.
+struct Opening {
+    dir: PathBuf,
+    /// The directory, as errors name it.
+    display: Arc<str>,
+    /// Its `sled/` existed.
+    existed: bool,
+    /// Its `weir.seq` existed: it is marked as a ledger.
+    marked: bool,
+    /// Its `weir.lock` existed.
+    lock_existed: bool,
+}
+
+impl Opening {
+    /// Refuses a file, and a `sled/` weir did not write (unmarked, and not
+    /// a sled store).
+    fn new(dir: &Path) -> Result<Self> {
+        let display: Arc<str> = Arc::from(dir.display().to_string());
+        if dir.is_file() {
+            return Err(Error::Usage(format!(
+                "cannot open the ledger at {display}: it is a file; a ledger is a directory"
+            )));
+        }
+        let sled_dir = dir.join(STORE_DIR);
+        let existed = sled_dir.exists();
+        // `weir.seq` marks a ledger (see `Ledger::exists`): a `sled/`
+        // without it must be a store weir wrote, checked once it is open.
+        let marked = dir.join(SEQ_FILE).is_file();
+        if existed && !marked && !is_sled_store(&sled_dir) {
+            return Err(not_a_ledger(&display, NOT_A_STORE));
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            display,
+            existed,
+            marked,
+            lock_existed: dir.join(LOCK_FILE).exists(),
+        })
+    }
+
+    fn io(&self, e: std::io::Error) -> Error {
+        named_io(e, &self.display)
+    }
+
+    fn corrupt(&self, detail: String) -> Error {
+        Error::LedgerCorrupt {
+            path: self.display.to_string(),
+            detail,
+        }
+    }
+
+    fn locked(&self) -> Error {
+        Error::LedgerLocked {
+            path: self.display.to_string(),
+        }
+    }
+
+    /// Takes the App's hold on the ledger: the lock of `weir.lock`.
+    fn lock(&self) -> Result<File> {
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(LOCK_FILE))
+            .map_err(|e| self.io(e))?;
+        match lock.try_lock() {
+            Ok(()) => Ok(lock),
+            Err(std::fs::TryLockError::WouldBlock) => Err(self.locked()),
+            Err(std::fs::TryLockError::Error(e)) => Err(self.io(e)),
+        }
+    }
+
+    /// Refuses the directory as not weir's: what this opening created (the
+    /// lock file) it removes.
+    fn refuse(&self, lock: File, detail: &str) -> Error {
+        drop(lock);
+        if !self.lock_existed {
+            let _ = std::fs::remove_file(self.dir.join(LOCK_FILE));
+        }
+        not_a_ledger(&self.display, detail)
+    }
+
+    /// Opens the sled store, waiting a little for sled's own lock, which a
+    /// ledger closed a moment ago may still hold while its background
+    /// threads wind down. An unmarked directory whose store cannot be
+    /// opened, or holds no weir format version, is refused as not weir's;
+    /// a marked one is corrupt.
+    fn open_store(&self, cache_bytes: u64, lock: File) -> Result<(sled::Db, File)> {
+        let config = sled::Config::new()
+            .path(self.dir.join(STORE_DIR))
+            .cache_capacity(cache_bytes)
+            .flush_every_ms(None);
+        let unmarked = self.existed && !self.marked;
+        let mut waited = std::time::Duration::ZERO;
+        let db = loop {
+            // sled may panic on damaged files: that is corruption too.
+            let config = config.clone();
+            let opened =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()));
+            let opened = match opened {
+                Ok(opened) => opened,
+                Err(_) if unmarked => {
+                    return Err(self.refuse(lock, "sled panicked while reading its sled/"))
+                }
+                Err(_) => return Err(self.corrupt("sled panicked while reading it".into())),
+            };
+            match opened {
+                Ok(db) => break db,
+                Err(sled::Error::Io(io)) if is_sled_lock(&io) && waited < SLED_LOCK_WAIT => {
+                    std::thread::sleep(SLED_LOCK_RETRY);
+                    waited += SLED_LOCK_RETRY;
+                }
+                Err(sled::Error::Io(io)) if is_sled_lock(&io) => return Err(self.locked()),
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    return Err(self.io(e))
+                }
+                Err(other) if unmarked => {
+                    let detail =
+                        format!("its sled/ cannot be opened ({other}) and it has no {SEQ_FILE}");
+                    return Err(self.refuse(lock, &detail));
+                }
+                Err(other) => return Err(self.corrupt(format!("sled cannot open it: {other}"))),
+            }
+        };
+        if unmarked && !db.contains_key(FORMAT_KEY).unwrap_or(false) {
+            drop(db);
+            return Err(self.refuse(lock, NO_FORMAT));
+        }
+        Ok((db, lock))
+    }
+}
+
 const NOT_A_STORE: &str = "its sled/ is not a sled store, and it has no weir.seq";
 /// Why a store without weir's format version is not a ledger.
 const NO_FORMAT: &str = "its sled/ store holds no weir format version, and it has no weir.seq";

@@ -291,18 +291,7 @@ where
         .into_iter()
         .map(|item| (key_fn(&item).into_stable_key(), item))
         .collect();
-    {
-        let mut seen = HashSet::default();
-        let children = lock(&parent.children);
-        for (k, _) in &items {
-            if !seen.insert(k) || children.set.contains(k) {
-                return Err(Error::Usage(format!(
-                    "component {} mounts child {k} twice in one run",
-                    parent.path
-                )));
-            }
-        }
-    }
+    refuse_twice_mounted(parent, &items)?;
     let run = Arc::clone(&parent.run);
     let shutdown = run.engine.shutdown.clone();
     if shutdown.is_requested() {
@@ -352,6 +341,22 @@ where
     parent.resume(had_slot).await;
     if interrupted {
         return Err(self::interrupted(parent));
+    }
+    Ok(())
+}
+
+/// Refuses items of which two have one key, or whose key the parent
+/// mounted already in this run.
+fn refuse_twice_mounted<T>(parent: &ComponentState, items: &[(StableKey, T)]) -> Result<()> {
+    let mut seen = HashSet::default();
+    let children = lock(&parent.children);
+    for (k, _) in items {
+        if !seen.insert(k) || children.set.contains(k) {
+            return Err(Error::Usage(format!(
+                "component {} mounts child {k} twice in one run",
+                parent.path
+            )));
+        }
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use crate::ledger::buf;
 use crate::ledger::record::{
     ComponentEntryOut, Intent, LedgerOp, RecordsOut, StateEntry, StateEntryOut,
 };
+use crate::model::erased::ErasedOutput;
 use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::{ActionKind, StableKey};
 use crate::run::lock;
@@ -34,114 +35,32 @@ pub(super) fn success_records(
     results: &Outcomes,
     fresh: bool,
 ) -> Result<SuccessRecords> {
-    let own = state.key.to_vec();
-    let mut ops = Vec::with_capacity(if fresh { 0 } else { results.len() });
-    // A fresh component's states, borrowed, for its whole entry.
-    let mut new_entry = NewEntry::with_room(if fresh { results.len() } else { 0 });
-    let mut unchanged = 0u64;
-    let mut actions: Vec<(ActionKind, u64)> = Vec::new();
+    let mut records = Records {
+        own: state.key.to_vec(),
+        fresh,
+        ops: Vec::with_capacity(if fresh { 0 } else { results.len() }),
+        new_entry: NewEntry::with_room(if fresh { results.len() } else { 0 }),
+        unchanged: 0,
+        actions: Vec::new(),
+    };
     for (i, r) in results.iter() {
         let Some(d) = decls.get(i) else {
             continue;
         };
-        let moved_from = r.location.as_ref().filter(|l| l.as_ref() != own.as_slice());
         match &r.output {
-            None => {
-                unchanged += 1;
-                if let (Some(from), Some(prev)) = (&moved_from, &r.prev) {
-                    if fresh {
-                        new_entry.push(
-                            d,
-                            StateEntryOut {
-                                path: serde_bytes::Bytes::new(&prev.path),
-                                records: RecordsOut::Many(&prev.records),
-                                may_be_missing: prev.may_be_missing,
-                                gen: prev.gen,
-                                child_gen: prev.child_gen,
-                            },
-                        );
-                    } else {
-                        ops.push(LedgerOp::Put {
-                            component: own.clone(),
-                            entry: prev.clone(),
-                            index_owner: true,
-                            container: container_of(d),
-                        });
-                    }
-                    ops.push(LedgerOp::Remove {
-                        component: from.to_vec(),
-                        path: d.path.to_vec(),
-                    });
-                    ops.push(forget_memo(from));
-                }
-            }
-            Some(_) if is_refresh(state, d, r) => unchanged += 1,
-            Some(out) => {
-                match actions.iter_mut().find(|(k, _)| *k == out.kind) {
-                    Some((_, n)) => *n += 1,
-                    None => actions.push((out.kind, 1)),
-                }
-                match &out.record {
-                    Some(record) => {
-                        let gen = generation(&d.provider).current;
-                        let child_gen = r
-                            .child_gen
-                            .or_else(|| r.prev.as_ref().and_then(|p| p.child_gen));
-                        if fresh {
-                            // No entry of its own to compare with.
-                            new_entry.push(
-                                d,
-                                StateEntryOut {
-                                    path: serde_bytes::Bytes::new(&d.path),
-                                    records: RecordsOut::One(serde_bytes::Bytes::new(record)),
-                                    may_be_missing: false,
-                                    gen,
-                                    child_gen,
-                                },
-                            );
-                        } else {
-                            let entry = StateEntry {
-                                path: buf(&d.path),
-                                records: vec![buf(record)],
-                                may_be_missing: false,
-                                gen,
-                                child_gen,
-                            };
-                            let same = moved_from.is_none() && r.prev.as_ref() == Some(&entry);
-                            if !same {
-                                ops.push(LedgerOp::Put {
-                                    component: own.clone(),
-                                    entry,
-                                    index_owner: r.location.is_none() || moved_from.is_some(),
-                                    container: container_of(d),
-                                });
-                            }
-                        }
-                        if let Some(from) = &moved_from {
-                            ops.push(LedgerOp::Remove {
-                                component: from.to_vec(),
-                                path: d.path.to_vec(),
-                            });
-                            ops.push(forget_memo(from));
-                        }
-                    }
-                    None => {
-                        if let Some(loc) = &r.location {
-                            ops.push(LedgerOp::Remove {
-                                component: loc.to_vec(),
-                                path: d.path.to_vec(),
-                            });
-                        }
-                        if r.prev.as_ref().is_some_and(|p| p.child_gen.is_some()) {
-                            ops.push(LedgerOp::DropDescendants {
-                                path: d.path.to_vec(),
-                            });
-                        }
-                    }
-                }
-            }
+            None => records.unchanged_state(d, r),
+            Some(_) if is_refresh(state, d, r) => records.unchanged += 1,
+            Some(out) => records.applied(d, r, out),
         }
     }
+    let Records {
+        own,
+        mut ops,
+        new_entry,
+        unchanged,
+        actions,
+        ..
+    } = records;
     if let Some(put) = new_entry.into_op(own)? {
         ops.push(put);
     }
@@ -150,6 +69,131 @@ pub(super) fn success_records(
         unchanged,
         actions,
     })
+}
+
+/// The records of a successful component, gathered outcome by outcome.
+struct Records<'a> {
+    /// The component's key.
+    own: Vec<u8>,
+    /// It has no entry yet: its states go into one new entry.
+    fresh: bool,
+    ops: Vec<LedgerOp>,
+    new_entry: NewEntry<'a>,
+    unchanged: u64,
+    actions: Vec<(ActionKind, u64)>,
+}
+
+impl<'a> Records<'a> {
+    /// The component that held the state, when another one did.
+    fn moved_from(&self, r: &'a Reconciled) -> Option<&'a Arc<[u8]>> {
+        r.location
+            .as_ref()
+            .filter(|l| l.as_ref() != self.own.as_slice())
+    }
+
+    /// A state that needs no action: it only moves here, if another
+    /// component held it.
+    fn unchanged_state(&mut self, d: &'a Declaration, r: &'a Reconciled) {
+        self.unchanged += 1;
+        let (Some(from), Some(prev)) = (self.moved_from(r), &r.prev) else {
+            return;
+        };
+        if self.fresh {
+            self.new_entry.push(
+                d,
+                StateEntryOut {
+                    path: serde_bytes::Bytes::new(&prev.path),
+                    records: RecordsOut::Many(&prev.records),
+                    may_be_missing: prev.may_be_missing,
+                    gen: prev.gen,
+                    child_gen: prev.child_gen,
+                },
+            );
+        } else {
+            self.ops.push(LedgerOp::Put {
+                component: self.own.clone(),
+                entry: prev.clone(),
+                index_owner: true,
+                container: container_of(d),
+            });
+        }
+        self.moved(from, d);
+    }
+
+    /// The state leaves the component that held it, which must run again.
+    fn moved(&mut self, from: &[u8], d: &Declaration) {
+        self.ops.push(LedgerOp::Remove {
+            component: from.to_vec(),
+            path: d.path.to_vec(),
+        });
+        self.ops.push(forget_memo(from));
+    }
+
+    /// A state whose action was applied: its new record, or its deletion.
+    fn applied(&mut self, d: &'a Declaration, r: &'a Reconciled, out: &'a ErasedOutput) {
+        match self.actions.iter_mut().find(|(k, _)| *k == out.kind) {
+            Some((_, n)) => *n += 1,
+            None => self.actions.push((out.kind, 1)),
+        }
+        match &out.record {
+            Some(record) => self.written(d, r, record),
+            None => {
+                if let Some(loc) = &r.location {
+                    self.ops.push(LedgerOp::Remove {
+                        component: loc.to_vec(),
+                        path: d.path.to_vec(),
+                    });
+                }
+                if r.prev.as_ref().is_some_and(|p| p.child_gen.is_some()) {
+                    self.ops.push(LedgerOp::DropDescendants {
+                        path: d.path.to_vec(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// A state written with `record`.
+    fn written(&mut self, d: &'a Declaration, r: &'a Reconciled, record: &'a [u8]) {
+        let gen = generation(&d.provider).current;
+        let child_gen = r
+            .child_gen
+            .or_else(|| r.prev.as_ref().and_then(|p| p.child_gen));
+        let moved_from = self.moved_from(r);
+        if self.fresh {
+            // No entry of its own to compare with.
+            self.new_entry.push(
+                d,
+                StateEntryOut {
+                    path: serde_bytes::Bytes::new(&d.path),
+                    records: RecordsOut::One(serde_bytes::Bytes::new(record)),
+                    may_be_missing: false,
+                    gen,
+                    child_gen,
+                },
+            );
+        } else {
+            let entry = StateEntry {
+                path: buf(&d.path),
+                records: vec![buf(record)],
+                may_be_missing: false,
+                gen,
+                child_gen,
+            };
+            let same = moved_from.is_none() && r.prev.as_ref() == Some(&entry);
+            if !same {
+                self.ops.push(LedgerOp::Put {
+                    component: self.own.clone(),
+                    entry,
+                    index_owner: r.location.is_none() || moved_from.is_some(),
+                    container: container_of(d),
+                });
+            }
+        }
+        if let Some(from) = moved_from {
+            self.moved(from, d);
+        }
+    }
 }
 
 /// A state of a [`NewEntry`], with its path (to index) and container.
