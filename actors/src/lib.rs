@@ -1,17 +1,26 @@
 //! The weir engine: declarative target states on actors, with a sled ledger.
 //!
-//! # Layout
+//! # Layers
 //!
-//! - [`model`]: keys, handlers, actions, sinks, providers, fingerprints and
-//!   the `statediff` helpers: what a connector author needs.
-//! - `app`, `ctx`, `declare`: the user-facing API ([`App`], [`Ctx`],
-//!   [`declare_target_state`], ...).
-//! - `actors`: the component, reconciler, sink and ledger actors, and the
-//!   pipeline that wires them (crate-private).
-//! - `ledger`: the sled store: key layout, records, format version
-//!   (crate-private).
-//! - `fault`: crash-test hooks, public and active only with the
-//!   `fault-injection` feature (for weir's own tests).
+//! The engine is laid out in layers, each meant to use only those below it:
+//!
+//! 1. [`model`]: keys, handlers, actions, sinks, providers, fingerprints and
+//!    the `statediff` helpers: what a connector author needs.
+//! 2. `ledger`: the sled store of what earlier runs created (key layout,
+//!    records, format version, the intent journal; crate-private).
+//! 3. `actors`: the reconciler shards, the sink actors and the ledger
+//!    actor, which a component talks to by messages; then the component
+//!    runtime (running a component's code, reconciling, applying and
+//!    committing it) and the pipeline that wires them (crate-private).
+//! 4. `app`, `ctx`, `run`, `declare`, [`source`], [`group`]: the API a user
+//!    holds ([`App`], [`Ctx`], [`declare_target_state`], sources, worker
+//!    groups).
+//!
+//! Beside them: [`metrics`] (the metric catalogue), `fault` (crash-test
+//! hooks, public and active only with the `fault-injection` feature, for
+//! weir's own tests). Where modules still import each other across these
+//! layers, `.ci/import-cycles.allowed` lists them, and CI fails on any new
+//! cycle.
 //!
 //! Users depend on the `weir` facade crate, which re-exports all of this.
 

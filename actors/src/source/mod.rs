@@ -16,15 +16,15 @@
 //!   and the [`salt`](Listing::salt), are those of its last successful run
 //!   is skipped. Payloads may be left out of a listing and loaded, in bulk,
 //!   only for the items that must run ([`Load`]).
-//! - [`Changes`] come from a stream: upserts and tombstones, each with an
+//! - [`Changes`](Batch::Changes) come from a stream: upserts and tombstones, each with an
 //!   *ordinal* (a position that grows for each key, such as a stream
-//!   sequence) and an acknowledgement handle. [`App::consume`] runs each
+//!   sequence) and an acknowledgement handle. [`App::consume`](crate::App::consume) runs each
 //!   batch as one run scoped to the batch's keys, so a run never deletes a
 //!   key it did not see: only a tombstone deletes.
 //!
 //! # Guarantees of a change stream
 //!
-//! [`App::consume`] gives at-least-once delivery, made idempotent by the
+//! [`App::consume`](crate::App::consume) gives at-least-once delivery, made idempotent by the
 //! declarative targets:
 //!
 //! - **Acknowledged after commit.** A change is acknowledged only after its
@@ -42,7 +42,7 @@
 //!   ([`Outcome::Retry`]). After [`ConsumeOptions::max_deliveries`]
 //!   deliveries it is released ([`Outcome::DeadLetter`]) so that the stream
 //!   moves on; its component stays recorded as failed (see
-//!   [`App::failed_components`]) until a later change of the key succeeds.
+//!   [`App::failed_components`](crate::App::failed_components)) until a later change of the key succeeds.
 //! - **Kept alive.** While a batch's run takes longer than
 //!   [`ConsumeOptions::keep_alive`], [`Source::keep_alive`] tells the
 //!   source that its changes are still in progress, so that nothing is
@@ -78,7 +78,7 @@
 //! # Worker groups
 //!
 //! In a member of a [worker group](crate::group), every run is scoped to
-//! the partitions the member holds. Before each fetch, [`App::consume`]
+//! the partitions the member holds. Before each fetch, [`App::consume`](crate::App::consume)
 //! tells the source which partitions those are ([`Source::assign`]); a
 //! member that holds none yet runs an empty run to acquire its share
 //! first. A change whose key is in a partition the member does not hold
@@ -191,7 +191,7 @@ pub use mount::SourceBatch;
 
 /// A source of items: a listing of everything it holds, or a stream of
 /// changes with acknowledgements. See the [module](self) for the
-/// guarantees [`App::consume`](crate::App::consume) builds on it.
+/// guarantees [`App::consume`](crate::App::consume)(crate::App::consume) builds on it.
 pub trait Source: Send {
     /// What a component receives for an item (a row, a message body).
     type Payload: Send + 'static;
@@ -210,7 +210,7 @@ pub trait Source: Send {
     /// source in one-shot mode already gave its listing.
     ///
     /// # Errors
-    /// When the source cannot be read; [`App::consume`](crate::App::consume)
+    /// When the source cannot be read; [`App::consume`](crate::App::consume)(crate::App::consume)
     /// returns the error (changes not settled are redelivered later by the
     /// source itself).
     fn next_batch(
@@ -252,7 +252,7 @@ pub trait Source: Send {
     /// those of partitions not held are settled [`Outcome::NotHeld`].
     ///
     /// # Errors
-    /// When the source cannot switch; [`App::consume`](crate::App::consume)
+    /// When the source cannot switch; [`App::consume`](crate::App::consume)(crate::App::consume)
     /// returns the error.
     fn assign(&mut self, assignment: &Assignment) -> impl Future<Output = Result<()>> + Send {
         let _ = assignment;
@@ -393,7 +393,7 @@ pub struct Change<P, A> {
     pub ack: A,
     /// How many times the source has delivered it, this time included
     /// (1 the first time), when it counts; 0 when it does not, and then
-    /// [`App::consume`](crate::App::consume) counts.
+    /// [`App::consume`](crate::App::consume)(crate::App::consume) counts.
     pub deliveries: u32,
 }
 
