@@ -123,6 +123,7 @@
 //! # }
 //! ```
 
+mod action;
 mod path;
 mod sink;
 mod source;

@@ -10,17 +10,20 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use weir_actors::{Error, Result, TargetAction, TargetActionSink};
+use weir_actors::{ChildTargetDef, Error, Result, TargetAction, TargetActionSink};
 
+use super::action::{DirAction, FileAction};
 use super::path;
-use super::target::{file_handler_for, DirAction, FileAction};
 
 /// The sink of directories (shared by all of them), whose child-handler
-/// factory gives each directory a files handler with a sink of its own.
-pub(crate) fn dir_sink() -> TargetActionSink<DirAction> {
+/// factory (`files`) gives each directory a files handler with a sink of
+/// its own.
+pub(crate) fn dir_sink(
+    files: fn(&DirAction) -> Result<ChildTargetDef>,
+) -> TargetActionSink<DirAction> {
     TargetActionSink::from_async_fn_with_child_handler(
         |actions: Vec<TargetAction<DirAction>>| blocking(move || apply_dir_actions(actions)),
-        file_handler_for,
+        files,
     )
 }
 

@@ -14,6 +14,7 @@ use weir_actors::{
     TargetChildInvalidation, TargetHandler, TargetReconcileOutput,
 };
 
+use super::action::{DirAction, FileAction};
 use super::path;
 use super::sink;
 
@@ -34,16 +35,6 @@ pub(crate) struct DirRecord {
     pub created_by_weir: bool,
 }
 
-/// What the directory sink does with one directory.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct DirAction {
-    /// The directory's absolute path (its key).
-    pub path: String,
-    /// On `Delete`: remove the directory and everything in it. `false`
-    /// leaves it as it is (the directory is abandoned).
-    pub remove_tree: bool,
-}
-
 /// The handler of directories: the root provider's handler.
 pub(crate) struct DirHandler {
     sink: TargetActionSink<DirAction>,
@@ -52,7 +43,7 @@ pub(crate) struct DirHandler {
 impl DirHandler {
     pub(crate) fn new() -> Self {
         Self {
-            sink: sink::dir_sink(),
+            sink: sink::dir_sink(file_handler_for),
         }
     }
 }
@@ -139,16 +130,6 @@ pub(crate) struct FileSpec {
     /// The bytes the file holds.
     #[serde(with = "serde_bytes")]
     pub content: Vec<u8>,
-}
-
-/// What the file sink does with one file.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct FileAction {
-    /// The file's path relative to the directory, with forward slashes.
-    pub path: String,
-    /// The content to write, on `Create` and `Update`; `None` on `Delete`.
-    #[serde(with = "serde_bytes")]
-    pub content: Option<Vec<u8>>,
 }
 
 /// The handler of the files of one directory. Its tracking record is the

@@ -122,6 +122,7 @@
 //! # }
 //! ```
 
+mod db;
 mod ddl;
 mod group;
 mod owners;
@@ -143,7 +144,8 @@ use weir_actors::{
 };
 
 use crate::sql::{validate_identifier, Row, TableSchema};
-use target::{DbShared, PostgresTableHandler, TableMeta, TableSpec};
+use db::TableMeta;
+use target::{DbShared, PostgresTableHandler, TableSpec};
 
 pub use group::{check_fence, PostgresCoordinator, DEFAULT_COMPACT_MIN_ROWS};
 pub use owners::{drop_tables_of, table_owner};

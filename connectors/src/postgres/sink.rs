@@ -11,8 +11,8 @@ use sqlx::postgres::PgDatabaseError;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 use weir_actors::{Error, Fence, Result, StableKey, TargetAction};
 
+use super::db::{DbInner, RowAction, TableAction, TableMeta};
 use super::owners;
-use super::target::{DbInner, RowAction, TableAction, TableMeta};
 use super::types::{copy_binary, ColumnArray};
 use crate::sql::value::key_of;
 use crate::sql::SqlValue;
