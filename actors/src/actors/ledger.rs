@@ -244,16 +244,7 @@ fn write_group(
     for (reply, applied) in local_applied {
         let _ = reply.send(commit_result(applied));
     }
-    let intent_results: Vec<_> = intents
-        .into_iter()
-        .map(|(reply, res, list)| {
-            let res = match (&flushed, res) {
-                (Err(e), Ok(_)) => Err(Error::msg(format!("ledger flush failed: {e}"))),
-                (_, r) => r,
-            };
-            (reply, res, list)
-        })
-        .collect();
+    let intent_results = intents_after(intents, &flushed);
     let commit_results: Vec<_> = replies
         .into_iter()
         .zip(applied)
@@ -267,19 +258,44 @@ fn write_group(
             commit_results.into_iter().zip(per_commit).collect(),
             intent_results,
         ),
-        None => {
-            for (reply, res) in commit_results {
-                if let Some(reply) = reply {
-                    let _ = reply.send(res);
-                }
-            }
-            for (reply, res, _) in intent_results {
-                let _ = reply.send(res);
-            }
-        }
+        None => answer(commit_results, intent_results),
     }
     for reply in recoveries {
         let _ = reply.send(ledger.recover_leftovers());
+    }
+}
+
+/// The intents' results once the group was flushed: written intents whose
+/// flush failed are not durable.
+fn intents_after(
+    intents: Vec<crate::group::mirror::JournaledIntents>,
+    flushed: &Result<()>,
+) -> Vec<crate::group::mirror::JournaledIntents> {
+    intents
+        .into_iter()
+        .map(|(reply, res, list)| {
+            let res = match (flushed, res) {
+                (Err(e), Ok(_)) => Err(Error::msg(format!("ledger flush failed: {e}"))),
+                (_, r) => r,
+            };
+            (reply, res, list)
+        })
+        .collect()
+}
+
+/// Answers a group's commits and intents (outside a worker group, where
+/// nothing waits for a changelog).
+fn answer(
+    commits: Vec<(CommitReply, Result<()>)>,
+    intents: Vec<crate::group::mirror::JournaledIntents>,
+) {
+    for (reply, res) in commits {
+        if let Some(reply) = reply {
+            let _ = reply.send(res);
+        }
+    }
+    for (reply, res, _) in intents {
+        let _ = reply.send(res);
     }
 }
 

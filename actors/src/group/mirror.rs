@@ -148,41 +148,12 @@ pub(crate) fn hand_over(
         }
     }
     for (reply, result, list) in intents {
-        let id = match result {
-            Ok(id) => id,
+        match result {
+            Ok(id) => add_intents(&mut job, partitions, reply, id, list),
             Err(e) => {
                 let _ = reply.send(Err(e));
-                continue;
-            }
-        };
-        let mut by_component: BTreeMap<Vec<u8>, Vec<Intent>> = BTreeMap::new();
-        for intent in list {
-            by_component
-                .entry(intent.component.to_vec())
-                .or_default()
-                .push(intent);
-        }
-        let mut parts = Vec::new();
-        let mut encoded = Vec::new();
-        for (component, list) in by_component {
-            let partition = component_partition(&component, partitions);
-            encoded.push((partition, intents_entry(component, &list)));
-            parts.push(partition);
-        }
-        if let Some(Err(e)) = encoded.iter().find(|(_, e)| e.is_err()).map(|(_, e)| e) {
-            let _ = reply.send(Err(Error::msg(format!(
-                "intents could not be encoded for the partition's changelog: {e}"
-            ))));
-            continue;
-        }
-        for (partition, entry) in encoded {
-            if let Ok(entry) = entry {
-                job.entries.entry(partition).or_default().push(entry);
             }
         }
-        parts.sort_unstable();
-        parts.dedup();
-        job.waiters.push((parts, Waiter::Intents(reply, id)));
     }
     if let Err(refused) = hook.tx.send(job) {
         for (_, waiter) in refused.0.waiters {
@@ -191,6 +162,46 @@ pub(crate) fn hand_over(
             )));
         }
     }
+}
+
+/// Adds a journaled intent batch (`id`) to the job: its intents, by the
+/// partition of their component, and its waiter on those partitions. One
+/// that cannot be encoded is answered with the error at once.
+fn add_intents(
+    job: &mut MirrorJob,
+    partitions: u32,
+    reply: oneshot::Sender<Result<u64>>,
+    id: u64,
+    list: Vec<Intent>,
+) {
+    let mut by_component: BTreeMap<Vec<u8>, Vec<Intent>> = BTreeMap::new();
+    for intent in list {
+        by_component
+            .entry(intent.component.to_vec())
+            .or_default()
+            .push(intent);
+    }
+    let mut parts = Vec::new();
+    let mut encoded = Vec::new();
+    for (component, list) in by_component {
+        let partition = component_partition(&component, partitions);
+        encoded.push((partition, intents_entry(component, &list)));
+        parts.push(partition);
+    }
+    if let Some(Err(e)) = encoded.iter().find(|(_, e)| e.is_err()).map(|(_, e)| e) {
+        let _ = reply.send(Err(Error::msg(format!(
+            "intents could not be encoded for the partition's changelog: {e}"
+        ))));
+        return;
+    }
+    for (partition, entry) in encoded {
+        if let Ok(entry) = entry {
+            job.entries.entry(partition).or_default().push(entry);
+        }
+    }
+    parts.sort_unstable();
+    parts.dedup();
+    job.waiters.push((parts, Waiter::Intents(reply, id)));
 }
 
 /// Attempts of one append that fails for a reason retrying may fix.
