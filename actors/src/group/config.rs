@@ -18,15 +18,16 @@ pub const DEFAULT_COMPACT_AFTER_ROWS: u64 = 1000;
 /// [`AppBuilder::worker_group`](crate::AppBuilder::worker_group) and the
 /// [module docs](crate::group)).
 ///
-/// ```no_run
+/// ```
 /// # use std::sync::Arc;
 /// # use std::time::Duration;
 /// # use weir_actors::group::{Coordinator, WorkerGroup};
-/// # fn coordinator() -> Arc<dyn Coordinator> { unimplemented!() }
-/// let group = WorkerGroup::new("docs-sync", coordinator())
-///     .partitions(64)
-///     .lease_ttl(Duration::from_secs(10))
-///     .member_id("host-a:4242");
+/// fn group(coordinator: Arc<dyn Coordinator>) -> WorkerGroup {
+///     WorkerGroup::new("docs-sync", coordinator)
+///         .partitions(64)
+///         .lease_ttl(Duration::from_secs(10))
+///         .member_id("host-a:4242")
+/// }
 /// ```
 #[derive(Clone)]
 #[must_use]
