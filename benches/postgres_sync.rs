@@ -26,6 +26,8 @@
 //! splits them over n child components instead, each with a contiguous
 //! range of ids (see `shared/split.rs`).
 
+#[path = "shared/documents.rs"]
+mod documents;
 #[path = "shared/paired.rs"]
 mod paired;
 #[path = "shared/split.rs"]
@@ -41,7 +43,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sqlx::PgPool;
 use weir::connectors::postgres::mount_table_target;
-use weir::connectors::sql::{ColumnType, TableSchema};
 use weir::prelude::*;
 
 #[derive(Clone, Debug, Serialize)]
@@ -51,17 +52,6 @@ struct Item {
     body: String,
     score: f64,
     version: i64,
-}
-
-fn schema() -> Result<TableSchema> {
-    TableSchema::builder()
-        .column("id", ColumnType::BigInt)
-        .column("title", ColumnType::Text)
-        .column("body", ColumnType::Text)
-        .column("score", ColumnType::Double)
-        .column("version", ColumnType::BigInt)
-        .primary_key(["id"])
-        .build()
 }
 
 fn item(id: i64, version: i64) -> Item {
@@ -132,7 +122,7 @@ async fn weir_sync(
 ) -> Result<()> {
     let (db, table) = (db.clone(), table.to_string());
     app.run(move |ctx| async move {
-        let target = mount_table_target(&ctx, &db, &table, schema()?).await?;
+        let target = mount_table_target(&ctx, &db, &table, documents::schema()?).await?;
         split::declare_rows(
             &ctx,
             items,

@@ -22,6 +22,8 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "shared/documents.rs"]
+mod documents;
 #[path = "sources/jetstream.rs"]
 mod jetstream;
 #[path = "sources/pg_snapshot.rs"]

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use weir::connectors::postgres::{mount_table_target, TableSource, TableSourceOptions};
-use weir::connectors::sql::{ColumnType, TableSchema};
 use weir::prelude::*;
 use weir::source::ConsumeOptions;
 
@@ -84,17 +83,6 @@ async fn copies(
 const COLUMNS: &str = "id bigint PRIMARY KEY, title text NOT NULL, body text NOT NULL, \
                        score double precision NOT NULL, version bigint NOT NULL";
 
-fn schema() -> Result<TableSchema> {
-    TableSchema::builder()
-        .column("id", ColumnType::BigInt)
-        .column("title", ColumnType::Text)
-        .column("body", ColumnType::Text)
-        .column("score", ColumnType::Double)
-        .column("version", ColumnType::BigInt)
-        .primary_key(["id"])
-        .build()
-}
-
 async fn fill_source(pool: &PgPool, table: &str, rows: usize) -> Result<(), Box<dyn StdError>> {
     sqlx::query(&format!("CREATE TABLE \"{table}\" ({COLUMNS})"))
         .execute(pool)
@@ -132,7 +120,7 @@ async fn weir_copy(pool: &PgPool, source: &str, target: &str) -> Result<(), Box<
     app.consume(&mut rows, ConsumeOptions::default(), move |ctx, batch| {
         let (db, target) = (db.clone(), target.clone());
         async move {
-            let table = mount_table_target(&ctx, &db, &target, schema()?).await?;
+            let table = mount_table_target(&ctx, &db, &target, crate::documents::schema()?).await?;
             ctx.mount_source(batch, move |ctx, item| {
                 let table = table.clone();
                 async move { table.declare_row(&ctx, &item.payload.value) }
