@@ -11,6 +11,7 @@
 pub(crate) mod cleanup;
 pub(crate) mod component;
 pub(crate) mod ledger;
+mod list_index;
 pub(crate) mod pipeline;
 pub(crate) mod reconciler;
 pub(crate) mod sink;

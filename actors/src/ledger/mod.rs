@@ -180,9 +180,8 @@ fn split_container_key(rest: &[u8]) -> Option<(&[u8], &[u8])> {
 
 /// What the ledger knows in memory of where its components' values are,
 /// so that a read looks only where a value can be: a component's entry is
-/// read with one sled lookup, and its child list with none when it has
-/// none (most components: a component of a hundred thousand, each
-/// reconciled in a run, saves two lookups of the three it took).
+/// read with one sled lookup (not one per tree), and its child list with
+/// none when it has none, as most components have none.
 ///
 /// Each set holds at least the components it names (a stale member only
 /// costs a lookup that finds nothing): they are loaded when the ledger

@@ -87,7 +87,7 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         prev_failure,
         ..
     } = reconciled;
-    let found = Found {
+    let found = Findings {
         unchanged,
         orphans: &orphans,
         prev_children: &prev_children,
@@ -141,7 +141,7 @@ fn finish_read_only_root(
 }
 
 /// What reconciling found that a successful commit records.
-struct Found<'a> {
+struct Findings<'a> {
     /// Declarations found unchanged by the shards.
     unchanged: u64,
     /// States the component no longer declares.
@@ -157,7 +157,7 @@ struct Found<'a> {
 async fn commit_success(
     state: &ComponentState,
     records: SuccessRecords,
-    reconciled: Found<'_>,
+    reconciled: Findings<'_>,
 ) -> Result<()> {
     let run = &state.run;
     let SuccessRecords {

@@ -1,12 +1,12 @@
 //! The messages a shard answers, and what they carry.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 
 use actix::Message;
 use tokio::sync::oneshot;
 
+use crate::actors::list_index::ListIndex;
 use crate::error::{Error, Result};
 use crate::ledger::record::StateEntry;
 use crate::ledger::stored::StoredEntry;
@@ -37,18 +37,12 @@ pub(crate) struct ShardDecl {
 pub(crate) struct ShardBatch {
     pub decls: Vec<ShardDecl>,
     pub providers: Vec<Arc<ProviderCore>>,
-    /// The providers' positions, by address, once there are more than
-    /// [`PROVIDERS_SEARCHED`] (fewer are searched in the list: most
-    /// components name one or two, and a map per batch was an allocation
-    /// per component).
-    by_address: Option<HashMap<usize, usize>>,
+    /// The providers' positions, by address.
+    by_address: ListIndex<usize>,
 }
 
 /// The fewest declarations for which each shard's list is sized ahead.
 const SIZED_FROM: usize = 64;
-
-/// The most providers of a batch found by searching its list.
-const PROVIDERS_SEARCHED: usize = 8;
 
 impl ShardBatch {
     /// Batches for `shards` shards, sized for `decls` declarations spread
@@ -92,28 +86,16 @@ impl ShardBatch {
 
     /// The position of `provider` in the batch's list, added if new.
     fn provider_index(&mut self, provider: &Arc<ProviderCore>) -> usize {
-        let providers = &mut self.providers;
-        let address = Arc::as_ptr(provider) as usize;
-        if let Some(by_address) = &mut self.by_address {
-            return *by_address.entry(address).or_insert_with(|| {
-                providers.push(Arc::clone(provider));
-                providers.len() - 1
-            });
-        }
-        if let Some(i) = providers.iter().position(|p| Arc::ptr_eq(p, provider)) {
+        let address = |p: &Arc<ProviderCore>| Arc::as_ptr(p) as usize;
+        if let Some(i) = self
+            .by_address
+            .position(&self.providers, address(provider), address)
+        {
             return i;
         }
-        providers.push(Arc::clone(provider));
-        if providers.len() > PROVIDERS_SEARCHED {
-            self.by_address = Some(
-                providers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| (Arc::as_ptr(p) as usize, i))
-                    .collect(),
-            );
-        }
-        providers.len() - 1
+        self.providers.push(Arc::clone(provider));
+        self.by_address.pushed(&self.providers, address);
+        self.providers.len() - 1
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -1,10 +1,10 @@
 //! A component's actions grouped by sink, to be sent to the sink actors.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use super::unit::{PlannedAction, UnitWaiter};
 use super::ApplyActions;
+use crate::actors::list_index::ListIndex;
 use crate::model::sink::SinkCore;
 use crate::run::Run;
 
@@ -12,19 +12,13 @@ use crate::run::Run;
 #[derive(Default)]
 pub(crate) struct SinkGroups {
     groups: Vec<SinkGroup>,
-    /// The groups' positions by sink identity, once there are more than
-    /// [`GROUPS_SEARCHED`] (fewer are searched in the list: most units
-    /// write to one or two sinks, and a map per unit was an allocation
-    /// per component).
-    by_sink: Option<HashMap<u64, usize>>,
+    /// The groups' positions, by sink identity.
+    by_sink: ListIndex<u64>,
     total: usize,
     /// The room the first group's list starts with (later groups, of
     /// other sinks, start empty).
     room: usize,
 }
-
-/// The most groups found by searching the list.
-const GROUPS_SEARCHED: usize = 8;
 
 struct SinkGroup {
     core: Arc<SinkCore>,
@@ -52,48 +46,23 @@ impl SinkGroups {
         action: PlannedAction,
     ) {
         self.total += 1;
-        let at = match self.position(core.id) {
+        let sink_of = |g: &SinkGroup| g.core.id;
+        let at = match self.by_sink.position(&self.groups, core.id, sink_of) {
             Some(at) => at,
             None => {
-                let room = std::mem::take(&mut self.room);
-                self.add_group(SinkGroup {
+                self.groups.push(SinkGroup {
                     core: Arc::clone(core),
                     provider: Arc::clone(provider),
                     label: Arc::clone(label),
-                    actions: Vec::with_capacity(room),
-                })
+                    actions: Vec::with_capacity(std::mem::take(&mut self.room)),
+                });
+                self.by_sink.pushed(&self.groups, sink_of);
+                self.groups.len() - 1
             }
         };
         if let Some(group) = self.groups.get_mut(at) {
             group.actions.push(action);
         }
-    }
-
-    /// The position of the group of sink `id`, if there is one.
-    fn position(&self, id: u64) -> Option<usize> {
-        match &self.by_sink {
-            Some(by_sink) => by_sink.get(&id).copied(),
-            None => self.groups.iter().position(|g| g.core.id == id),
-        }
-    }
-
-    /// Adds a group, returning its position.
-    fn add_group(&mut self, group: SinkGroup) -> usize {
-        let at = self.groups.len();
-        if let Some(by_sink) = &mut self.by_sink {
-            by_sink.insert(group.core.id, at);
-        }
-        self.groups.push(group);
-        if self.by_sink.is_none() && self.groups.len() > GROUPS_SEARCHED {
-            self.by_sink = Some(
-                self.groups
-                    .iter()
-                    .enumerate()
-                    .map(|(i, g)| (g.core.id, i))
-                    .collect(),
-            );
-        }
-        at
     }
 
     /// The number of actions gathered.
