@@ -572,3 +572,47 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Takes the next batch of at most `max` changes and acknowledges them
+/// all; how many it held.
+async fn take_and_ack(source: &mut JetStreamSource, max: usize) -> usize {
+    use weir::source::{Batch, Outcome, Settled, Source};
+    let Some(Batch::Changes(changes)) = source.next_batch(max).await.unwrap() else {
+        panic!("expected a batch of changes");
+    };
+    let n = changes.len();
+    let settled = changes
+        .into_iter()
+        .map(|c| Settled {
+            ack: c.ack,
+            outcome: Outcome::Ack,
+        })
+        .collect();
+    source.settle(settled).await.unwrap();
+    n
+}
+
+#[tokio::test]
+async fn the_lag_is_read_at_most_once_a_second_while_full_batches_follow_and_afresh_once_caught_up()
+{
+    use weir::connectors::nats::LAG_REFRESH;
+    use weir::source::Source;
+    let s = TestStream::new("lag").await;
+    for i in 0..10 {
+        s.publish(&format!("k{i}"), "v").await;
+    }
+    let mut source = s.source(s.options()).await;
+    assert_eq!(source.lag().await, Some(10));
+
+    // A full batch: the reading of a moment ago stands.
+    assert_eq!(take_and_ack(&mut source, 4).await, 4);
+    assert_eq!(source.lag().await, Some(10));
+    tokio::time::sleep(LAG_REFRESH).await;
+    assert_eq!(source.lag().await, Some(6));
+
+    // A batch that is not full: caught up, read at once.
+    assert_eq!(take_and_ack(&mut source, 100).await, 6);
+    wait_for(|| async { s.consumer_info("weir").await.num_ack_pending == 0 }).await;
+    assert_eq!(source.lag().await, Some(0));
+    s.delete().await;
+}

@@ -191,7 +191,7 @@ pub use mount::SourceBatch;
 
 /// A source of items: a listing of everything it holds, or a stream of
 /// changes with acknowledgements. See the [module](self) for the
-/// guarantees [`App::consume`](crate::App::consume)(crate::App::consume) builds on it.
+/// guarantees [`App::consume`](crate::App::consume) builds on it.
 pub trait Source: Send {
     /// What a component receives for an item (a row, a message body).
     type Payload: Send + 'static;
@@ -210,7 +210,7 @@ pub trait Source: Send {
     /// source in one-shot mode already gave its listing.
     ///
     /// # Errors
-    /// When the source cannot be read; [`App::consume`](crate::App::consume)(crate::App::consume)
+    /// When the source cannot be read; [`App::consume`](crate::App::consume)
     /// returns the error (changes not settled are redelivered later by the
     /// source itself).
     fn next_batch(
@@ -252,7 +252,7 @@ pub trait Source: Send {
     /// those of partitions not held are settled [`Outcome::NotHeld`].
     ///
     /// # Errors
-    /// When the source cannot switch; [`App::consume`](crate::App::consume)(crate::App::consume)
+    /// When the source cannot switch; [`App::consume`](crate::App::consume)
     /// returns the error.
     fn assign(&mut self, assignment: &Assignment) -> impl Future<Output = Result<()>> + Send {
         let _ = assignment;
@@ -393,7 +393,7 @@ pub struct Change<P, A> {
     pub ack: A,
     /// How many times the source has delivered it, this time included
     /// (1 the first time), when it counts; 0 when it does not, and then
-    /// [`App::consume`](crate::App::consume)(crate::App::consume) counts.
+    /// [`App::consume`](crate::App::consume) counts.
     pub deliveries: u32,
 }
 

@@ -68,7 +68,11 @@
 //! batch is settled: no more messages are unacknowledged at once.
 //! [`lag`](Source::lag) is the consumer's count of messages not yet
 //! delivered plus those awaiting acknowledgement (in a worker group,
-//! summed over the consumers read).
+//! summed over the consumers read). Reading it is a request to the server
+//! for each consumer, so while full batches follow each other it is read
+//! at most once every [`LAG_REFRESH`] and the last reading is reported in
+//! between; after a batch that was not full (the source caught up) it is
+//! read again at once.
 //!
 //! # Worker groups
 //!
@@ -149,7 +153,7 @@ mod options;
 mod read;
 mod settle;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::Message;
@@ -187,7 +191,13 @@ pub struct JetStreamSource {
     read: ReadSet,
     /// In a worker group: the partitions read, as last assigned.
     assignment: Option<Assignment>,
+    /// The last reading of the lag, and when it was taken.
+    lag: Option<(Instant, u64)>,
 }
+
+/// While full batches follow each other, how often the lag is read from
+/// the server (see the module docs).
+pub const LAG_REFRESH: Duration = Duration::from_secs(1);
 
 impl Drop for JetStreamSource {
     /// Hands the messages of pull requests still open, and those received
@@ -247,6 +257,7 @@ impl JetStreamSource {
             dead_letter: options.dead_letter_subject,
             end,
             assignment: None,
+            lag: None,
         })
     }
 
@@ -374,9 +385,15 @@ impl Source for JetStreamSource {
         &mut self,
         max: usize,
     ) -> Result<Option<Batch<JetStreamMessage, JetStreamAck>>> {
-        let Some(messages) = self.next_messages(max.max(1)).await? else {
+        let max = max.max(1);
+        let Some(messages) = self.next_messages(max).await? else {
+            self.lag = None;
             return Ok(None);
         };
+        if messages.len() < max {
+            // Caught up: the next reading of the lag is taken afresh.
+            self.lag = None;
+        }
         Ok(Some(Batch::Changes(self.changes(messages)?)))
     }
 
@@ -393,14 +410,23 @@ impl Source for JetStreamSource {
             return Ok(());
         }
         self.assignment = None;
+        self.lag = None;
         self.read_partitions(assignment).await?;
         self.assignment = Some(assignment.clone());
         Ok(())
     }
 
     async fn lag(&mut self) -> Option<u64> {
+        if let Some((read_at, lag)) = self.lag {
+            if read_at.elapsed() < LAG_REFRESH {
+                return Some(lag);
+            }
+        }
         match self.read.lag(&self.stream).await {
-            Ok(lag) => Some(lag),
+            Ok(lag) => {
+                self.lag = Some((Instant::now(), lag));
+                Some(lag)
+            }
             Err(e) => {
                 tracing::debug!("{e}");
                 None
