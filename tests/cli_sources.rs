@@ -437,3 +437,39 @@ async fn credentials_in_the_url_connect_and_wrong_ones_are_an_error_hiding_the_p
     drop(server.process);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_credentials_file_connects_to_a_server_of_signed_users_and_a_missing_one_is_an_error_naming_it(
+) -> TestResult {
+    let server = nats::secured::SecuredServer::start();
+    let signed = async_nats::ConnectOptions::with_credentials_file(&server.creds).await?;
+    let js = jetstream::new(signed.connect(&server.url).await?);
+    js.create_stream(stream::Config {
+        name: "SIGNED".into(),
+        subjects: vec!["signed.>".into()],
+        ..Default::default()
+    })
+    .await?;
+    js.publish("signed.k1", r#"{"a":1}"#.into()).await?.await?;
+    let env = Env::new();
+    let source = format!("{}/SIGNED", server.url);
+    let creds = server.creds.display().to_string();
+
+    let out = ok(&env.sync_source(&source, &env.url_arg(), &["--creds", &creds]));
+    assert!(out.contains("1 acknowledged"), "{out}");
+    assert_eq!(
+        sqlite_records(&env).await,
+        BTreeMap::from([("k1".to_string(), serde_json::json!({"a": 1}))])
+    );
+
+    // Without the file the server refuses the connection.
+    let err = exits(&env.sync_source(&source, &env.url_arg(), &[]), 2);
+    assert!(err.contains(&server.url.replace("nats://", "")), "{err}");
+    let missing = env.tmp.path().join("nobody.creds").display().to_string();
+    let err = exits(
+        &env.sync_source(&source, &env.url_arg(), &["--creds", &missing]),
+        2,
+    );
+    assert!(err.contains(&missing), "{err}");
+    Ok(())
+}

@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
 
+pub mod secured;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_nats::jetstream::{self, consumer, stream};
