@@ -172,23 +172,80 @@ async fn a_bad_table_or_column_is_an_error_naming_it() -> TestResult {
 }
 
 #[test]
-fn a_worker_group_with_a_table_or_stream_source_is_refused_with_what_to_do() {
+fn a_worker_group_with_a_table_source_is_refused_with_what_to_do() {
     let env = Env::new();
-    for source in [
+    let out = env.sync_source(
         "postgres://postgres@127.0.0.1:5432/test?table=orders",
-        "nats://127.0.0.1:4222/ORDERS",
-    ] {
-        let out = env.sync_source(
-            source,
-            "postgres://postgres@127.0.0.1:5432/test",
-            &["--group", "g"],
-        );
-        let err = exits(&out, 2);
-        assert!(
-            err.contains("worker group g") && err.contains("App::consume"),
-            "{err}"
-        );
-    }
+        "postgres://postgres@127.0.0.1:5432/test",
+        &["--group", "g"],
+    );
+    let err = exits(&out, 2);
+    assert!(
+        err.contains("worker group g") && err.contains("App::consume"),
+        "{err}"
+    );
+}
+
+/// Starts member `n` of group `group` (4 partitions, a lease TTL of 3 s)
+/// syncing `source` into `into`, with a ledger of its own.
+fn start_member(env: &Env, source: &str, into: &str, group: &str, n: usize) -> cmd::Running {
+    let ledger = env.tmp.path().join(format!("ledger-{n}"));
+    let member = format!("member-{n}");
+    let args = [
+        "sync",
+        source,
+        "--into",
+        into,
+        "--ledger",
+        ledger.to_str().unwrap(),
+        "--group",
+        group,
+        "--partitions",
+        "4",
+        "--lease-ttl",
+        "3",
+        "--member-id",
+        &member,
+    ];
+    cmd::Running(cmd::spawn(env.tmp.path(), &args, None))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_of_a_group_sync_a_stream_and_every_key_lands_once_with_its_latest_payload(
+) -> TestResult {
+    PgDatabase::around("src_group", async |pg: &PgDatabase| {
+        let pool = PgPool::connect(&pg.url).await?;
+        let s = TestStream::new("group").await;
+        let msgs = messages(2_000, 200);
+        s.publish_all(&msgs).await;
+        let env = Env::new();
+        let members: Vec<cmd::Running> = (0..2)
+            .map(|n| start_member(&env, &s.url(), &pg.url, "streams", n))
+            .collect();
+        for mut m in members {
+            let status = cmd::wait_for_exit(&mut m.0, cmd::COMMAND_LIMIT);
+            let mut err = String::new();
+            if let Some(mut stderr) = m.0.stderr.take() {
+                std::io::Read::read_to_string(&mut stderr, &mut err)?;
+            }
+            assert_eq!(status.and_then(|s| s.code()), Some(0), "{err}");
+        }
+        let records: BTreeMap<String, serde_json::Value> = pg_records(&pool, "records")
+            .await
+            .into_iter()
+            .map(|(k, (v, _))| (k, v))
+            .collect();
+        assert_eq!(records, expected(&msgs));
+        // Each partition's consumer read the stream to its end.
+        for p in 0..4 {
+            let info = s.consumer_info(&format!("weir-p{p}")).await;
+            assert_eq!((info.num_pending, info.num_ack_pending), (0, 0), "p{p}");
+        }
+        s.delete().await;
+        pool.close().await;
+        Ok(())
+    })
+    .await
 }
 
 #[tokio::test]

@@ -228,9 +228,9 @@ impl ToRecord for JetStreamMessage {
 /// Syncs a stream source into the records table: once up to where the
 /// source stood when it started, or, with `--live`, until stopped.
 pub async fn run(args: SyncArgs, source: StreamSource) -> Result<u8> {
-    if let Some(group) = &args.group.group {
+    if let (Some(group), StreamSource::Postgres { display, .. }) = (&args.group.group, &source) {
         return Err(Error::msg(format!(
-            "worker group {group}: the command splits a directory's sync between the members of a group; a table or a stream is synced by one process (in a program, App::consume reads a source in a worker group)"
+            "worker group {group}: the command splits a directory or a JetStream stream between the members of a group; PostgreSQL table {display} is synced by one process (in a program, App::consume reads a table in a worker group)"
         )));
     }
     let db = Database::parse(&args.into.into)?;
