@@ -243,6 +243,30 @@ async fn rows_are_created_updated_and_deleted_to_match_the_declarations() -> Res
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn two_apps_with_one_key_name_and_pools_on_different_databases_each_write_through_their_own(
+) -> Result<()> {
+    let Some((url, pool)) = pg::server(4).await.map_err(Error::msg)? else {
+        return Ok(());
+    };
+    let (base, _) = url
+        .rsplit_once('/')
+        .ok_or_else(|| Error::msg("a server URL without a database"))?;
+    let other = sqlx::PgPool::connect(&format!("{base}/postgres")).await?;
+    let t = unique("two_apps");
+    let (a, b) = (Rig::new(pool, &[&t]).await?, Rig::new(other, &[&t]).await?);
+
+    // Interleaved: both apps live, each with its key `pg`.
+    sync_docs(&a, &t, docs_schema()?, vec![doc("1", "a")]).await?;
+    sync_docs(&b, &t, docs_schema()?, vec![doc("2", "b")]).await?;
+    sync_docs(&a, &t, docs_schema()?, vec![doc("1", "a"), doc("3", "c")]).await?;
+
+    assert_eq!(a.bodies(&t).await?, expected(&[("1", "a"), ("3", "c")]));
+    assert_eq!(b.bodies(&t).await?, expected(&[("2", "b")]));
+    a.finish().await?;
+    b.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_preview_tells_the_table_and_the_row_actions_of_each_table_apart() -> Result<()> {
     let pool = server_or_skip!();
     let t = unique("preview");

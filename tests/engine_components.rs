@@ -1505,3 +1505,51 @@ fn isolated_dropping_an_app_stops_its_threads_and_frees_its_ledger(
         },
     )
 }
+
+#[tokio::test]
+async fn app_state_is_one_value_per_app_and_name_for_every_run_and_component_and_never_shared_between_apps(
+) -> Result<()> {
+    /// Counts the components of one app that asked for it.
+    #[derive(Default)]
+    struct Seen(AtomicUsize);
+
+    async fn run_three(app: &App, name: &'static str) -> Result<Arc<Seen>> {
+        let last: Arc<Mutex<Option<Arc<Seen>>>> = Arc::default();
+        let keep = Arc::clone(&last);
+        app.run(move |ctx| async move {
+            ctx.mount_each(
+                vec!["a", "b", "c"],
+                |k| k.to_string(),
+                move |ctx, _k| {
+                    let keep = Arc::clone(&keep);
+                    async move {
+                        let seen = ctx.app_state(name, Seen::default);
+                        seen.0.fetch_add(1, Ordering::SeqCst);
+                        *keep.lock().unwrap() = Some(seen);
+                        Ok(())
+                    }
+                },
+            )
+            .await
+        })
+        .await?;
+        let seen = last.lock().unwrap().take();
+        seen.ok_or_else(|| Error::msg("no component ran"))
+    }
+
+    let (d1, d2) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (one, two) = (app(d1.path()).await?, app(d2.path()).await?);
+    let first = run_three(&one, "db").await?;
+    let again = run_three(&one, "db").await?;
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "a second run got another value"
+    );
+    assert_eq!(first.0.load(Ordering::SeqCst), 6);
+    let other_name = run_three(&one, "other").await?;
+    assert_eq!(other_name.0.load(Ordering::SeqCst), 3);
+    let other_app = run_three(&two, "db").await?;
+    assert!(!Arc::ptr_eq(&first, &other_app), "two apps share a value");
+    assert_eq!(other_app.0.load(Ordering::SeqCst), 3);
+    Ok(())
+}

@@ -152,6 +152,34 @@ impl Ctx {
             .ok_or_else(|| Error::MissingContextKey(key.name().to_string()))
     }
 
+    /// State of type `T` kept for the life of this component's App, under
+    /// `name`: made by `init` the first time it is asked for, then the same
+    /// value for every run and component of the App, and never shared with
+    /// another App. Connectors keep in it what their target states share
+    /// across components, such as the sinks of one database, so that their
+    /// actions are batched together.
+    ///
+    /// ```
+    /// # use weir_actors::{App, Result};
+    /// # async fn example(app: App) -> Result<()> {
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// app.run(|ctx| async move {
+    ///     let calls = ctx.app_state("calls", || AtomicU64::new(0));
+    ///     calls.fetch_add(1, Ordering::Relaxed);
+    ///     Ok(())
+    /// })
+    /// .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn app_state<T: Send + Sync + 'static>(
+        &self,
+        name: &str,
+        init: impl FnOnce() -> T,
+    ) -> Arc<T> {
+        self.state.run.engine.app_states.get_or_init(name, init)
+    }
+
     /// Marks this component as failed with `error`, even if its code then
     /// returns `Ok`: nothing it declared is applied, and the update reports
     /// it. For connectors whose own checks reject a declaration (a bad row,

@@ -182,6 +182,9 @@ pub(crate) struct Engine {
     /// for that many at once, instead of growing them (and rehashing every
     /// path) step by step.
     pub declared_last: Mutex<HashMap<Arc<[u8]>, usize>>,
+    /// State that connectors keep for the life of the App, by type and
+    /// name ([`Ctx::app_state`](crate::Ctx::app_state)).
+    pub app_states: AppStates,
     ledger_actor: Mutex<Option<LedgerActor>>,
     actix: Mutex<Option<ActixParts>>,
 }
@@ -193,8 +196,32 @@ type Started = (
     System,
 );
 
+/// Values kept for the life of an App, by type and name.
+#[derive(Default)]
+pub(crate) struct AppStates(Mutex<HashMap<(std::any::TypeId, String), Arc<dyn Any + Send + Sync>>>);
+
+impl AppStates {
+    /// The value of type `T` named `name`, made by `init` the first time.
+    pub fn get_or_init<T: Send + Sync + 'static>(
+        &self,
+        name: &str,
+        init: impl FnOnce() -> T,
+    ) -> Arc<T> {
+        let mut states = crate::run::lock(&self.0);
+        let id = (std::any::TypeId::of::<T>(), name.to_string());
+        if let Some(state) = states
+            .get(&id)
+            .and_then(|s| Arc::clone(s).downcast::<T>().ok())
+        {
+            return state;
+        }
+        let state = Arc::new(init());
+        states.insert(id, Arc::clone(&state) as Arc<dyn Any + Send + Sync>);
+        state
+    }
+}
+
 impl Engine {
-    /// The name of the worker group the App is a member of, if any.
     /// The owner of what this engine's app creates: its worker group, or
     /// its ledger.
     pub(crate) fn owner(&self) -> crate::Result<crate::Owner> {
@@ -277,6 +304,7 @@ impl Engine {
             next_run: AtomicU64::new(1),
             run_lock: tokio::sync::Mutex::new(()),
             declared_last: Mutex::new(HashMap::new()),
+            app_states: AppStates::default(),
             shutdown: crate::live::ShutdownHandle::new(),
             ledger_actor: Mutex::new(Some(ledger_actor)),
             actix: Mutex::new(Some(ActixParts {

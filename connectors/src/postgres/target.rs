@@ -1,9 +1,9 @@
-//! The table (container) and row (child) handlers, and the registry of
-//! each database's sinks (their actions and shared state are in
+//! The table (container) and row (child) handlers, and each database's
+//! sinks, kept by the app (their actions and shared state are in
 //! [`db`](super::db)).
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -112,28 +112,13 @@ impl DbShared {
     }
 }
 
-/// The shared state of each database, by `ContextKey` name and the address
-/// of the pool the `App` holds for it (so two apps using one key name with
-/// different pools never share sinks). Entries live as long as a handler or
-/// a `TableTarget` of theirs.
-static DATABASES: LazyLock<Mutex<HashMap<DbId, Weak<DbShared>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// A database's `ContextKey` name and the address of the app's pool.
-type DbId = (String, usize);
-
-/// The shared state of `db` for the app of `ctx`, created on first use.
+/// The shared state of `db` for the app of `ctx`: one per app and
+/// `ContextKey` name (the app's pool for that name), kept by the app
+/// ([`Ctx::app_state`]) so that every component's rows of that database
+/// meet in the same sinks, and two apps never share them.
 pub(crate) fn db_shared(ctx: &Ctx, db: &ContextKey<PgPool>) -> Result<Arc<DbShared>> {
     let pool = ctx.get_key(db)?;
-    let id = (db.name().to_string(), std::ptr::from_ref(pool) as usize);
-    let mut map = DATABASES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(shared) = map.get(&id).and_then(Weak::upgrade) {
-        return Ok(shared);
-    }
-    map.retain(|_, w| w.strong_count() > 0);
-    let shared = Arc::new(DbShared::new(db.name(), pool.clone()));
-    map.insert(id, Arc::downgrade(&shared));
-    Ok(shared)
+    Ok(ctx.app_state(db.name(), || DbShared::new(db.name(), pool.clone())))
 }
 
 /// The table handler: creates, alters and drops tables.
