@@ -111,6 +111,9 @@ async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()
     })
     .await?;
 
+    // A connector's table: rows written, then one refused by the database.
+    connector_rows_and_a_refused_one(dir.path()).await?;
+
     let snapshot = snapshotter.snapshot().into_vec();
     let seen: std::collections::BTreeSet<String> = snapshot
         .iter()
@@ -204,4 +207,50 @@ impl Source for OneMessage {
     async fn lag(&mut self) -> Option<u64> {
         Some(0)
     }
+}
+
+/// Syncs rows into a SQLite table, then a row a unique index refuses: the
+/// connector's rows, statement and error metrics.
+async fn connector_rows_and_a_refused_one(dir: &std::path::Path) -> Result<()> {
+    use weir::connectors::sql::{ColumnType, TableSchema};
+    use weir::connectors::sqlite;
+
+    let pool = sqlite::connect(dir.join("docs.db")).await?;
+    let db = ContextKey::<sqlx::SqlitePool>::new("docs");
+    let app = App::builder("connector-metrics")
+        .ledger_path(dir.join("connector-ledger"))
+        .provide_key(&db, pool.clone())
+        .build()
+        .await?;
+    let sync = |rows: Vec<(&'static str, &'static str)>| {
+        let db = db.clone();
+        app.run(move |ctx| async move {
+            let schema = TableSchema::builder()
+                .column("id", ColumnType::Text)
+                .column("body", ColumnType::Text)
+                .primary_key(["id"])
+                .build()?;
+            let docs = sqlite::mount_table_target(&ctx, &db, "docs", schema).await?;
+            ctx.mount_each(
+                rows,
+                |(id, _)| id.to_string(),
+                move |ctx, (id, body)| {
+                    let docs = docs.clone();
+                    async move {
+                        docs.declare_row(&ctx, serde_json::json!({"id": id, "body": body}))
+                    }
+                },
+            )
+            .await
+        })
+    };
+    sync(vec![("1", "a")]).await?;
+    sqlx::query("CREATE UNIQUE INDEX docs_body ON docs (body)")
+        .execute(&pool)
+        .await?;
+    let refused = sync(vec![("1", "a"), ("2", "a")]).await;
+    if refused.is_ok() {
+        return Err(Error::msg("a row the unique index refuses was accepted"));
+    }
+    Ok(())
 }

@@ -82,6 +82,27 @@ pub enum ErrorKind {
     Fenced,
 }
 
+impl ErrorKind {
+    /// The kind's name in snake case (`database`, `permanent`), as metric
+    /// labels and logs give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Other => "other",
+            ErrorKind::Permanent => "permanent",
+            ErrorKind::Io => "io",
+            ErrorKind::Ledger => "ledger",
+            ErrorKind::Codec => "codec",
+            ErrorKind::Database => "database",
+            ErrorKind::Usage => "usage",
+            ErrorKind::ComponentsFailed => "components_failed",
+            ErrorKind::Shutdown => "shutdown",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::OutOfScope => "out_of_scope",
+            ErrorKind::Fenced => "fenced",
+        }
+    }
+}
+
 /// Everything that can go wrong in weir.
 ///
 /// Every error names what failed: the key, the provider, the component or the

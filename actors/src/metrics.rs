@@ -5,8 +5,9 @@
 //! (or install any `metrics` recorder) to collect them. Names follow
 //! `weir_<subsystem>_<noun>_<unit>[_total]`; labels are bounded (the root
 //! provider name, the shard index, an outcome, an action kind, a restore's
-//! reason), never a key, a path or a member id (each member exports its
-//! own: Prometheus tells them apart by `instance`). Metrics are recorded
+//! reason, a connector's table or target directory), never a key, a
+//! component path or a member id (each member exports its own: Prometheus
+//! tells them apart by `instance`). Metrics are recorded
 //! once per batch or per component, never per target state. The
 //! `weir_group_*` metrics are recorded only by a member of a worker group
 //! (see [`group`](crate::group)).
@@ -115,8 +116,42 @@ pub const SOURCE_IN_FLIGHT: &str = "weir_source_items_in_flight";
 /// committed one), by `source`; set after each batch when the source knows.
 pub const SOURCE_LAG: &str = "weir_source_lag_items";
 
+/// Rows (or files) a connector's sink wrote, once their transaction
+/// committed, by `connector` (`postgres`, `sqlite`, `localfs`), `target`
+/// (the table, or the directory) and `kind` (`created`, `updated`,
+/// `deleted`).
+pub const CONNECTOR_ROWS: &str = "weir_connector_rows_written_total";
+/// How long a connector's statements take, by `connector`, `target` (the
+/// table; the database for a transaction's commit) and `statement`
+/// (`upsert`, `delete`, `commit`, `ddl`, `write`, `remove`).
+pub const CONNECTOR_STATEMENT_DURATION: &str = "weir_connector_statement_duration_seconds";
+/// Failed connector statements, by `connector`, `target`, `kind` (the
+/// [`ErrorKind`](crate::ErrorKind) of the error, in snake case) and
+/// `class` (`transient` when the engine retries it, else `permanent`).
+/// The engine's retries of a connector's calls are
+/// [`SINK_RETRIES`], by sink.
+pub const CONNECTOR_ERRORS: &str = "weir_connector_errors_total";
+
 /// Every metric of the catalogue: name, kind, unit, description.
 pub const CATALOGUE: &[(&str, MetricKind, Unit, &str)] = &[
+    (
+        CONNECTOR_ROWS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Rows or files a connector wrote once committed, by connector, target and kind.",
+    ),
+    (
+        CONNECTOR_STATEMENT_DURATION,
+        MetricKind::Histogram,
+        Unit::Seconds,
+        "How long a connector's statements take, by connector, target and statement.",
+    ),
+    (
+        CONNECTOR_ERRORS,
+        MetricKind::Counter,
+        Unit::Count,
+        "Failed connector statements, by connector, target, error kind and class (transient, permanent).",
+    ),
     (
         SOURCE_RECEIVED,
         MetricKind::Counter,

@@ -8,6 +8,9 @@
 #[cfg(feature = "sql")]
 pub mod sql;
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "localfs"))]
+mod observe;
+
 #[cfg(feature = "localfs")]
 pub mod localfs;
 

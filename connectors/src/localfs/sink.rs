@@ -14,6 +14,7 @@ use weir_actors::{ChildTargetDef, Error, Result, TargetAction, TargetActionSink}
 
 use super::action::{DirAction, FileAction};
 use super::path;
+use crate::observe::{Connector, Tally};
 
 /// The sink of directories (shared by all of them), whose child-handler
 /// factory (`files`) gives each directory a files handler with a sink of
@@ -140,10 +141,16 @@ fn remove_tree(root: &Path) -> Result<()> {
     }
 }
 
+/// Writes and deletes the files of `root` (each file on its own: a file
+/// written stays written should a later one fail).
 pub(crate) fn apply_file_actions(
     root: &Path,
     actions: Vec<TargetAction<FileAction>>,
 ) -> Result<()> {
+    let target = root.display().to_string();
+    let tally = Tally::of_one(&target, &actions);
+    let span = LOCALFS.call_span(&target, &tally.targets(), actions.len());
+    let _in_span = span.enter();
     for action in actions {
         match action {
             TargetAction::Create(file) | TargetAction::Update(file) => {
@@ -154,13 +161,19 @@ pub(crate) fn apply_file_actions(
                         file.path
                     ))
                 })?;
-                write_file(root, &file.path, &content)?;
+                LOCALFS.timed_now(&target, "write", || write_file(root, &file.path, &content))?;
             }
-            TargetAction::Delete(file) => delete_file(root, &file.path)?,
+            TargetAction::Delete(file) => {
+                LOCALFS.timed_now(&target, "remove", || delete_file(root, &file.path))?;
+            }
         }
     }
+    tally.record(LOCALFS);
     Ok(())
 }
+
+/// This connector, as its metrics and spans name it.
+const LOCALFS: Connector = Connector::LocalFs;
 
 /// The longest part of a file name kept in its temporary file's name.
 const TMP_NAME_PREFIX_MAX: usize = 64;

@@ -9,11 +9,13 @@ use rustc_hash::FxHashMap;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgDatabaseError;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
+use tracing::Instrument;
 use weir_actors::{Error, Fence, Result, StableKey, TargetAction};
 
 use super::db::{DbInner, RowAction, TableAction, TableMeta};
 use super::owners;
 use super::types::{copy_binary, ColumnArray};
+use crate::observe::{Connector, Tally};
 use crate::sql::value::key_of;
 use crate::sql::SqlValue;
 
@@ -55,15 +57,21 @@ pub(crate) async fn apply_tables(
         owners::settle(&mut tx, &database, table, claim, *dropping).await?;
     }
     for (table, statement) in statements {
-        sqlx::query(&statement)
-            .persistent(false)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map_error(e, &table, "changing the table", &[]))?;
+        let ddl = async {
+            sqlx::query(&statement)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| map_error(e, &table, "changing the table", &[]))
+        };
+        PG.timed(&table, "ddl", ddl).await?;
     }
-    tx.commit().await?;
-    Ok(())
+    PG.timed(&database, "commit", async { Ok(tx.commit().await?) })
+        .await
 }
+
+/// This connector, as its metrics and spans name it.
+const PG: Connector = Connector::Postgres;
 
 /// Checks that each table declared with no DDL to run (a refresh of an
 /// unchanged table, or one the user owns) is still there: its rows are
@@ -151,6 +159,15 @@ pub(crate) async fn apply_rows(
     db: Arc<DbInner>,
     actions: Vec<TargetAction<RowAction>>,
 ) -> Result<()> {
+    let tally = Tally::of(&actions, |a| &a.table);
+    let span = PG.call_span(&db.db_name, &tally.targets(), actions.len());
+    write_actions(db, actions).instrument(span).await?;
+    tally.record(PG);
+    Ok(())
+}
+
+/// Groups a call's actions by table and writes them in one transaction.
+async fn write_actions(db: Arc<DbInner>, actions: Vec<TargetAction<RowAction>>) -> Result<()> {
     let mut tables: HashMap<String, TableWork> = HashMap::new();
     // Most calls write one table: room for all of the call's rows at once.
     let size = actions.len();
@@ -221,7 +238,7 @@ pub(crate) async fn apply_rows(
     // rather than give it back in an unknown state (a COPY cut short leaves
     // the protocol out of step).
     let mut conn = CloseIfCancelled::new(db.pool.acquire().await?);
-    let result = write_all(conn.connection(), upserts, deletes).await;
+    let result = write_all(conn.connection(), &db.db_name, upserts, deletes).await;
     conn.ended();
     result
 }
@@ -231,17 +248,24 @@ pub(crate) async fn apply_rows(
 type Upserts = Vec<(Arc<TableMeta>, Rows, Vec<bool>)>;
 type Deletes = Vec<(Arc<TableMeta>, Rows)>;
 
-async fn write_all(conn: &mut PgConnection, upserts: Upserts, deletes: Deletes) -> Result<()> {
+async fn write_all(
+    conn: &mut PgConnection,
+    database: &str,
+    upserts: Upserts,
+    deletes: Deletes,
+) -> Result<()> {
     let mut tx = conn.begin().await?;
     check_fence_of_call(&mut tx).await?;
     for (meta, rows, created) in upserts {
-        copy_then_upsert(&mut tx, &meta, rows, &created).await?;
+        let upsert = copy_then_upsert(&mut tx, &meta, rows, &created);
+        PG.timed(&meta.name, "upsert", upsert).await?;
     }
     for (meta, keys) in deletes.into_iter().rev() {
-        write_chunks(&mut tx, &meta, keys, true).await?;
+        let delete = write_chunks(&mut tx, &meta, keys, true);
+        PG.timed(&meta.name, "delete", delete).await?;
     }
-    tx.commit().await?;
-    Ok(())
+    PG.timed(database, "commit", async { Ok(tx.commit().await?) })
+        .await
 }
 
 /// In a worker group, checks the call's fence first thing in its

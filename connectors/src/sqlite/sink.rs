@@ -18,11 +18,13 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use sqlx::sqlite::{Sqlite, SqliteArguments};
 use sqlx::{Arguments as _, Connection as _, Row as _, SqlitePool};
+use tracing::Instrument;
 use weir_actors::{ChildTargetDef, Error, Result, StableKey, TargetAction, TargetActionSink};
 
 use super::ddl;
 use super::owners;
 use super::target::{RowSpec, RowWrite, SqliteRowHandler, TableAction, TableDdl};
+use crate::observe::{Connector, Tally};
 use crate::sql::value::key_of;
 use crate::sql::{SqlValue, TableSchema};
 
@@ -210,32 +212,51 @@ async fn apply_tables(db: &Database, actions: Vec<TargetAction<TableAction>>) ->
     for action in &actions {
         let action = action_of(action);
         let table = action.table.as_str();
-        match (action.ddl, &action.schema) {
-            (TableDdl::Nothing, _) => {}
-            // The same table to SQLite, declared in this run (under a
-            // key of a ledger from before keys were lower case): it stays.
-            (TableDdl::Drop, _) if db.declared_in_any_spelling(table)? => {}
-            (TableDdl::Drop, _) => {
-                execute(&mut tx, &ddl::drop_table(table), &context("drop", table)).await?;
-            }
-            (TableDdl::Rebuild, Some(schema)) => {
-                execute(&mut tx, &ddl::drop_table(table), &context("drop", table)).await?;
-                let sql = ddl::create_table(table, schema);
-                execute(&mut tx, &sql, &context("create", table)).await?;
-            }
-            (TableDdl::Ensure, Some(schema)) => {
-                let sql = ddl::create_table(table, schema);
-                execute(&mut tx, &sql, &context("create", table)).await?;
-                converge(&mut tx, table, schema, &context("alter", table)).await?;
-            }
-            (TableDdl::Rebuild | TableDdl::Ensure, None) => {
-                return Err(Error::permanent(context("no schema to create", table)));
-            }
+        let change = change_table(&mut tx, db, action, &context);
+        SQLITE.timed(table, "ddl", change).await?;
+    }
+    let commit = async {
+        tx.commit()
+            .await
+            .map_err(|e| db_error(e, &format!("sqlite database {}: commit", db.name)))
+    };
+    SQLITE.timed(&db.name, "commit", commit).await
+}
+
+/// This connector, as its metrics and spans name it.
+const SQLITE: Connector = Connector::Sqlite;
+
+/// Runs a table action's DDL.
+async fn change_table(
+    tx: &mut Tx<'_>,
+    db: &Database,
+    action: &TableAction,
+    context: &impl Fn(&str, &str) -> String,
+) -> Result<()> {
+    let table = action.table.as_str();
+    match (action.ddl, &action.schema) {
+        (TableDdl::Nothing, _) => {}
+        // The same table to SQLite, declared in this run (under a key of a
+        // ledger from before keys were lower case): it stays.
+        (TableDdl::Drop, _) if db.declared_in_any_spelling(table)? => {}
+        (TableDdl::Drop, _) => {
+            execute(tx, &ddl::drop_table(table), &context("drop", table)).await?;
+        }
+        (TableDdl::Rebuild, Some(schema)) => {
+            execute(tx, &ddl::drop_table(table), &context("drop", table)).await?;
+            let sql = ddl::create_table(table, schema);
+            execute(tx, &sql, &context("create", table)).await?;
+        }
+        (TableDdl::Ensure, Some(schema)) => {
+            let sql = ddl::create_table(table, schema);
+            execute(tx, &sql, &context("create", table)).await?;
+            converge(tx, table, schema, &context("alter", table)).await?;
+        }
+        (TableDdl::Rebuild | TableDdl::Ensure, None) => {
+            return Err(Error::permanent(context("no schema to create", table)));
         }
     }
-    tx.commit()
-        .await
-        .map_err(|e| db_error(e, &format!("sqlite database {}: commit", db.name)))
+    Ok(())
 }
 
 /// Checks that each table declared with nothing to change (a refresh of
@@ -613,6 +634,15 @@ async fn has_foreign_keys(tx: &mut Tx<'_>, db: &Database) -> Result<bool> {
 }
 
 async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
+    let tally = Tally::of(&actions, |a| &a.table);
+    let span = SQLITE.call_span(&db.name, &tally.targets(), actions.len());
+    write_actions(db, actions).instrument(span).await?;
+    tally.record(SQLITE);
+    Ok(())
+}
+
+/// Groups a call's actions by table and writes them in one transaction.
+async fn write_actions(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
     let tables = group(db, actions)?;
     let mut order: Vec<(&String, &TableWrites)> = tables.iter().collect();
     order.sort_by_key(|(name, w)| (w.rank, name.as_str()));
@@ -626,22 +656,21 @@ async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Resu
         execute(&mut tx, "PRAGMA defer_foreign_keys = ON", &context).await?;
     }
     for (table, writes) in order.iter().rev() {
-        write_rows(&mut tx, db, table, writes, true).await?;
+        let delete = write_rows(&mut tx, db, table, writes, true);
+        SQLITE.timed(table, "delete", delete).await?;
     }
     for (table, writes) in &order {
-        write_rows(&mut tx, db, table, writes, false).await?;
+        let upsert = write_rows(&mut tx, db, table, writes, false);
+        SQLITE.timed(table, "upsert", upsert).await?;
     }
-    tx.commit().await.map_err(|e| {
-        let names: Vec<&str> = order.iter().map(|(t, _)| t.as_str()).collect();
-        db_error(
-            e,
-            &format!(
-                "sqlite database {}, tables {}: commit",
-                db.name,
-                names.join(", ")
-            ),
-        )
-    })
+    let names: Vec<&str> = order.iter().map(|(t, _)| t.as_str()).collect();
+    let context = format!(
+        "sqlite database {}, tables {}: commit",
+        db.name,
+        names.join(", ")
+    );
+    let commit = async { tx.commit().await.map_err(|e| db_error(e, &context)) };
+    SQLITE.timed(&db.name, "commit", commit).await
 }
 
 #[cfg(test)]

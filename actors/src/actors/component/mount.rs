@@ -3,6 +3,7 @@
 use rustc_hash::FxHashSet as HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use tracing::Instrument;
 
 use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
@@ -49,7 +50,9 @@ where
     run.counters
         .components
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let result = code_then_commit(&state, f).await;
+    // Connectors' logs in the component's code name the component.
+    let span = tracing::debug_span!("component", path = %state.path);
+    let result = code_then_commit(&state, f).instrument(span).await;
     guard.disarm();
     end_component(&state);
     if result.is_ok() {

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
+use tracing::Instrument;
 
 use crate::actors::ledger::LedgerHandle;
 use crate::config::{BatchPolicy, RetryPolicy};
@@ -439,6 +440,13 @@ impl SinkActor {
             }
             self.exported.insert(label.clone());
         }
+        // The connector's own span (its tables) opens inside this one.
+        let span = tracing::debug_span!(
+            "sink_call",
+            sink = %label,
+            components = batch.parts.len(),
+            actions = actions.len()
+        );
         let fut = async move {
             let started = std::time::Instant::now();
             crate::fault::point(crate::fault::SINK_BEFORE_APPLY);
@@ -452,7 +460,8 @@ impl SinkActor {
             metrics::counter!(crate::metrics::SINK_CALLS, "sink" => label, "outcome" => outcome)
                 .increment(1);
             res
-        };
+        }
+        .instrument(span);
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             match act.finish(batch, res) {
                 Some((part, delay)) => act.wait_for_retry(part, claimed, delay, ctx),
