@@ -20,10 +20,12 @@ use crate::ctx::{ContextKey, Ctx};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::group::{GroupStatus, WorkerGroup};
 use crate::ledger::record::LedgerOp;
+pub use crate::ledger::LedgerReport;
 use crate::ledger::{Ledger, DEFAULT_LEDGER_CACHE_BYTES};
 use crate::model::ComponentPath;
-use crate::run::{lock, PreviewAction, Run, UpdateStats};
+use crate::run::{PreviewAction, Run, UpdateStats};
 use crate::scope::RunScope;
+use crate::sync::lock;
 
 /// The default ledger directory, relative to the working directory.
 pub const DEFAULT_LEDGER_DIR: &str = ".weir";
@@ -727,31 +729,6 @@ async fn settle_cancelled_run(engine: &Engine) -> Result<()> {
         engine.ledger_handle.recover_leftover_intents().await?;
     }
     Ok(())
-}
-
-/// What a ledger holds (see [`App::inspect`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LedgerReport {
-    /// The ledger directory.
-    pub path: String,
-    /// The ledger's format version.
-    pub format_version: u32,
-    /// The ledger's size on disk, in bytes.
-    pub size_on_disk: u64,
-    /// Components with an entry (states or a failure).
-    pub components: u64,
-    /// Target states tracked.
-    pub target_states: u64,
-    /// Target states tracked, by provider name (`documents`, or
-    /// `tables/documents` for the rows of a table below a container).
-    pub providers: Vec<(String, u64)>,
-    /// Of those, the states that may not exist (by provider): tracked as
-    /// possibly created by a run stopped while it applied them, or after a
-    /// failed update.
-    pub maybe_missing: Vec<(String, u64)>,
-    /// Components whose last run failed, with the cause.
-    pub failures: Vec<(ComponentPath, String)>,
 }
 
 /// A component whose last run failed (see [`App::failed_components`]).

@@ -9,6 +9,7 @@ use crate::actors::component::{resolve_provider, Declaration};
 use crate::ctx::Ctx;
 use crate::error::{Error, Result};
 use crate::model::erased::TypedHandler;
+use crate::model::path::TARGET_SYMBOL;
 use crate::model::provider::{ChildGeneration, ProviderCore, ProviderPath};
 use crate::model::{StableKey, TargetHandler, TargetState, TargetStateProvider};
 
@@ -124,10 +125,6 @@ where
     declare(ctx, state, Some(Arc::clone(&core)))?;
     Ok(TargetStateProvider::from_core(core))
 }
-
-/// The symbol that starts the key of the component `mount_target` mounts
-/// a container in (`[@target, provider, key]`).
-pub(crate) const TARGET_SYMBOL: &str = "target";
 
 /// Declares a container target state in a foreground child component,
 /// commits it at once, and returns the provider of its children, ready to

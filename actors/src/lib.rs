@@ -9,18 +9,25 @@
 //! 2. `ledger`: the sled store of what earlier runs created (key layout,
 //!    records, format version, the intent journal; crate-private).
 //! 3. `actors`: the reconciler shards, the sink actors and the ledger
-//!    actor, which a component talks to by messages; then the component
-//!    runtime (running a component's code, reconciling, applying and
-//!    committing it) and the pipeline that wires them (crate-private).
-//! 4. `app`, `ctx`, `run`, `declare`, [`source`], [`group`]: the API a user
-//!    holds ([`App`], [`Ctx`], [`declare_target_state`], sources, worker
-//!    groups).
+//!    actor, which a component talks to by messages, with the engine's
+//!    task tracking (`actors::tasks`) and panic guard (`actors::guard`);
+//!    the worker group's membership, changelog mirror and restore
+//!    ([`group`]); and the pipeline that starts and stops them
+//!    (crate-private).
+//! 4. `run`: the shared state of one run; then the component runtime
+//!    (running a component's code, reconciling, applying and committing
+//!    it) and the end of a run (`actors::cleanup`).
+//! 5. `app`, `ctx`, `scoped`, `live`, `declare`, [`source`]: the API a user
+//!    holds ([`App`], [`Ctx`], [`declare_target_state`], sources, live
+//!    mode).
 //!
-//! Beside them: [`metrics`] (the metric catalogue), `fault` (crash-test
-//! hooks, public and active only with the `fault-injection` feature, for
-//! weir's own tests). Where modules still import each other across these
-//! layers, `.ci/import-cycles.allowed` lists them, and CI fails on any new
-//! cycle.
+//! Beside them: `sync` and `shutdown` (a poison-tolerant lock, the
+//! shutdown handle), which any layer may use; [`metrics`] (the metric
+//! catalogue); `fault` (crash-test hooks, public and active only with the
+//! `fault-injection` feature, for weir's own tests). No module imports one
+//! that imports it back, except five modules of the model (child, erased,
+//! handler, provider, sink: a handler's sink builds child handlers),
+//! listed in `.ci/import-cycles.allowed`; CI fails on any new cycle.
 //!
 //! Users depend on the `weir` facade crate, which re-exports all of this.
 
@@ -46,7 +53,10 @@ mod ledger;
 mod live;
 mod run;
 mod scope;
+mod scoped;
+mod shutdown;
 pub mod source;
+mod sync;
 
 pub use app::{App, AppBuilder, FailedComponent, LedgerReport, DEFAULT_LEDGER_DIR};
 pub use config::{
@@ -71,7 +81,8 @@ pub use model::{
 };
 pub use owner::Owner;
 pub use run::{PreviewAction, UpdateStats};
-pub use scope::{RunScope, Scoped};
+pub use scope::RunScope;
+pub use scoped::Scoped;
 
 /// Everything a user or connector author needs, in one import.
 pub mod prelude {

@@ -2,7 +2,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::Actor;
@@ -15,13 +15,7 @@ use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::sink::SinkCore;
 use crate::model::{ActionKind, ComponentPath, StableKey};
 
-/// Locks a mutex, recovering the data if a panicking thread poisoned it.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
+use crate::sync::lock;
 
 /// What an update did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -27,7 +27,8 @@ use crate::model::provider::ProviderPath;
 use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::sink::EncodedAction;
 use crate::model::{ActionKind, ComponentPath, StableKey};
-use crate::run::{lock, PreviewAction, Run};
+use crate::run::{PreviewAction, Run};
+use crate::sync::lock;
 
 /// Reads the states of removed components and of everything below them.
 fn expand_removed(

@@ -10,8 +10,10 @@
 
 pub(crate) mod cleanup;
 pub(crate) mod component;
+pub(crate) mod guard;
 pub(crate) mod ledger;
 mod list_index;
 pub(crate) mod pipeline;
 pub(crate) mod reconciler;
 pub(crate) mod sink;
+pub(crate) mod tasks;

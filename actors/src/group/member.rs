@@ -319,5 +319,5 @@ pub(crate) fn component_partition(component: &[u8], partitions: u32) -> Partitio
 /// under (`[@target, provider, key]`): the root's own.
 pub(crate) fn is_target_key(key: &StableKey) -> bool {
     matches!(key, StableKey::Array(parts)
-        if matches!(parts.first(), Some(StableKey::Symbol(s)) if &**s == crate::declare::TARGET_SYMBOL))
+        if matches!(parts.first(), Some(StableKey::Symbol(s)) if &**s == crate::model::path::TARGET_SYMBOL))
 }

@@ -19,9 +19,8 @@ use std::collections::BTreeSet;
 use super::coordinator::LogEntry;
 use super::member::{component_partition, Member};
 use super::partition::PartitionId;
-use super::restore::{intents_entry, record_entry};
 use crate::error::{Error, Result};
-use crate::ledger::record::{Intent, LedgerOp};
+use crate::ledger::record::{ComponentRecord, Intent, LedgerOp};
 use crate::ledger::Ledger;
 
 /// The entries of a group commit (or of intents) per partition, and who
@@ -285,4 +284,27 @@ fn copy_error(e: &Error) -> Error {
             "the partition's changelog could not be written: {other}"
         )),
     }
+}
+
+/// The changelog entries of a committed component: its whole record, or
+/// its removal.
+pub(crate) fn record_entry(
+    component: Vec<u8>,
+    record: Option<&ComponentRecord>,
+) -> Result<LogEntry> {
+    Ok(match record {
+        Some(record) => LogEntry::Record {
+            component,
+            record: rmp_serde::to_vec(record)?,
+        },
+        None => LogEntry::Removed { component },
+    })
+}
+
+/// The changelog entry of intents about to be acted on, for one component.
+pub(crate) fn intents_entry(component: Vec<u8>, intents: &[Intent]) -> Result<LogEntry> {
+    Ok(LogEntry::Intents {
+        component,
+        intents: rmp_serde::to_vec(intents)?,
+    })
 }

@@ -4,12 +4,11 @@
 
 use std::time::Instant;
 
-use super::coordinator::LogEntry;
 use super::member::{component_partition, Member};
 use super::partition::PartitionId;
 use crate::actors::ledger::LedgerHandle;
 use crate::error::{Error, Result};
-use crate::ledger::partition::ComponentRecord;
+use crate::ledger::record::ComponentRecord;
 use crate::ledger::record::{Intent, LedgerOp};
 use crate::ledger::Ledger;
 
@@ -100,28 +99,5 @@ fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T>
         Error::msg(format!(
             "a partition's changelog holds {what} this build cannot read: {e}"
         ))
-    })
-}
-
-/// The changelog entries of a committed component: its whole record, or
-/// its removal.
-pub(crate) fn record_entry(
-    component: Vec<u8>,
-    record: Option<&ComponentRecord>,
-) -> Result<LogEntry> {
-    Ok(match record {
-        Some(record) => LogEntry::Record {
-            component,
-            record: rmp_serde::to_vec(record)?,
-        },
-        None => LogEntry::Removed { component },
-    })
-}
-
-/// The changelog entry of intents about to be acted on, for one component.
-pub(crate) fn intents_entry(component: Vec<u8>, intents: &[Intent]) -> Result<LogEntry> {
-    Ok(LogEntry::Intents {
-        component,
-        intents: rmp_serde::to_vec(intents)?,
     })
 }

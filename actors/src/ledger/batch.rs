@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::edit::{Encoded, EntryEdit};
-use super::partition::ComponentRecord;
+use super::record::ComponentRecord;
 use super::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 use super::stored::{ShallowEntry, StoredEntry};
 use super::{

@@ -478,7 +478,7 @@ impl Ledger {
 
     /// What the ledger holds, for people: states by provider and the
     /// components that failed.
-    pub(crate) fn report(&self) -> Result<crate::app::LedgerReport> {
+    pub(crate) fn report(&self) -> Result<LedgerReport> {
         let mut providers: std::collections::BTreeMap<String, u64> = Default::default();
         let mut maybe_missing: std::collections::BTreeMap<String, u64> = Default::default();
         let mut failures = Vec::new();
@@ -509,7 +509,7 @@ impl Ledger {
             }
         }
         failures.sort_by_key(|f| f.0.to_string());
-        Ok(crate::app::LedgerReport {
+        Ok(LedgerReport {
             path: self.dir.to_string(),
             format_version: FORMAT_VERSION,
             size_on_disk: self.size_on_disk(),
@@ -536,6 +536,31 @@ fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
 /// Converts raw bytes into the ledger's byte-buffer type.
 pub(crate) fn buf(bytes: &[u8]) -> ByteBuf {
     ByteBuf::from(bytes.to_vec())
+}
+
+/// What a ledger holds (see [`App::inspect`](crate::App::inspect)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LedgerReport {
+    /// The ledger directory.
+    pub path: String,
+    /// The ledger's format version.
+    pub format_version: u32,
+    /// The ledger's size on disk, in bytes.
+    pub size_on_disk: u64,
+    /// Components with an entry (states or a failure).
+    pub components: u64,
+    /// Target states tracked.
+    pub target_states: u64,
+    /// Target states tracked, by provider name (`documents`, or
+    /// `tables/documents` for the rows of a table below a container).
+    pub providers: Vec<(String, u64)>,
+    /// Of those, the states that may not exist (by provider): tracked as
+    /// possibly created by a run stopped while it applied them, or after a
+    /// failed update.
+    pub maybe_missing: Vec<(String, u64)>,
+    /// Components whose last run failed, with the cause.
+    pub failures: Vec<(crate::model::ComponentPath, String)>,
 }
 
 #[cfg(test)]

@@ -6,23 +6,12 @@
 // The member runtime of worker groups uses these as it is wired in.
 #![allow(dead_code)]
 
-use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use super::record::ComponentEntry;
+use super::record::ComponentRecord;
 use super::{Ledger, P_CHILDREN, P_COMPONENT, P_FAILED_RUNS, P_MEMO};
 use crate::error::Result;
-use crate::model::{keycode, StableKey};
-
-/// Everything the ledger keeps for one component: its entry (states and
-/// failure), its children, its memo key and its failed-run count.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub(crate) struct ComponentRecord {
-    pub entry: ComponentEntry,
-    pub children: Vec<StableKey>,
-    pub memo: Option<ByteBuf>,
-    pub failed_runs: u32,
-}
+use crate::model::keycode;
 
 impl ComponentRecord {
     /// Whether the record holds nothing (the component is gone).
@@ -101,6 +90,7 @@ mod tests {
     use super::*;
     use crate::ledger::buf;
     use crate::ledger::record::{LedgerOp, StateEntry};
+    use crate::model::StableKey;
 
     fn state(path: &[u8]) -> StateEntry {
         StateEntry {

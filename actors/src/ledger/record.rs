@@ -181,8 +181,18 @@ pub(crate) enum LedgerOp {
     #[allow(dead_code)] // Made by the member runtime of worker groups.
     Restore {
         component: Vec<u8>,
-        record: Box<super::partition::ComponentRecord>,
+        record: Box<ComponentRecord>,
     },
+}
+
+/// Everything the ledger keeps for one component: its entry (states and
+/// failure), its children, its memo key and its failed-run count.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct ComponentRecord {
+    pub entry: ComponentEntry,
+    pub children: Vec<crate::model::StableKey>,
+    pub memo: Option<ByteBuf>,
+    pub failed_runs: u32,
 }
 
 #[cfg(test)]

@@ -60,6 +60,11 @@ impl fmt::Display for ComponentPath {
     }
 }
 
+/// The symbol that starts the key of the component
+/// [`mount_target`](crate::mount_target) mounts a container in
+/// (`[@target, provider, key]`).
+pub(crate) const TARGET_SYMBOL: &str = "target";
+
 #[cfg(test)]
 mod tests {
     use super::*;

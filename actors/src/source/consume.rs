@@ -12,8 +12,9 @@ use crate::error::{ComponentFailure, Error, Result};
 use crate::live::RunReport;
 use crate::metrics as m;
 use crate::model::StableKey;
-use crate::run::{lock, UpdateStats};
+use crate::run::UpdateStats;
 use crate::scope::RunScope;
+use crate::sync::lock;
 
 use super::mount::{Mounted, Prepared, SourceBatch};
 use super::{Assignment, Batch, Change, Outcome, Settled, Source};

@@ -8,7 +8,7 @@ use crate::actors::component::{self, Memo, MemoFn};
 use crate::ctx::Ctx;
 use crate::error::{Error, Result};
 use crate::model::{Fingerprint, StableKey};
-use crate::run::lock;
+use crate::sync::lock;
 
 use super::{ChangeOp, Listed, Listing, SourceItem};
 

@@ -3,7 +3,7 @@
 
 use crate::error::Error;
 use crate::ledger::record::LedgerOp;
-use crate::run::lock;
+use crate::sync::lock;
 
 use super::ComponentState;
 

@@ -7,7 +7,8 @@ use crate::error::{Error, Result};
 use crate::ledger::record::{LedgerOp, StateEntry};
 use crate::model::sink::EncodedAction;
 use crate::model::StableKey;
-use crate::run::{lock, PreviewAction, Run};
+use crate::run::{PreviewAction, Run};
+use crate::sync::lock;
 
 use super::failed::{mounted_children_op, record_failure};
 use super::records::{

@@ -16,7 +16,6 @@
 //!   written before the actions are applied.
 
 use rustc_hash::FxHashSet as HashSet;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -27,9 +26,10 @@ use crate::error::{Error, Result};
 use crate::ledger::record::StateEntry;
 use crate::ledger::stored::{StoredEntry, StoredState};
 use crate::model::erased::ErasedHandler;
-use crate::model::provider::{ChildGeneration, DeclaredValue, ProviderCore, Resolved};
+use crate::model::provider::{ChildGeneration, ProviderCore, Resolved};
 use crate::model::{ComponentPath, StableKey};
-use crate::run::{lock, Run};
+use crate::run::Run;
+use crate::sync::lock;
 
 mod failed;
 mod finish;
@@ -37,20 +37,10 @@ mod mount;
 mod records;
 mod waves;
 
-use mount::panic_text;
+pub(crate) use crate::actors::guard::guarded;
 pub(crate) use mount::{mount, mount_each, run_component, Memo, MemoFn};
 
-/// One declared target state.
-pub(crate) struct Declaration {
-    pub path: Arc<[u8]>,
-    pub key: StableKey,
-    pub provider: Arc<ProviderCore>,
-    /// The value; an exact one is taken by the message that sends the
-    /// declaration to its shard.
-    pub value: DeclaredValue,
-    /// The provider of the state's children, resolved when it reconciles.
-    pub child: Option<Arc<ProviderCore>>,
-}
+pub(crate) use crate::actors::reconciler::Declaration;
 
 #[derive(Default)]
 struct DeclSet {
@@ -419,17 +409,6 @@ impl ComponentState {
             }
         }
         self.enter_activity();
-    }
-}
-
-/// Runs a connector callback, turning a panic into an error.
-pub(crate) fn guarded<T>(call: impl FnOnce() -> Result<T>) -> Result<T> {
-    match std::panic::catch_unwind(AssertUnwindSafe(call)) {
-        Ok(result) => result,
-        Err(payload) => Err(Error::permanent(format!(
-            "the handler panicked: {}",
-            panic_text(&*payload)
-        ))),
     }
 }
 

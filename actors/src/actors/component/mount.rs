@@ -10,13 +10,14 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::{ComponentFailure, Error, Result};
 use crate::model::{ComponentPath, StableKey};
-use crate::run::lock;
 use crate::run::Run;
+use crate::sync::lock;
 
 use super::failed::{failure_ops, record_failure};
 use super::finish::finish;
 use super::ComponentState;
-use crate::actors::pipeline::AbortOnDrop;
+use crate::actors::guard::panic_text;
+use crate::actors::tasks::AbortOnDrop;
 
 /// Runs a component: its code, then its reconciliation and commit.
 /// Failures are recorded in the run and returned.
@@ -186,14 +187,6 @@ where
     });
     engine.tasks.track(&handle);
     AbortOnDrop(handle)
-}
-
-pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "no message".to_string())
 }
 
 /// Mounts one child component and waits until it has committed. A

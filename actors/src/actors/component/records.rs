@@ -13,7 +13,7 @@ use crate::ledger::record::{
 use crate::model::erased::ErasedOutput;
 use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::{ActionKind, StableKey};
-use crate::run::lock;
+use crate::sync::lock;
 
 use super::waves::{Outcomes, Reconciled};
 use super::{ComponentState, Declaration};

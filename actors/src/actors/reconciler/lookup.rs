@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
-use crate::actors::component::guarded;
+use crate::actors::guard::guarded;
 use crate::error::{Error, Result};
 use crate::ledger::record::{ComponentEntry, PrevView, StateEntry};
 use crate::ledger::stored::StoredEntry;

@@ -67,7 +67,7 @@ impl ShardBatch {
 
     /// Adds declaration `idx` of a component; it takes the declared value,
     /// which a declaration is sent with once.
-    pub(crate) fn push(&mut self, idx: usize, d: &mut crate::actors::component::Declaration) {
+    pub(crate) fn push(&mut self, idx: usize, d: &mut Declaration) {
         // A component's declarations usually name one provider: the one
         // added last is checked before the index.
         let provider = match self.providers.last() {
@@ -260,4 +260,16 @@ pub(crate) struct EndRun {
 
 impl Message for EndRun {
     type Result = ();
+}
+
+/// One declared target state.
+pub(crate) struct Declaration {
+    pub path: Arc<[u8]>,
+    pub key: StableKey,
+    pub provider: Arc<ProviderCore>,
+    /// The value; an exact one is taken by the message that sends the
+    /// declaration to its shard.
+    pub value: DeclaredValue,
+    /// The provider of the state's children, resolved when it reconciles.
+    pub child: Option<Arc<ProviderCore>>,
 }

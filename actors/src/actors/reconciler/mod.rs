@@ -19,6 +19,7 @@
 mod cursor;
 mod lookup;
 mod message;
+pub(crate) use message::Declaration;
 
 use cursor::Cursor;
 use lookup::{
@@ -38,7 +39,7 @@ use std::sync::Arc;
 use actix::{Actor, Context, Handler};
 use tokio::sync::oneshot;
 
-use super::component::guarded;
+use super::guard::guarded;
 use crate::error::{Error, Result};
 use crate::ledger::record::{ComponentEntry, PrevView};
 use crate::ledger::stored::{EntryBytes, StoredEntry, StoredState};

@@ -64,9 +64,9 @@ pub(crate) struct SinkEnv {
     pub ledger: LedgerHandle,
     pub user: tokio::runtime::Handle,
     /// Where the sink calls spawned on `user` are kept, to abort.
-    pub tasks: crate::actors::pipeline::Tasks,
+    pub tasks: crate::actors::tasks::Tasks,
     /// The App's work in flight, which sink calls count in.
-    pub work: crate::actors::pipeline::InFlight,
+    pub work: crate::actors::tasks::InFlight,
     pub batch: BatchPolicy,
     pub retry: RetryPolicy,
     pub activity: Arc<Activity>,
