@@ -8,9 +8,9 @@ use serde::Serialize;
 use crate::actors::component::{resolve_provider, Declaration};
 use crate::ctx::Ctx;
 use crate::error::{Error, Result};
-use crate::model::erased::TypedHandler;
 use crate::model::path::TARGET_SYMBOL;
 use crate::model::provider::{ChildGeneration, ProviderCore, ProviderPath};
+use crate::model::typed::TypedHandler;
 use crate::model::{StableKey, TargetHandler, TargetState, TargetStateProvider};
 
 /// Registers a root provider named `name` with its handler, for this run.

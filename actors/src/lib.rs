@@ -25,9 +25,9 @@
 //! shutdown handle), which any layer may use; [`metrics`] (the metric
 //! catalogue); `fault` (crash-test hooks, public and active only with the
 //! `fault-injection` feature, for weir's own tests). No module imports one
-//! that imports it back, except five modules of the model (child, erased,
-//! handler, provider, sink: a handler's sink builds child handlers),
-//! listed in `.ci/import-cycles.allowed`; CI fails on any new cycle.
+//! that imports it back: `.ci/import-cycles` fails CI on a cycle (the
+//! model's types that refer to each other, handlers, sinks and child
+//! handlers with their types erased, live together in one module).
 //!
 //! Users depend on the `weir` facade crate, which re-exports all of this.
 

@@ -6,15 +6,9 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::erased::{ErasedHandler, TypedHandler};
+pub use super::erased::ChildTargetDef;
 use super::handler::TargetHandler;
-
-/// The handler of the child target states of a container (or of an
-/// attachment type), with its value type erased.
-#[derive(Clone)]
-pub struct ChildTargetDef {
-    pub(crate) handler: Arc<dyn ErasedHandler>,
-}
+use super::typed::TypedHandler;
 
 impl ChildTargetDef {
     /// Wraps a typed handler for child states of value type `V`.

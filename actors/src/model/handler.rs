@@ -1,9 +1,10 @@
 //! Target handlers: the reconcile logic a connector implements.
 
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::child::ChildTargetDef;
+use super::action::{TargetAction, TargetChildInvalidation};
+use super::erased::ChildTargetDef;
 use super::key::StableKey;
 use super::sink::TargetActionSink;
 use crate::error::Result;
@@ -60,84 +61,6 @@ where
     fn attachments(&self) -> Result<Vec<(String, ChildTargetDef)>> {
         Ok(Vec::new())
     }
-}
-
-/// One operation on the external system, with its kind.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TargetAction<A> {
-    /// The state did not exist and is created.
-    Create(A),
-    /// The state exists (or may) and is brought up to date.
-    Update(A),
-    /// The state is removed.
-    Delete(A),
-}
-
-impl<A> TargetAction<A> {
-    /// The kind of the action.
-    pub fn kind(&self) -> ActionKind {
-        match self {
-            TargetAction::Create(_) => ActionKind::Create,
-            TargetAction::Update(_) => ActionKind::Update,
-            TargetAction::Delete(_) => ActionKind::Delete,
-        }
-    }
-
-    /// The action's payload.
-    pub fn inner(&self) -> &A {
-        match self {
-            TargetAction::Create(a) | TargetAction::Update(a) | TargetAction::Delete(a) => a,
-        }
-    }
-
-    /// The action's payload, by value.
-    pub fn into_inner(self) -> A {
-        match self {
-            TargetAction::Create(a) | TargetAction::Update(a) | TargetAction::Delete(a) => a,
-        }
-    }
-
-    /// An action of `kind` with `payload`.
-    pub fn with_kind(kind: ActionKind, a: A) -> Self {
-        match kind {
-            ActionKind::Create => TargetAction::Create(a),
-            ActionKind::Update => TargetAction::Update(a),
-            ActionKind::Delete => TargetAction::Delete(a),
-        }
-    }
-}
-
-/// The kind of a [`TargetAction`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum ActionKind {
-    /// A create.
-    Create,
-    /// An update.
-    Update,
-    /// A delete.
-    Delete,
-}
-
-impl ActionKind {
-    /// A lowercase name, for logs and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ActionKind::Create => "create",
-            ActionKind::Update => "update",
-            ActionKind::Delete => "delete",
-        }
-    }
-}
-
-/// How a change of a container affects its children.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum TargetChildInvalidation {
-    /// The container was rebuilt: children's records are dropped and the
-    /// children are created again.
-    Destructive,
-    /// The container may have lost data: children are reconciled with
-    /// `prev_may_be_missing = true`, so they are written again.
-    Lossy,
 }
 
 /// What `reconcile` returns when an action is needed.

@@ -266,51 +266,7 @@ pub struct TargetState<V> {
     _value: PhantomData<fn() -> V>,
 }
 
-/// A declared value as it was given, type-erased; the handler of its
-/// provider downcasts it back.
-pub(crate) type TypedValue = Box<dyn std::any::Any + Send + Sync>;
-
-/// A declared value, as its handler will get it.
-pub(crate) enum DeclaredValue {
-    /// Serialized when declared ([`TargetStateProvider::target_state`]),
-    /// decoded for the handler.
-    Encoded(Arc<[u8]>),
-    /// The value itself ([`TargetStateProvider::target_state_exact`]);
-    /// `None` once handed on (a declaration is reconciled once).
-    Exact(Option<TypedValue>),
-}
-
-impl DeclaredValue {
-    /// The value to send on: encoded bytes are shared, an exact value is
-    /// taken (leaving `Exact(None)`).
-    pub(crate) fn hand_on(&mut self) -> DeclaredValue {
-        match self {
-            DeclaredValue::Encoded(bytes) => DeclaredValue::Encoded(Arc::clone(bytes)),
-            DeclaredValue::Exact(value) => DeclaredValue::Exact(value.take()),
-        }
-    }
-
-    /// The value as a `V`: decoded, or downcast.
-    ///
-    /// # Errors
-    /// When the bytes do not decode as a `V`, or an exact value is not a
-    /// `V` or was handed on already (neither happens: a provider's values
-    /// have one type, and a declaration is reconciled once).
-    pub(crate) fn into_value<V: DeserializeOwned + 'static>(self) -> crate::Result<V> {
-        match self {
-            DeclaredValue::Encoded(bytes) => Ok(rmp_serde::from_slice(&bytes)?),
-            DeclaredValue::Exact(Some(value)) => value.downcast::<V>().map(|v| *v).map_err(|_| {
-                crate::Error::msg(format!(
-                    "the declared value is not a {}",
-                    std::any::type_name::<V>()
-                ))
-            }),
-            DeclaredValue::Exact(None) => Err(crate::Error::msg(
-                "the declared value was handed to its handler already",
-            )),
-        }
-    }
-}
+pub(crate) use super::erased::DeclaredValue;
 
 impl<V> TargetState<V> {
     /// The key of the state.

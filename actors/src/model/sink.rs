@@ -6,73 +6,16 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use futures::FutureExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::child::ChildTargetDef;
-use super::handler::{ActionKind, TargetAction};
+use super::action::TargetAction;
+use super::erased::ChildTargetDef;
+use super::erased::{ApplyFn, ChildFn};
 use crate::error::{Error, Result};
 
-/// An action as the engine carries it: its kind, its MessagePack bytes,
-/// and, until the first sink call that carries it, the value its handler
-/// returned (so that call need not decode it; a retried call decodes the
-/// bytes).
-pub(crate) struct EncodedAction {
-    pub kind: ActionKind,
-    pub bytes: Arc<[u8]>,
-    pub typed: Option<TypedAction>,
-}
-
-/// An action's payload as its handler returned it.
-pub(crate) type TypedAction = Box<dyn std::any::Any + Send>;
-
-impl EncodedAction {
-    /// The action for a sink call: the typed payload goes with the first.
-    pub(crate) fn for_call(&mut self) -> EncodedAction {
-        EncodedAction {
-            kind: self.kind,
-            bytes: Arc::clone(&self.bytes),
-            typed: self.typed.take(),
-        }
-    }
-}
-
-impl fmt::Debug for EncodedAction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EncodedAction")
-            .field("kind", &self.kind)
-            .field("bytes", &self.bytes.len())
-            .field("typed", &self.typed.is_some())
-            .finish()
-    }
-}
-
-type ApplyFn = dyn Fn(Vec<EncodedAction>) -> BoxFuture<'static, Result<()>> + Send + Sync;
-type ChildFn = dyn Fn(&[u8]) -> Result<ChildTargetDef> + Send + Sync;
-
-/// The type-erased part of a sink that the engine works with.
-pub(crate) struct SinkCore {
-    /// The sink's identity: unique per `from_async_fn*` call, shared by clones.
-    pub id: u64,
-    pub apply: Box<ApplyFn>,
-    pub child_handler: Option<Box<ChildFn>>,
-    /// How many calls may run at once (at least 1).
-    pub concurrency: AtomicUsize,
-    /// Whether the sink checks each call's [`Fence`](crate::Fence) in the
-    /// transaction it writes with (required in a worker group).
-    pub checks_fence: std::sync::atomic::AtomicBool,
-}
-
-impl fmt::Debug for SinkCore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SinkCore")
-            .field("id", &self.id)
-            .field("has_child_handler", &self.child_handler.is_some())
-            .finish()
-    }
-}
+pub(crate) use super::erased::{EncodedAction, SinkCore};
 
 static NEXT_SINK_ID: AtomicU64 = AtomicU64::new(1);
 

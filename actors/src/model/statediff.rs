@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::handler::{ActionKind, TargetChildInvalidation};
+use crate::model::action::{ActionKind, TargetChildInvalidation};
 
 /// The inputs of one reconcile decision for a target state.
 #[derive(Clone, Debug, PartialEq, Eq)]
