@@ -162,16 +162,20 @@ impl Pull {
                 done,
                 ..
             } = self;
+            let mut last = None;
             for message in received {
                 nak(&message).await;
+                last = Some(message);
             }
-            if done {
-                return;
+            if !done {
+                while let Ok(Some(Ok(message))) =
+                    tokio::time::timeout_at(deadline, batch.next()).await
+                {
+                    nak(&message).await;
+                    last = Some(message);
+                }
             }
-            while let Ok(Some(Ok(message))) = tokio::time::timeout_at(deadline, batch.next()).await
-            {
-                nak(&message).await;
-            }
+            flush_through(last).await;
         });
     }
 }
@@ -186,10 +190,25 @@ pub(super) fn hand_back_all(messages: Vec<Message>) {
         return;
     };
     runtime.spawn(async move {
+        let mut last = None;
         for message in messages {
             nak(&message).await;
+            last = Some(message);
         }
+        flush_through(last).await;
     });
+}
+
+/// Flushes the connection `message` came through, so that the handed-back
+/// messages reach the server even when the source's client is dropped
+/// right after (its connection would close with them still buffered, and
+/// they would wait for the acknowledgement wait instead).
+async fn flush_through(message: Option<Message>) {
+    if let Some(message) = message {
+        if let Err(e) = message.context.client().flush().await {
+            tracing::debug!("flushing the acknowledgements of a closed source failed: {e}");
+        }
+    }
 }
 
 /// Asks the server to redeliver a message at once (best effort: otherwise
