@@ -47,6 +47,15 @@ async fn pg_records(pool: &PgPool, table: &str) -> BTreeMap<String, (serde_json:
         .collect()
 }
 
+/// `key → value` of the records table `table` in PostgreSQL.
+async fn pg_values(pool: &PgPool, table: &str) -> BTreeMap<String, serde_json::Value> {
+    pg_records(pool, table)
+        .await
+        .into_iter()
+        .map(|(k, (v, _))| (k, v))
+        .collect()
+}
+
 /// `id → name` as the records of the `orders` table should hold them.
 fn orders(rows: &[(i32, &str)]) -> BTreeMap<String, serde_json::Value> {
     rows.iter()
@@ -230,11 +239,7 @@ async fn two_members_of_a_group_sync_a_stream_and_every_key_lands_once_with_its_
             }
             assert_eq!(status.and_then(|s| s.code()), Some(0), "{err}");
         }
-        let records: BTreeMap<String, serde_json::Value> = pg_records(&pool, "records")
-            .await
-            .into_iter()
-            .map(|(k, (v, _))| (k, v))
-            .collect();
+        let records = pg_values(&pool, "records").await;
         assert_eq!(records, expected(&msgs));
         // Each partition's consumer read the stream to its end.
         for p in 0..4 {
@@ -350,11 +355,7 @@ async fn a_sync_killed_mid_stream_and_restarted_leaves_every_row_once_and_no_tom
         assert!(started, "the sync never got going");
         let out = ok(&env.sync_source(&s.url(), &pg.url, &[]));
         assert!(out.contains(" 0 dead-lettered"), "{out}");
-        let records: BTreeMap<String, serde_json::Value> = pg_records(&pool, "records")
-            .await
-            .into_iter()
-            .map(|(k, (v, _))| (k, v))
-            .collect();
+        let records = pg_values(&pool, "records").await;
         assert_eq!(records, expected(&msgs));
         let info = s.consumer_info("weir").await;
         assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
@@ -408,11 +409,7 @@ async fn no_message_is_acknowledged_before_its_row_is_committed() -> TestResult 
         let code = status.and_then(|s| s.code());
         assert!(matches!(code, Some(0 | 130)), "{code:?}: {output}");
         ok(&env.sync_source(&s.url(), &pg.url, &[]));
-        let records: BTreeMap<String, serde_json::Value> = pg_records(&pool, "records")
-            .await
-            .into_iter()
-            .map(|(k, (v, _))| (k, v))
-            .collect();
+        let records = pg_values(&pool, "records").await;
         assert_eq!(records, expected(&msgs));
         s.delete().await;
         pool.close().await;

@@ -49,16 +49,7 @@ impl Connector {
     ) -> Result<T> {
         let started = Instant::now();
         let result = run.await;
-        metrics::histogram!(
-            m::CONNECTOR_STATEMENT_DURATION,
-            "connector" => self.as_str(),
-            "target" => target.to_string(),
-            "statement" => statement
-        )
-        .record(started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
-            self.failed(target, statement, e);
-        }
+        self.ran(target, statement, started, result.as_ref().err());
         result
     }
 
@@ -71,6 +62,12 @@ impl Connector {
     ) -> Result<T> {
         let started = Instant::now();
         let result = run();
+        self.ran(target, statement, started, result.as_ref().err());
+        result
+    }
+
+    /// Records a statement that ran from `started`, and its error if any.
+    fn ran(self, target: &str, statement: &'static str, started: Instant, error: Option<&Error>) {
         metrics::histogram!(
             m::CONNECTOR_STATEMENT_DURATION,
             "connector" => self.as_str(),
@@ -78,10 +75,9 @@ impl Connector {
             "statement" => statement
         )
         .record(started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
+        if let Some(e) = error {
             self.failed(target, statement, e);
         }
-        result
     }
 
     /// Counts a failed statement, and logs it.
