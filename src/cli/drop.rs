@@ -19,7 +19,7 @@ pub async fn run(args: DropArgs) -> Result<u8> {
             ledger.display()
         )));
     }
-    let target = target::open(&db, ledger, &super::GroupArg::default(), false).await?;
+    let target = super::job::open_target(&db, ledger, &super::GroupArg::default(), false).await?;
     let report = target.app.inspect().await?;
     if !args.yes {
         if !std::io::stdin().is_terminal() {
@@ -40,7 +40,7 @@ pub async fn run(args: DropArgs) -> Result<u8> {
             return Ok(EXIT_OK);
         }
     }
-    let stats = target.drop_all().await?;
+    let stats = super::job::drop_all(&target).await?;
     target::clear_marker(ledger)?;
     target.close().await;
     println!(

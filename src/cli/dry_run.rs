@@ -39,7 +39,7 @@ pub async fn run(args: &SyncArgs, prepared: Prepared) -> Result<u8> {
     if App::ledger_exists(ledger)? {
         copy_ledger(ledger, &copy)?;
     }
-    let mut target = target::open_dry(&db, ledger, &copy).await?;
+    let mut target = target::open_dry(&db, ledger, &copy, &super::job::TABLES).await?;
     if lost_all_tables(&target, ledger).await? {
         println!(
             "note: {} has none of the tables the ledger tracks there (the database was deleted or replaced, or an earlier sync failed to create them): a sync would forget them and sync every file again",
@@ -48,7 +48,7 @@ pub async fn run(args: &SyncArgs, prepared: Prepared) -> Result<u8> {
         // As after the sync's drop: nothing tracked.
         drop(target);
         let empty = scratch.path().join("empty-ledger");
-        target = target::open_dry(&db, ledger, &empty).await?;
+        target = target::open_dry(&db, ledger, &empty, &super::job::TABLES).await?;
     }
     let job = Job::new(root, options, db, files, target.app.shutdown_handle());
     let previewed = {

@@ -464,3 +464,24 @@ mod tests {
         Ok(())
     }
 }
+
+/// Connects to the database and opens the ledger for a directory's sync
+/// (see [`open_tables`](super::target::open_tables)): the tables are [`TABLES`].
+pub async fn open_target(
+    into: &super::target::Database,
+    ledger: &std::path::Path,
+    group: &super::GroupArg,
+    adopt: bool,
+) -> Result<super::target::Target> {
+    super::target::open_tables(into, ledger, group, adopt, &TABLES).await
+}
+
+/// Deletes what a directory's sync created in the database (its tables,
+/// which take their rows with them), and forgets it.
+pub async fn drop_all(target: &super::target::Target) -> Result<weir::UpdateStats> {
+    let db = target.into.clone();
+    target
+        .app
+        .drop_state(move |ctx| async move { register(&ctx, &db) })
+        .await
+}

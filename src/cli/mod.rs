@@ -8,6 +8,7 @@ mod inspect;
 mod job;
 mod progress;
 mod records;
+mod signal;
 mod sync;
 mod table;
 mod target;
@@ -233,10 +234,29 @@ pub fn init_logging(verbose: u8) {
         .try_init();
 }
 
+/// `weir sync`: a stream or table source, a directory's preview, or a
+/// directory's sync.
+async fn sync_command(args: SyncArgs) -> weir::Result<u8> {
+    if let Some(source) = records::parse(&args.dir.to_string_lossy())? {
+        if args.dry_run {
+            return Err(weir::Error::msg(
+                "--dry-run previews a directory's sync; a PostgreSQL or NATS source is not previewed",
+            ));
+        }
+        return records::run(args, source).await;
+    }
+    records::check_directory_args(&args)?;
+    let prepared = sync::prepare(&args).await?;
+    if args.dry_run {
+        return dry_run::run(&args, prepared).await;
+    }
+    sync::run(args, prepared).await
+}
+
 /// Runs the command; returns the process exit code.
 pub async fn run(cli: Cli) -> u8 {
     let result = match cli.command {
-        Command::Sync(args) => sync::run(*args).await,
+        Command::Sync(args) => sync_command(*args).await,
         Command::Inspect(args) => inspect::run(args).await,
         Command::Retry(args) => sync::retry(args).await,
         Command::Drop(args) => drop::run(args).await,

@@ -244,7 +244,7 @@ pub async fn run(args: SyncArgs, source: StreamSource) -> Result<u8> {
     }
     let target =
         target::open_tables(&db, &args.ledger.ledger, &args.group, args.adopt, &[&table]).await?;
-    let signals = tokio::spawn(super::sync::stop_on_signal(target.app.shutdown_handle()));
+    let signals = tokio::spawn(super::signal::stop_on_signal(target.app.shutdown_handle()));
     let result = match source {
         StreamSource::Postgres {
             url,

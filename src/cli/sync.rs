@@ -88,20 +88,8 @@ pub(super) async fn prepare(args: &SyncArgs) -> Result<Prepared> {
     })
 }
 
-pub async fn run(args: SyncArgs) -> Result<u8> {
-    if let Some(source) = super::records::parse(&args.dir.to_string_lossy())? {
-        if args.dry_run {
-            return Err(Error::msg(
-                "--dry-run previews a directory's sync; a PostgreSQL or NATS source is not previewed",
-            ));
-        }
-        return super::records::run(args, source).await;
-    }
-    super::records::check_directory_args(&args)?;
-    let prepared = prepare(&args).await?;
-    if args.dry_run {
-        return super::dry_run::run(&args, prepared).await;
-    }
+/// `weir sync DIR`: syncs a directory (prepared with [`prepare`]).
+pub async fn run(args: SyncArgs, prepared: Prepared) -> Result<u8> {
     sync(args, prepared, false).await
 }
 
@@ -168,13 +156,13 @@ async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
         weir::metrics::install_prometheus(addr)?;
         tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
     }
-    let target = target::open(&db, &args.ledger.ledger, &args.group, args.adopt).await?;
+    let target = job::open_target(&db, &args.ledger.ledger, &args.group, args.adopt).await?;
     if lost_all_tables(&target, &args.ledger.ledger).await? {
         eprintln!(
             "note: {} has none of the tables the ledger tracks there (the database was deleted or replaced, or an earlier sync failed to create them): syncing every file again",
             target.into.display()
         );
-        target.drop_all().await?;
+        job::drop_all(&target).await?;
     }
     let scope = if retry {
         let failed = target.app.failed_components().await?;
@@ -191,7 +179,7 @@ async fn sync(args: SyncArgs, prepared: Prepared, retry: bool) -> Result<u8> {
     let shutdown = target.app.shutdown_handle();
     let job = Job::new(root, options, db, files, shutdown.clone());
     job.set_scope(scope);
-    let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
+    let signals = tokio::spawn(super::signal::stop_on_signal(shutdown.clone()));
     let code = if args.live {
         let tick = args.group.group.as_ref().map(|_| group_tick(&args.group));
         live(
@@ -363,46 +351,6 @@ impl CacheSaver {
             let _ = last.await;
         }
     }
-}
-
-/// Requests a shutdown on Ctrl-C or SIGTERM.
-pub(super) async fn stop_on_signal(shutdown: ShutdownHandle) {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return request(&shutdown);
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
-    request(&shutdown);
-}
-
-fn request(shutdown: &ShutdownHandle) {
-    tracing::info!(
-        "stopping: files being synced finish, the rest wait for the next sync (Ctrl-C again to quit at once)"
-    );
-    shutdown.shutdown();
-    // A second request quits at once: what committed stays committed, and
-    // the ledger's intents cover what was being applied.
-    tokio::spawn(async {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("interrupted again: quitting now");
-            std::process::exit(i32::from(EXIT_INTERRUPTED));
-        }
-    });
 }
 
 /// Lists the files to sync, off the async threads.

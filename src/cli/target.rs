@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use weir::connectors::{postgres, sqlite};
 use weir::group::WorkerGroup;
-use weir::{App, ContextKey, Error, Result, UpdateStats};
+use weir::{App, ContextKey, Error, Result};
 
-use super::{job, GroupArg};
+use super::GroupArg;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
@@ -136,7 +136,7 @@ pub struct Target {
     pub app: App,
     /// The connection pool the app writes with.
     pool: Pool,
-    /// The tables the sync creates: [`job::TABLES`] for a directory.
+    /// The tables the sync creates: [`TABLES`](super::job::TABLES) for a directory.
     tables: Vec<String>,
 }
 
@@ -174,7 +174,7 @@ impl Target {
         }
     }
 
-    /// The tables weir creates (see [`job::TABLES`]) that the database
+    /// The tables weir creates (see [`TABLES`](super::job::TABLES)) that the database
     /// lacks.
     pub async fn missing_tables(&self) -> Result<Vec<&str>> {
         let mut missing = Vec::new();
@@ -258,24 +258,11 @@ impl Target {
         }
         Ok(())
     }
-
-    /// Deletes what weir created in the database (its tables, which take
-    /// their rows with them), and forgets it.
-    pub async fn drop_all(&self) -> Result<UpdateStats> {
-        let db = self.into.clone();
-        self.app
-            .drop_state(move |ctx| async move { job::register(&ctx, &db) })
-            .await
-    }
 }
 
 /// Connects to the database and opens the ledger (creating both if
-/// missing), after checking that the ledger belongs to this database.
-pub async fn open(into: &Database, ledger: &Path, group: &GroupArg, adopt: bool) -> Result<Target> {
-    open_tables(into, ledger, group, adopt, &job::TABLES).await
-}
-
-/// [`open`], for a sync that creates the tables `tables`.
+/// missing), after checking that the ledger belongs to this database, for
+/// a sync that creates the tables `tables`.
 pub async fn open_tables(
     into: &Database,
     ledger: &Path,
@@ -314,7 +301,12 @@ pub async fn open_tables(
 /// does not exist is not created: the app gets an empty database in
 /// memory in its place (it has none of the tables, as the file would).
 /// PostgreSQL connections are read-only.
-pub async fn open_dry(into: &Database, ledger: &Path, scratch: &Path) -> Result<Target> {
+pub async fn open_dry(
+    into: &Database,
+    ledger: &Path,
+    scratch: &Path,
+    tables: &[&str],
+) -> Result<Target> {
     check_marker(ledger, into)?;
     let pool = match into {
         Database::Sqlite(path) => {
@@ -336,7 +328,9 @@ pub async fn open_dry(into: &Database, ledger: &Path, scratch: &Path) -> Result<
         }
         Database::Postgres(url) => Pool::Postgres(connect_postgres(url, true).await?),
     };
-    build(into, scratch, pool, None, false).await
+    let mut target = build(into, scratch, pool, None, false).await?;
+    target.tables = tables.iter().map(|t| t.to_string()).collect();
+    Ok(target)
 }
 
 /// Connections of a member's coordinator: heartbeats and lease changes
@@ -444,7 +438,7 @@ async fn build(
         into: into.clone(),
         app,
         pool,
-        tables: job::TABLES.iter().map(|t| t.to_string()).collect(),
+        tables: Vec::new(),
     })
 }
 
