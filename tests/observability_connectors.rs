@@ -51,6 +51,14 @@ enum Dialect {
 }
 
 impl Dialect {
+    /// The name of its database's `ContextKey`: the target of commits.
+    fn database(&self) -> &str {
+        match self {
+            Dialect::Sqlite(db) => db.name(),
+            Dialect::Postgres(db) => db.name(),
+        }
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Dialect::Sqlite(_) => "sqlite",
@@ -195,10 +203,14 @@ async fn check(
         let s = format!("{table}/{statement}");
         assert!(timed.contains(&s), "{c}: {s} not timed: {timed:?}");
     }
+    // Commits (of rows and of DDL) are timed under the database's name.
+    let commit = format!("{}/commit", dialect.database());
     assert!(
-        timed.iter().any(|s| s.ends_with("/commit")),
-        "{c}: {timed:?}"
+        timed.contains(&commit),
+        "{c}: {commit} not timed: {timed:?}"
     );
+    let commits = timed.iter().filter(|s| s.ends_with("/commit")).count();
+    assert_eq!(commits, 1, "{c}: {timed:?}");
     assert!(counters(&snapshot, CONNECTOR_ERRORS, c, &["target"]).is_empty());
 
     // A row the database refuses: counted once per failed statement, by

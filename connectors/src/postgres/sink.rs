@@ -30,11 +30,13 @@ pub const ROWS_PER_STATEMENT: usize = 10_000;
 /// and nothing of the call is changed. A call with no DDL and no table of
 /// weir's (tables unchanged and user-managed) touches nothing.
 pub(crate) async fn apply_tables(
-    pool: PgPool,
-    database: String,
+    db: Arc<DbInner>,
     actions: Vec<TargetAction<TableAction>>,
 ) -> Result<()> {
-    check_tables_exist(&pool, &actions).await?;
+    let pool = &db.pool;
+    // How the registry of owners names the database.
+    let database = format!("postgres database {}", db.db_name);
+    check_tables_exist(pool, &actions).await?;
     let mut claims = Vec::new();
     let mut statements = Vec::new();
     for action in actions {
@@ -49,7 +51,7 @@ pub(crate) async fn apply_tables(
         return Ok(());
     }
     if !claims.is_empty() {
-        owners::migrate(&pool).await?;
+        owners::migrate(pool).await?;
     }
     let mut tx = pool.begin().await?;
     check_fence_of_call(&mut tx).await?;
@@ -66,7 +68,7 @@ pub(crate) async fn apply_tables(
         };
         PG.timed(&table, "ddl", ddl).await?;
     }
-    PG.timed(&database, "commit", async { Ok(tx.commit().await?) })
+    PG.timed(&db.db_name, "commit", async { Ok(tx.commit().await?) })
         .await
 }
 

@@ -73,10 +73,9 @@ impl DbShared {
         .checks_fence();
         let rows_for_tables = row_sink.clone();
         let for_tables = Arc::clone(&inner);
-        let pool = inner.pool.clone();
-        let name = format!("postgres database {db_name}");
+        let for_ddl = Arc::clone(&inner);
         let table_sink = TargetActionSink::from_async_fn_with_child_handler(
-            move |actions| sink::apply_tables(pool.clone(), name.clone(), actions),
+            move |actions| sink::apply_tables(Arc::clone(&for_ddl), actions),
             move |action: &TableAction| {
                 let schema = action.schema.as_ref().ok_or_else(|| {
                     Error::Usage(format!(
