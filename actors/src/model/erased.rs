@@ -86,8 +86,11 @@ impl fmt::Debug for EncodedAction {
     }
 }
 
+/// A sink's function: applies a batch of encoded actions.
 pub(crate) type ApplyFn =
     dyn Fn(Vec<EncodedAction>) -> BoxFuture<'static, Result<()>> + Send + Sync;
+/// A container sink's child-handler factory: the handler of a container's
+/// children, from the container's encoded action.
 pub(crate) type ChildFn = dyn Fn(&[u8]) -> Result<ChildTargetDef> + Send + Sync;
 
 /// The type-erased part of a sink that the engine works with.
