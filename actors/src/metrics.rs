@@ -123,7 +123,8 @@ pub const SOURCE_LAG: &str = "weir_source_lag_items";
 pub const CONNECTOR_ROWS: &str = "weir_connector_rows_written_total";
 /// How long a connector's statements take, by `connector`, `target` (the
 /// table; the database for a transaction's commit) and `statement`
-/// (`upsert`, `delete`, `commit`, `ddl`, `write`, `remove`).
+/// (`upsert`, `delete`, `commit`, `ddl`; `write` for a local directory's
+/// files of one call).
 pub const CONNECTOR_STATEMENT_DURATION: &str = "weir_connector_statement_duration_seconds";
 /// Failed connector statements, by `connector`, `target`, `kind` (the
 /// [`ErrorKind`](crate::ErrorKind) of the error, in snake case) and

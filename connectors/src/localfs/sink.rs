@@ -142,7 +142,8 @@ fn remove_tree(root: &Path) -> Result<()> {
 }
 
 /// Writes and deletes the files of `root` (each file on its own: a file
-/// written stays written should a later one fail).
+/// written stays written should a later one fail), timed as one `write`
+/// statement: metrics are recorded per call, never per file.
 pub(crate) fn apply_file_actions(
     root: &Path,
     actions: Vec<TargetAction<FileAction>>,
@@ -151,6 +152,12 @@ pub(crate) fn apply_file_actions(
     let tally = Tally::of_one(&target, &actions);
     let span = LOCALFS.call_span(&target, &tally.targets(), actions.len());
     let _in_span = span.enter();
+    LOCALFS.timed_now(&target, "write", || write_files(root, actions))?;
+    tally.record(LOCALFS);
+    Ok(())
+}
+
+fn write_files(root: &Path, actions: Vec<TargetAction<FileAction>>) -> Result<()> {
     for action in actions {
         match action {
             TargetAction::Create(file) | TargetAction::Update(file) => {
@@ -161,14 +168,11 @@ pub(crate) fn apply_file_actions(
                         file.path
                     ))
                 })?;
-                LOCALFS.timed_now(&target, "write", || write_file(root, &file.path, &content))?;
+                write_file(root, &file.path, &content)?;
             }
-            TargetAction::Delete(file) => {
-                LOCALFS.timed_now(&target, "remove", || delete_file(root, &file.path))?;
-            }
+            TargetAction::Delete(file) => delete_file(root, &file.path)?,
         }
     }
-    tally.record(LOCALFS);
     Ok(())
 }
 

@@ -258,11 +258,15 @@ async fn write_all(
 ) -> Result<()> {
     let mut tx = conn.begin().await?;
     check_fence_of_call(&mut tx).await?;
-    for (meta, rows, created) in upserts {
+    for (meta, rows, created) in upserts.into_iter().filter(|(_, rows, _)| !rows.is_empty()) {
         let upsert = copy_then_upsert(&mut tx, &meta, rows, &created);
         PG.timed(&meta.name, "upsert", upsert).await?;
     }
-    for (meta, keys) in deletes.into_iter().rev() {
+    for (meta, keys) in deletes
+        .into_iter()
+        .rev()
+        .filter(|(_, keys)| !keys.is_empty())
+    {
         let delete = write_chunks(&mut tx, &meta, keys, true);
         PG.timed(&meta.name, "delete", delete).await?;
     }

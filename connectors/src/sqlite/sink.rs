@@ -655,21 +655,25 @@ async fn write_actions(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> R
         let context = format!("sqlite database {}: defer foreign keys", db.name);
         execute(&mut tx, "PRAGMA defer_foreign_keys = ON", &context).await?;
     }
-    for (table, writes) in order.iter().rev() {
+    for (table, writes) in order.iter().rev().filter(|(_, w)| !w.deletes.is_empty()) {
         let delete = write_rows(&mut tx, db, table, writes, true);
         SQLITE.timed(table, "delete", delete).await?;
     }
-    for (table, writes) in &order {
+    for (table, writes) in order.iter().filter(|(_, w)| !w.upserts.is_empty()) {
         let upsert = write_rows(&mut tx, db, table, writes, false);
         SQLITE.timed(table, "upsert", upsert).await?;
     }
-    let names: Vec<&str> = order.iter().map(|(t, _)| t.as_str()).collect();
-    let context = format!(
-        "sqlite database {}, tables {}: commit",
-        db.name,
-        names.join(", ")
-    );
-    let commit = async { tx.commit().await.map_err(|e| db_error(e, &context)) };
+    let commit = async {
+        tx.commit().await.map_err(|e| {
+            let names: Vec<&str> = order.iter().map(|(t, _)| t.as_str()).collect();
+            let context = format!(
+                "sqlite database {}, tables {}: commit",
+                db.name,
+                names.join(", ")
+            );
+            db_error(e, &context)
+        })
+    };
     SQLITE.timed(&db.name, "commit", commit).await
 }
 
