@@ -111,18 +111,14 @@ impl Connector {
     }
 
     /// A span for one sink call of this connector on `database`, naming
-    /// its targets.
-    pub(crate) fn call_span(
-        self,
-        database: &str,
-        targets: &[&str],
-        actions: usize,
-    ) -> tracing::Span {
+    /// the targets of its `tally` (written out only when the span is
+    /// enabled).
+    pub(crate) fn call_span(self, database: &str, tally: &Tally, actions: usize) -> tracing::Span {
         tracing::debug_span!(
             "connector_call",
             connector = self.as_str(),
             database,
-            targets = %targets.join(", "),
+            targets = %tally,
             actions
         )
     }
@@ -170,11 +166,6 @@ impl Tally {
         self.targets[i].1[kind] += 1;
     }
 
-    /// The targets tallied, in first-seen order.
-    pub(crate) fn targets(&self) -> Vec<&str> {
-        self.targets.iter().map(|(t, _)| t.as_str()).collect()
-    }
-
     /// Records the tally as written by `connector`.
     pub(crate) fn record(&self, connector: Connector) {
         for (target, counts) in &self.targets {
@@ -190,6 +181,19 @@ impl Tally {
                 }
             }
         }
+    }
+}
+
+/// The targets tallied, in first-seen order, separated by commas.
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (target, _)) in self.targets.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(target)?;
+        }
+        Ok(())
     }
 }
 
@@ -217,7 +221,7 @@ mod tests {
             TargetAction::Delete("a"),
         ];
         let tally = Tally::of(&actions, |t| t);
-        assert_eq!(tally.targets(), vec!["b", "a"]);
+        assert_eq!(tally.to_string(), "b, a");
         assert_eq!(
             tally.targets,
             vec![("b".to_string(), [2, 0, 0]), ("a".to_string(), [0, 1, 2])]

@@ -150,7 +150,7 @@ pub(crate) fn apply_file_actions(
 ) -> Result<()> {
     let target = root.display().to_string();
     let tally = Tally::of_one(&target, &actions);
-    let span = LOCALFS.call_span(&target, &tally.targets(), actions.len());
+    let span = LOCALFS.call_span(&target, &tally, actions.len());
     let _in_span = span.enter();
     LOCALFS.timed_now(&target, "write", || write_files(root, actions))?;
     tally.record(LOCALFS);

@@ -162,7 +162,7 @@ pub(crate) async fn apply_rows(
     actions: Vec<TargetAction<RowAction>>,
 ) -> Result<()> {
     let tally = Tally::of(&actions, |a| &a.table);
-    let span = PG.call_span(&db.db_name, &tally.targets(), actions.len());
+    let span = PG.call_span(&db.db_name, &tally, actions.len());
     write_actions(db, actions).instrument(span).await?;
     tally.record(PG);
     Ok(())

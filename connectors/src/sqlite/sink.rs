@@ -635,7 +635,7 @@ async fn has_foreign_keys(tx: &mut Tx<'_>, db: &Database) -> Result<bool> {
 
 async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
     let tally = Tally::of(&actions, |a| &a.table);
-    let span = SQLITE.call_span(&db.name, &tally.targets(), actions.len());
+    let span = SQLITE.call_span(&db.name, &tally, actions.len());
     write_actions(db, actions).instrument(span).await?;
     tally.record(SQLITE);
     Ok(())
