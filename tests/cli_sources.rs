@@ -12,12 +12,14 @@ mod nats;
 mod pg;
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
 use sqlx::{PgPool, SqlitePool};
 
 use cli::{exits, ok, Env, PgDatabase, TestResult};
+use nats::server::NatsServer;
 use nats::TestStream;
 
 /// `key → value` of the records table of a SQLite database.
@@ -418,57 +420,14 @@ async fn no_message_is_acknowledged_before_its_row_is_committed() -> TestResult 
     .await
 }
 
-/// A NATS server of this test's own, with JetStream and a user and
-/// password, on a free port; killed when dropped.
-struct AuthServer {
-    process: cmd::Running,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl AuthServer {
-    fn start() -> AuthServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let child = std::process::Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir.path())
-            .args(["--user", "weir", "--pass", "s3cret"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("nats-server is installed (the NATS of the machine runs it)");
-        AuthServer {
-            process: cmd::Running(child),
-            port,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self, credentials: &str) -> String {
-        format!("nats://{credentials}127.0.0.1:{}", self.port)
-    }
-}
-
 #[tokio::test]
 async fn credentials_in_the_url_connect_and_wrong_ones_are_an_error_hiding_the_password(
 ) -> TestResult {
-    let server = AuthServer::start();
-    let mut client = None;
-    for _ in 0..100 {
-        let options =
-            async_nats::ConnectOptions::with_user_and_password("weir".into(), "s3cret".into());
-        if let Ok(c) = options.connect(server.url("")).await {
-            client = Some(c);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let js = jetstream::new(client.ok_or("the NATS server did not start")?);
+    let server = NatsServer::start(&["--user", "weir", "--pass", "s3cret"].map(OsStr::new));
+    // Listening already: `start` waited.
+    let options =
+        async_nats::ConnectOptions::with_user_and_password("weir".into(), "s3cret".into());
+    let js = jetstream::new(options.connect(server.url("")).await?);
     js.create_stream(stream::Config {
         name: "AUTH".into(),
         subjects: vec!["auth.>".into()],
@@ -488,14 +447,14 @@ async fn credentials_in_the_url_connect_and_wrong_ones_are_an_error_hiding_the_p
     let err = exits(&env.sync_source(&bad, &env.url_arg(), &[]), 2);
     assert!(err.contains(&format!("127.0.0.1:{}", server.port)), "{err}");
     assert!(!err.contains("wrong-pass"), "the password shows: {err}");
-    drop(server.process);
+    drop(server);
     Ok(())
 }
 
 #[tokio::test]
 async fn a_credentials_file_connects_to_a_server_of_signed_users_and_a_missing_one_is_an_error_naming_it(
 ) -> TestResult {
-    let server = nats::secured::SecuredServer::start();
+    let server = nats::server::SecuredServer::start();
     let signed = async_nats::ConnectOptions::with_credentials_file(&server.creds).await?;
     let js = jetstream::new(signed.connect(&server.url).await?);
     js.create_stream(stream::Config {

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
 
-pub mod secured;
+pub mod server;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
