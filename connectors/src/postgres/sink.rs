@@ -34,8 +34,6 @@ pub(crate) async fn apply_tables(
     actions: Vec<TargetAction<TableAction>>,
 ) -> Result<()> {
     let pool = &db.pool;
-    // How the registry of owners names the database.
-    let database = format!("postgres database {}", db.db_name);
     check_tables_exist(pool, &actions).await?;
     let mut claims = Vec::new();
     let mut statements = Vec::new();
@@ -55,6 +53,8 @@ pub(crate) async fn apply_tables(
     }
     let mut tx = pool.begin().await?;
     check_fence_of_call(&mut tx).await?;
+    // How the registry of owners names the database.
+    let database = format!("postgres database {}", db.db_name);
     for (table, claim, dropping) in &claims {
         owners::settle(&mut tx, &database, table, claim, *dropping).await?;
     }
