@@ -12,21 +12,7 @@ use weir_actors::Result;
 
 use super::ddl;
 use super::types;
-use crate::sql::owners::Claim;
 use crate::sql::{SqlValue, TableSchema};
-
-/// What the table sink does: run `ddl` (empty when nothing changes or the
-/// table is user-managed). `schema` is set for a declared table (the child
-/// handler factory builds the row handler from it), unset for a delete.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct TableAction {
-    pub table: String,
-    pub schema: Option<TableSchema>,
-    pub ddl: Vec<String>,
-    /// The registration to settle first (a table weir manages).
-    #[serde(default)]
-    pub claim: Option<Claim>,
-}
 
 /// What the row sink does: upsert the row `values` (create, update), or
 /// delete the row whose primary key values are `values` (delete).

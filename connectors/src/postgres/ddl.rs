@@ -3,12 +3,11 @@
 //! Every identifier was validated when the table was declared and is quoted
 //! here as well; values never appear in SQL text, they are bound.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use weir_actors::{Result, TargetChildInvalidation};
+use weir_actors::{Error, Result};
 
 use super::types::{bind_type, pg_type, select_expr};
-use crate::sql::{quote_identifier, Column, SchemaChange, TableSchema};
+use crate::sql::table::plan::DdlStep;
+use crate::sql::{quote_identifier, Column, TableSchema};
 
 /// `CREATE TABLE IF NOT EXISTS` with every column and the primary key.
 pub(crate) fn create_table(table: &str, schema: &TableSchema) -> Result<String> {
@@ -57,88 +56,24 @@ fn drop_column(table: &str, column: &str) -> String {
     )
 }
 
-/// The DDL for a table weir starts managing that may already exist (new, or
-/// taken over from the user): create it if missing, and add every declared
-/// column it may lack.
-pub(crate) fn adopt_table(table: &str, schema: &TableSchema) -> Result<Vec<String>> {
-    let mut ddl = vec![create_table(table, schema)?];
-    for column in schema.columns().iter().filter(|c| !schema.is_key(&c.name)) {
-        ddl.push(add_column(table, column)?);
-    }
-    Ok(ddl)
-}
-
-/// The DDL that takes a table from any of its possible previous schemas
-/// (`prev`: more than one after an interrupted run) to `new`, and what that
-/// does to its rows.
-///
-/// Every statement is idempotent (`IF [NOT] EXISTS`), so it is safe to run
-/// from whichever previous schema really is in place, and again after a
-/// retry. `prev_may_be_missing` adds a `CREATE TABLE IF NOT EXISTS` first.
-pub(crate) fn plan_change(
+/// The statement of one DDL step on `table`, declared with `schema`
+/// (see [`plan`](crate::sql::table::plan)): idempotent, with `IF [NOT]
+/// EXISTS`. A column added to a table that has rows is added as nullable.
+pub(crate) fn step_sql(
     table: &str,
-    prev: &[&TableSchema],
-    new: &TableSchema,
-    prev_may_be_missing: bool,
-) -> Result<(Vec<String>, Option<TargetChildInvalidation>)> {
-    let mut add: BTreeMap<String, Column> = BTreeMap::new();
-    let mut retype: BTreeMap<String, Column> = BTreeMap::new();
-    let mut drop: BTreeSet<String> = BTreeSet::new();
-    let mut invalidation = None;
-    for old in prev {
-        let change = old.diff(new);
-        invalidation = worse(invalidation, change.child_invalidation());
-        match change {
-            SchemaChange::Same => {}
-            SchemaChange::AddNullable(columns) => {
-                add.extend(columns.into_iter().map(|c| (c.name.clone(), c)));
-            }
-            SchemaChange::Alter {
-                add: a,
-                drop: d,
-                retype: r,
-            } => {
-                add.extend(a.into_iter().map(|c| (c.name.clone(), c)));
-                drop.extend(d);
-                retype.extend(r.into_iter().map(|c| (c.name.clone(), c)));
-            }
-            SchemaChange::Rebuild => {
-                return Ok((
-                    vec![drop_table(table), create_table(table, new)?],
-                    Some(TargetChildInvalidation::Destructive),
-                ))
-            }
-        }
-    }
-    let mut ddl = Vec::new();
-    if prev_may_be_missing {
-        // Created if it is missing: its rows may be missing too, so they
-        // are written again.
-        ddl.push(create_table(table, new)?);
-        invalidation = worse(invalidation, Some(TargetChildInvalidation::Lossy));
-    }
-    for column in &drop {
-        ddl.push(drop_column(table, column));
-    }
-    for column in retype.values() {
-        ddl.push(drop_column(table, &column.name));
-        ddl.push(add_column(table, column)?);
-    }
-    for column in add.values().filter(|c| !retype.contains_key(&c.name)) {
-        ddl.push(add_column(table, column)?);
-    }
-    Ok((ddl, invalidation))
-}
-
-fn worse(
-    a: Option<TargetChildInvalidation>,
-    b: Option<TargetChildInvalidation>,
-) -> Option<TargetChildInvalidation> {
-    use TargetChildInvalidation::{Destructive, Lossy};
-    match (a, b) {
-        (Some(Destructive), _) | (_, Some(Destructive)) => Some(Destructive),
-        (Some(Lossy), _) | (_, Some(Lossy)) => Some(Lossy),
-        _ => None,
+    schema: Option<&TableSchema>,
+    step: &DdlStep,
+) -> Result<String> {
+    match step {
+        DdlStep::CreateIfMissing => match schema {
+            Some(schema) => create_table(table, schema),
+            None => Err(Error::permanent(format!(
+                "table {table}: no schema to create it with"
+            ))),
+        },
+        DdlStep::DropTable => Ok(drop_table(table)),
+        DdlStep::AddColumn(column) => add_column(table, column),
+        DdlStep::DropColumn(column) => Ok(drop_column(table, column)),
     }
 }
 
@@ -257,22 +192,34 @@ mod tests {
     }
 
     #[test]
-    fn changes_from_several_possible_schemas_are_merged_idempotently() -> Result<()> {
-        let (old, new) = (schema(false)?, schema(true)?);
-        let (ddl, inv) = plan_change("docs", &[&old, &new], &new, false)?;
+    fn each_ddl_step_is_one_idempotent_statement() -> Result<()> {
+        let s = schema(true)?;
+        let extra = s
+            .column("extra")
+            .cloned()
+            .ok_or_else(|| Error::msg("no extra"))?;
+        let steps = [
+            DdlStep::DropTable,
+            DdlStep::AddColumn(extra),
+            DdlStep::DropColumn("extra".into()),
+        ];
+        let sql: Vec<String> = steps
+            .iter()
+            .map(|step| step_sql("docs", None, step))
+            .collect::<Result<_>>()?;
         assert_eq!(
-            ddl,
-            vec![r#"ALTER TABLE "docs" ADD COLUMN IF NOT EXISTS "extra" bigint"#.to_string()]
+            sql,
+            vec![
+                r#"DROP TABLE IF EXISTS "docs""#,
+                r#"ALTER TABLE "docs" ADD COLUMN IF NOT EXISTS "extra" bigint"#,
+                r#"ALTER TABLE "docs" DROP COLUMN IF EXISTS "extra""#,
+            ]
         );
-        assert_eq!(inv, None);
-        let (ddl, inv) = plan_change("docs", &[&new], &old, false)?;
         assert_eq!(
-            ddl,
-            vec![r#"ALTER TABLE "docs" DROP COLUMN IF EXISTS "extra""#.to_string()]
+            step_sql("docs", Some(&s), &DdlStep::CreateIfMissing)?,
+            create_table("docs", &s)?
         );
-        assert_eq!(inv, Some(TargetChildInvalidation::Lossy));
-        let (ddl, inv) = plan_change("docs", &[&new], &new, false)?;
-        assert!(ddl.is_empty() && inv.is_none());
+        assert!(step_sql("docs", None, &DdlStep::CreateIfMissing).is_err());
         Ok(())
     }
 }

@@ -143,9 +143,10 @@ use weir_actors::{
     TargetStateProvider,
 };
 
+use crate::sql::table::handler::{TableHandler, TableSpec};
 use crate::sql::{validate_identifier, Row, TableSchema};
 use db::TableMeta;
-use target::{DbShared, PostgresTableHandler, TableSpec};
+use target::DbShared;
 
 pub use group::{check_fence, PostgresCoordinator, DEFAULT_COMPACT_MIN_ROWS};
 pub use owners::{drop_tables_of, table_owner};
@@ -223,8 +224,9 @@ fn table_provider(
     let provider = register_root_target_states_provider(
         ctx,
         &provider_name(db.name()),
-        PostgresTableHandler {
-            shared: Arc::clone(&shared),
+        TableHandler {
+            dialect: "postgres",
+            sink: shared.table_sink.clone(),
             owner: ctx.owner()?,
         },
     )?;

@@ -12,10 +12,12 @@ use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 use weir_actors::{Error, Fence, Result, StableKey, TargetAction};
 
-use super::db::{DbInner, RowAction, TableAction, TableMeta};
+use super::db::{DbInner, RowAction, TableMeta};
+use super::ddl;
 use super::owners;
 use super::types::{copy_binary, ColumnArray};
 use crate::observe::{Connector, Tally};
+use crate::sql::table::handler::TableAction;
 use crate::sql::value::key_of;
 use crate::sql::SqlValue;
 
@@ -43,7 +45,10 @@ pub(crate) async fn apply_tables(
         if let Some(claim) = t.claim {
             claims.push((t.table.clone(), claim, dropping));
         }
-        statements.extend(t.ddl.into_iter().map(|s| (t.table.clone(), s)));
+        for step in &t.ddl {
+            let sql = ddl::step_sql(&t.table, t.schema.as_ref(), step)?;
+            statements.push((t.table.clone(), sql));
+        }
     }
     if statements.is_empty() && claims.is_empty() {
         return Ok(());

@@ -5,37 +5,19 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use weir_actors::statediff::{
-    diff, resolve_system_transition, DiffAction, ManagedBy, MutualTrackingRecord,
-    TrackingRecordTransition,
-};
+use weir_actors::statediff::{diff, DiffAction, ManagedBy, TrackingRecordTransition};
 use weir_actors::{
-    ChildTargetDef, ContextKey, Ctx, Error, Fingerprint, Owner, Result, StableKey, TargetAction,
-    TargetActionSink, TargetChildInvalidation, TargetHandler, TargetReconcileOutput,
+    ChildTargetDef, ContextKey, Ctx, Error, Fingerprint, Result, StableKey, TargetAction,
+    TargetActionSink, TargetHandler, TargetReconcileOutput,
 };
 
-use super::db::{DbInner, RowAction, TableAction, TableMeta};
-use super::ddl;
+use super::db::{DbInner, RowAction, TableMeta};
 use super::sink;
 use crate::sql::fingerprint::{name_order, row_fingerprint};
-use crate::sql::owners::Claim;
-use crate::sql::{ColumnType, Row, SqlValue, TableSchema};
-
-/// What a table target state declares: the table's name, schema and owner.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct TableSpec {
-    pub table: String,
-    pub schema: TableSchema,
-    pub managed_by: ManagedBy,
-    /// Whether this app takes the table over from another owner.
-    #[serde(default)]
-    pub adopt: bool,
-}
-
-/// A table's tracking record: its schema and who manages it.
-pub(crate) type TableRecord = MutualTrackingRecord<TableSchema>;
+use crate::sql::table::handler::TableAction;
+use crate::sql::table::keys::{key_types, key_values};
+use crate::sql::{ColumnType, Row, TableSchema};
 
 /// One database's sinks: one identity for its tables' DDL and one for the
 /// rows of all its tables, so rows of every table batch together and apply
@@ -93,11 +75,7 @@ impl DbShared {
                     table: Arc::from(action.table.as_str()),
                     by_name: name_order(schema),
                     schema: Arc::new(schema.clone()),
-                    key_types: schema
-                        .primary_key()
-                        .iter()
-                        .filter_map(|k| schema.column(k).map(|c| c.ty.clone()))
-                        .collect(),
+                    key_types: key_types(schema),
                     sink: rows_for_tables.clone(),
                 }))
             },
@@ -118,134 +96,6 @@ impl DbShared {
 pub(crate) fn db_shared(ctx: &Ctx, db: &ContextKey<PgPool>) -> Result<Arc<DbShared>> {
     let pool = ctx.get_key(db)?;
     Ok(ctx.app_state(db.name(), || DbShared::new(db.name(), pool.clone())))
-}
-
-/// The table handler: creates, alters and drops tables.
-pub(crate) struct PostgresTableHandler {
-    pub shared: Arc<DbShared>,
-    /// The owner of the app: the tables it creates are registered to it.
-    pub owner: Owner,
-}
-
-impl PostgresTableHandler {
-    fn claim(&self, adopt: bool) -> Claim {
-        Claim {
-            owner: self.owner.clone(),
-            adopt,
-        }
-    }
-
-    fn output(
-        &self,
-        action: TargetAction<TableAction>,
-        tracking_record: Option<TableRecord>,
-        child_invalidation: Option<TargetChildInvalidation>,
-    ) -> Option<TargetReconcileOutput<TableAction, TableRecord>> {
-        Some(TargetReconcileOutput {
-            action,
-            sink: self.shared.table_sink.clone(),
-            tracking_record,
-            child_invalidation,
-        })
-    }
-}
-
-/// The table name in a table key `[db, table]`.
-fn table_of(key: &StableKey) -> Result<String> {
-    match key {
-        StableKey::Array(parts) => match parts.as_ref() {
-            [_, StableKey::Str(table)] => Ok(table.to_string()),
-            _ => Err(Error::permanent(format!("{key} is not a table key"))),
-        },
-        _ => Err(Error::permanent(format!("{key} is not a table key"))),
-    }
-}
-
-impl TargetHandler<TableSpec> for PostgresTableHandler {
-    type TrackingRecord = TableRecord;
-    type Action = TableAction;
-
-    fn reconcile(
-        &self,
-        key: StableKey,
-        desired: Option<TableSpec>,
-        prev: Vec<TableRecord>,
-        prev_may_be_missing: bool,
-    ) -> Result<Option<TargetReconcileOutput<TableAction, TableRecord>>> {
-        let Some(spec) = desired else {
-            if prev.is_empty() && !prev_may_be_missing {
-                return Ok(None);
-            }
-            let table = table_of(&key)?;
-            let schema = prev.first().map(|p| p.record.clone());
-            return Ok(
-                match resolve_system_transition(None, prev, prev_may_be_missing) {
-                    // User-managed: abandon it, rows and all, and forget
-                    // it. Its schema lets `drop_state` delete its rows one
-                    // by one through the row handler built from it.
-                    None => self.output(
-                        TargetAction::Delete(TableAction {
-                            table,
-                            schema,
-                            ddl: Vec::new(),
-                            claim: None,
-                        }),
-                        None,
-                        None,
-                    ),
-                    Some(_) => {
-                        let ddl = vec![ddl::drop_table(&table)];
-                        self.output(
-                            TargetAction::Delete(TableAction {
-                                table,
-                                schema: None,
-                                ddl,
-                                claim: Some(self.claim(false)),
-                            }),
-                            None,
-                            Some(TargetChildInvalidation::Destructive),
-                        )
-                    }
-                },
-            );
-        };
-        let first = prev.is_empty();
-        let (ddl, invalidation) = match spec.managed_by {
-            // The user owns the table: weir writes rows, never DDL.
-            ManagedBy::User => (Vec::new(), None),
-            ManagedBy::System => {
-                let system: Vec<&TableSchema> = prev
-                    .iter()
-                    .filter(|r| r.managed_by == ManagedBy::System)
-                    .map(|r| &r.record)
-                    .collect();
-                if system.is_empty() {
-                    // New, or taken over from the user: it may exist already,
-                    // with other columns; rows written by the user may lack
-                    // what weir would have written, so a takeover is Lossy.
-                    let invalidation = (!first).then_some(TargetChildInvalidation::Lossy);
-                    (ddl::adopt_table(&spec.table, &spec.schema)?, invalidation)
-                } else {
-                    ddl::plan_change(&spec.table, &system, &spec.schema, prev_may_be_missing)?
-                }
-            }
-        };
-        let record = MutualTrackingRecord::new(spec.schema.clone(), spec.managed_by);
-        let claim = (spec.managed_by == ManagedBy::System).then(|| self.claim(spec.adopt));
-        let action = TableAction {
-            table: spec.table,
-            schema: Some(spec.schema),
-            ddl,
-            claim,
-        };
-        // Always an action while declared: the child handler is built from it.
-        let action = if first {
-            TargetAction::Create(action)
-        } else {
-            TargetAction::Update(action)
-        };
-        Ok(self.output(action, Some(record), invalidation))
-    }
 }
 
 /// The row handler of one table: rows are its target states, keyed by
@@ -294,119 +144,5 @@ impl TargetHandler<Row> for PostgresRowHandler {
             tracking_record: fingerprint,
             child_invalidation: None,
         }))
-    }
-}
-
-/// The primary key values of a row key (`Row::key`), typed by the key's
-/// column types: the inverse of `SqlValue::to_key`.
-pub(crate) fn key_values(
-    key: &StableKey,
-    types: &[ColumnType],
-) -> std::result::Result<Vec<SqlValue>, String> {
-    match (types, key) {
-        ([one], _) => Ok(vec![key_value(key, one)?]),
-        (_, StableKey::Array(parts)) if parts.len() == types.len() => parts
-            .iter()
-            .zip(types)
-            .map(|(k, ty)| key_value(k, ty))
-            .collect(),
-        _ => Err(format!(
-            "the key does not match the {}-column primary key",
-            types.len()
-        )),
-    }
-}
-
-fn key_value(key: &StableKey, ty: &ColumnType) -> std::result::Result<SqlValue, String> {
-    let bad = || Err(format!("key part {key} does not fit a {ty:?} column"));
-    Ok(match (key, ty) {
-        (StableKey::Null, _) => SqlValue::Null,
-        (StableKey::Bool(b), _) => SqlValue::Bool(*b),
-        (StableKey::Int(i), _) => SqlValue::Int(*i),
-        (StableKey::Str(s), ColumnType::Text) => SqlValue::Text(s.to_string()),
-        (StableKey::Str(s), ColumnType::Real | ColumnType::Double) => {
-            SqlValue::Float(s.parse::<f64>().map_err(|e| e.to_string())?)
-        }
-        (StableKey::Str(s), ColumnType::Json) => {
-            SqlValue::Json(serde_json::from_str(s).map_err(|e| e.to_string())?)
-        }
-        (StableKey::Str(s), ColumnType::Timestamp) => SqlValue::Timestamp(
-            chrono::DateTime::parse_from_rfc3339(s)
-                .map_err(|e| e.to_string())?
-                .with_timezone(&chrono::Utc),
-        ),
-        (StableKey::Bytes(b), _) => SqlValue::Bytes(b.to_vec()),
-        (StableKey::Uuid(u), _) => SqlValue::Uuid(*u),
-        (StableKey::Array(items), ColumnType::Array(inner)) => SqlValue::Array(
-            items
-                .iter()
-                .map(|k| key_value(k, inner))
-                .collect::<std::result::Result<_, _>>()?,
-        ),
-        _ => return bad(),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn row_keys_convert_back_to_typed_key_values() -> Result<()> {
-        let schema = TableSchema::builder()
-            .column("id", ColumnType::Uuid)
-            .column("at", ColumnType::Timestamp)
-            .column("n", ColumnType::Double)
-            .primary_key(["id", "at", "n"])
-            .build()?;
-        let row = Row {
-            values: vec![
-                SqlValue::Uuid(uuid::Uuid::from_u128(7)),
-                SqlValue::Timestamp(chrono::DateTime::<chrono::Utc>::UNIX_EPOCH),
-                SqlValue::Float(1.5),
-            ],
-        };
-        let types = vec![ColumnType::Uuid, ColumnType::Timestamp, ColumnType::Double];
-        assert_eq!(
-            key_values(&row.key(&schema), &types),
-            Ok(row.values.clone())
-        );
-        let single = StableKey::Str("a".into());
-        assert_eq!(
-            key_values(&single, &[ColumnType::Text]),
-            Ok(vec![SqlValue::Text("a".into())])
-        );
-        assert!(key_values(&single, &[ColumnType::Text, ColumnType::Text]).is_err());
-        Ok(())
-    }
-
-    #[test]
-    fn json_key_values_convert_back_to_the_documents_written_whatever_their_floats() -> Result<()> {
-        // The shortest text of these floats parses back to a neighbouring
-        // float unless JSON numbers are parsed exactly: the delete's JSON
-        // would then differ from the row's.
-        let schema = TableSchema::builder()
-            .column("doc", ColumnType::Json)
-            .column("docs", ColumnType::Array(Box::new(ColumnType::Json)))
-            .primary_key(["doc", "docs"])
-            .build()?;
-        let types = vec![
-            ColumnType::Json,
-            ColumnType::Array(Box::new(ColumnType::Json)),
-        ];
-        for f in [212.918_907_267_134_59, 1.071_566_039_146_582_6e-75, 0.1] {
-            let row = Row {
-                values: vec![
-                    SqlValue::Json(serde_json::json!({"x": f, "n": [f]})),
-                    SqlValue::Array(vec![SqlValue::Json(serde_json::json!(f)), SqlValue::Null]),
-                ],
-            };
-            assert_eq!(
-                key_values(&row.key(&schema), &types),
-                Ok(row.values.clone()),
-                "{f}"
-            );
-        }
-        Ok(())
     }
 }

@@ -16,6 +16,8 @@ pub mod ident;
 pub(crate) mod msgpack;
 pub(crate) mod owners;
 pub mod schema;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod table;
 pub mod value;
 
 pub use ident::{quote_identifier, validate_identifier};

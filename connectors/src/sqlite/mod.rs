@@ -111,10 +111,11 @@ use weir_actors::{
     TargetState, TargetStateProvider,
 };
 
+use crate::sql::table::handler::{TableHandler, TableSpec};
 pub use crate::sql::PreviewedTable;
 use crate::sql::{validate_identifier, Row, TableSchema};
 pub use owners::{table_owner, FILE_SUFFIX as OWNERS_FILE_SUFFIX};
-use target::{RowSpec, SqliteTableHandler, TableSpec};
+use target::RowSpec;
 
 /// The `sqlx` this connector is built on, re-exported so that pools and
 /// queries use the same version.
@@ -257,7 +258,11 @@ fn table_provider(
     register_root_target_states_provider(
         ctx,
         &provider_name(db.name()),
-        SqliteTableHandler::new(sink::table_sink(database), ctx.owner()?),
+        TableHandler {
+            dialect: "sqlite",
+            sink: sink::table_sink(database),
+            owner: ctx.owner()?,
+        },
     )
 }
 
@@ -294,10 +299,10 @@ fn table_state(
     Ok(provider.target_state(
         key,
         TableSpec {
+            table: table_name.to_string(),
             schema: schema.clone(),
             managed_by: options.managed_by,
             adopt: ctx.adopts_tables(),
-            name: table_name.to_string(),
         },
     ))
 }

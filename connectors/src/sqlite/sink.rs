@@ -10,7 +10,7 @@
 //! the pragma is skipped: setting it makes SQLite compile every statement
 //! of the connection again.)
 
-use super::types::{self, bind};
+use super::types::bind;
 use std::collections::{BTreeMap, HashMap};
 
 use rustc_hash::FxHashSet;
@@ -23,8 +23,10 @@ use weir_actors::{ChildTargetDef, Error, Result, StableKey, TargetAction, Target
 
 use super::ddl;
 use super::owners;
-use super::target::{RowSpec, RowWrite, SqliteRowHandler, TableAction, TableDdl};
+use super::target::{RowSpec, RowWrite, SqliteRowHandler};
 use crate::observe::{Connector, Tally};
+use crate::sql::table::handler::TableAction;
+use crate::sql::table::plan::DdlStep;
 use crate::sql::value::key_of;
 use crate::sql::{SqlValue, TableSchema};
 
@@ -185,23 +187,23 @@ fn db_error(e: sqlx::Error, context: &str) -> Error {
 
 async fn apply_tables(db: &Database, actions: Vec<TargetAction<TableAction>>) -> Result<()> {
     check_tables_exist(db, &actions).await?;
-    if actions
-        .iter()
-        .all(|a| action_of(a).ddl == TableDdl::Nothing && action_of(a).claim.is_none())
-    {
+    if actions.iter().all(|a| {
+        let a = TableAction::of(a);
+        a.ddl.is_empty() && a.claim.is_none()
+    }) {
         return Ok(());
     }
     let context =
         |what: &str, table: &str| format!("sqlite database {}, table {table}: {what}", db.name);
     let begin = |e| db_error(e, &format!("sqlite database {}: begin", db.name));
     let mut conn = db.pool.acquire().await.map_err(begin)?;
-    let claims = actions.iter().any(|a| action_of(a).claim.is_some());
+    let claims = actions.iter().any(|a| TableAction::of(a).claim.is_some());
     let registry = claims && owners::attach(&mut conn).await?;
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(begin)?;
     let database = format!("sqlite database {}", db.name);
     for action in actions.iter().filter(|_| registry) {
         let dropping = matches!(action, TargetAction::Delete(_));
-        let action = action_of(action);
+        let action = TableAction::of(action);
         // A drop of a table declared in this run under another spelling
         // (see below) leaves the table, and its registration.
         let kept = dropping && db.declared_in_any_spelling(&action.table)?;
@@ -210,9 +212,16 @@ async fn apply_tables(db: &Database, actions: Vec<TargetAction<TableAction>>) ->
         }
     }
     for action in &actions {
-        let action = action_of(action);
+        let dropping = matches!(action, TargetAction::Delete(_));
+        let action = TableAction::of(action);
+        // The same table to SQLite, declared in this run (under a key of a
+        // ledger from before keys were lower case): it stays.
+        if dropping && db.declared_in_any_spelling(&action.table)? {
+            continue;
+        }
         let table = action.table.as_str();
-        let change = change_table(&mut tx, db, action, &context);
+        let context = context("alter", table);
+        let change = change_table(&mut tx, action, &context);
         SQLITE.timed(table, "ddl", change).await?;
     }
     let commit = async {
@@ -226,36 +235,70 @@ async fn apply_tables(db: &Database, actions: Vec<TargetAction<TableAction>>) ->
 /// This connector, as its metrics and spans name it.
 const SQLITE: Connector = Connector::Sqlite;
 
-/// Runs a table action's DDL.
-async fn change_table(
-    tx: &mut Tx<'_>,
-    db: &Database,
-    action: &TableAction,
-    context: &impl Fn(&str, &str) -> String,
-) -> Result<()> {
+/// Carries out a table action's DDL steps. SQLite has no `ADD COLUMN IF
+/// NOT EXISTS` nor `DROP COLUMN IF EXISTS`: a column step first looks at
+/// the table's columns as they are (read once, then kept up to date), so
+/// that every step is idempotent.
+async fn change_table(tx: &mut Tx<'_>, action: &TableAction, context: &str) -> Result<()> {
     let table = action.table.as_str();
-    match (action.ddl, &action.schema) {
-        (TableDdl::Nothing, _) => {}
-        // The same table to SQLite, declared in this run (under a key of a
-        // ledger from before keys were lower case): it stays.
-        (TableDdl::Drop, _) if db.declared_in_any_spelling(table)? => {}
-        (TableDdl::Drop, _) => {
-            execute(tx, &ddl::drop_table(table), &context("drop", table)).await?;
-        }
-        (TableDdl::Rebuild, Some(schema)) => {
-            execute(tx, &ddl::drop_table(table), &context("drop", table)).await?;
-            let sql = ddl::create_table(table, schema);
-            execute(tx, &sql, &context("create", table)).await?;
-        }
-        (TableDdl::Ensure, Some(schema)) => {
-            let sql = ddl::create_table(table, schema);
-            execute(tx, &sql, &context("create", table)).await?;
-            converge(tx, table, schema, &context("alter", table)).await?;
-        }
-        (TableDdl::Rebuild | TableDdl::Ensure, None) => {
-            return Err(Error::permanent(context("no schema to create", table)));
+    let mut columns: Option<Vec<ActualColumn>> = None;
+    for step in &action.ddl {
+        match step {
+            DdlStep::CreateIfMissing => {
+                let schema = action.schema.as_ref().ok_or_else(|| {
+                    Error::permanent(format!("{context}: no schema to create the table with"))
+                })?;
+                execute(tx, &ddl::create_table(table, schema), context).await?;
+                columns = None;
+            }
+            DdlStep::DropTable => {
+                execute(tx, &ddl::drop_table(table), context).await?;
+                columns = None;
+            }
+            DdlStep::AddColumn(column) => {
+                let actual = match &mut columns {
+                    Some(actual) => actual,
+                    None => columns.insert(read_columns(tx, table, context).await?),
+                };
+                if find(actual, &column.name).is_none() {
+                    execute(tx, &ddl::add_column(table, column), context).await?;
+                    actual.push(ActualColumn {
+                        name: column.name.clone(),
+                        in_key: false,
+                    });
+                }
+            }
+            DdlStep::DropColumn(name) => {
+                let actual = match &mut columns {
+                    Some(actual) => actual,
+                    None => columns.insert(read_columns(tx, table, context).await?),
+                };
+                drop_column(tx, table, actual, name, context).await?;
+            }
         }
     }
+    Ok(())
+}
+
+/// Drops the column `name` if the table has it (`actual`); one in the
+/// table's primary key is an error, since SQLite cannot drop it.
+async fn drop_column(
+    tx: &mut Tx<'_>,
+    table: &str,
+    actual: &mut Vec<ActualColumn>,
+    name: &str,
+    context: &str,
+) -> Result<()> {
+    let Some(at) = find(actual, name) else {
+        return Ok(());
+    };
+    if actual[at].in_key {
+        return Err(Error::permanent(format!(
+            "{context}: column {name} is in the table's primary key but not in the declared schema"
+        )));
+    }
+    execute(tx, &ddl::drop_column(table, &actual[at].name), context).await?;
+    actual.remove(at);
     Ok(())
 }
 
@@ -269,7 +312,7 @@ async fn check_tables_exist(db: &Database, actions: &[TargetAction<TableAction>]
         let TargetAction::Update(t) = action else {
             continue;
         };
-        if t.ddl != TableDdl::Nothing {
+        if !t.ddl.is_empty() {
             continue;
         }
         let exists: Option<i64> = sqlx::query_scalar(
@@ -300,12 +343,6 @@ pub(crate) fn missing_table(database: &str, table: &str) -> Error {
     ))
 }
 
-fn action_of<A>(action: &TargetAction<A>) -> &A {
-    match action {
-        TargetAction::Create(a) | TargetAction::Update(a) | TargetAction::Delete(a) => a,
-    }
-}
-
 type Tx<'c> = sqlx::Transaction<'c, Sqlite>;
 
 async fn execute(tx: &mut Tx<'_>, sql: &str, context: &str) -> Result<()> {
@@ -319,62 +356,32 @@ async fn execute(tx: &mut Tx<'_>, sql: &str, context: &str) -> Result<()> {
 /// One column as the table has it (`PRAGMA table_info`).
 struct ActualColumn {
     name: String,
-    ty: String,
-    not_null: bool,
     in_key: bool,
 }
 
-/// Adds, drops and retypes (drop then add) columns until the table has the
-/// columns of `schema`. Idempotent: it compares with the table as it is.
-async fn converge(tx: &mut Tx<'_>, table: &str, schema: &TableSchema, context: &str) -> Result<()> {
+/// Where the column `name` is among `actual` (SQLite ignores the case of
+/// names).
+fn find(actual: &[ActualColumn], name: &str) -> Option<usize> {
+    actual
+        .iter()
+        .position(|a| a.name.eq_ignore_ascii_case(name))
+}
+
+/// The table's columns as they are.
+async fn read_columns(tx: &mut Tx<'_>, table: &str, context: &str) -> Result<Vec<ActualColumn>> {
     let rows = sqlx::query(&ddl::table_info(table))
         .fetch_all(&mut **tx)
         .await
         .map_err(|e| db_error(e, context))?;
-    let mut actual = Vec::with_capacity(rows.len());
-    for row in rows {
-        let read = |e: sqlx::Error| db_error(e, context);
-        actual.push(ActualColumn {
-            name: row.try_get::<String, _>("name").map_err(read)?,
-            ty: row.try_get::<String, _>("type").map_err(read)?,
-            not_null: row.try_get::<i64, _>("notnull").map_err(read)? != 0,
-            in_key: row.try_get::<i64, _>("pk").map_err(read)? != 0,
-        });
-    }
-    for column in &actual {
-        let wanted = schema
-            .columns()
-            .iter()
-            .any(|c| c.name.eq_ignore_ascii_case(&column.name));
-        if wanted {
-            continue;
-        }
-        if column.in_key {
-            return Err(Error::permanent(format!(
-                "{context}: column {} is in the table's primary key but not in the declared schema",
-                column.name
-            )));
-        }
-        execute(tx, &ddl::drop_column(table, &column.name), context).await?;
-    }
-    for column in schema.columns() {
-        let found = actual
-            .iter()
-            .find(|a| a.name.eq_ignore_ascii_case(&column.name));
-        match found {
-            None => execute(tx, &ddl::add_column(table, column), context).await?,
-            Some(a)
-                if !a.in_key
-                    && (!a.ty.eq_ignore_ascii_case(types::sql_type(&column.ty))
-                        || a.not_null == column.nullable) =>
-            {
-                execute(tx, &ddl::drop_column(table, &a.name), context).await?;
-                execute(tx, &ddl::add_column(table, column), context).await?;
-            }
-            Some(_) => {}
-        }
-    }
-    Ok(())
+    rows.into_iter()
+        .map(|row| {
+            let read = |e: sqlx::Error| db_error(e, context);
+            Ok(ActualColumn {
+                name: row.try_get::<String, _>("name").map_err(read)?,
+                in_key: row.try_get::<i64, _>("pk").map_err(read)? != 0,
+            })
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------

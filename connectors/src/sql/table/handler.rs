@@ -1,0 +1,200 @@
+//! The table handler, shared by the dialects: a table is a container
+//! target state keyed by `[database, table]`; its `reconcile` plans the
+//! table's DDL ([`plan`](super::plan)) from the schemas weir recorded, and
+//! the dialect's table sink carries it out.
+
+use serde::{Deserialize, Serialize};
+use weir_actors::statediff::{resolve_system_transition, ManagedBy, MutualTrackingRecord};
+use weir_actors::{
+    Error, Owner, Result, StableKey, TargetAction, TargetActionSink, TargetChildInvalidation,
+    TargetHandler, TargetReconcileOutput,
+};
+
+use super::plan::{plan, DdlStep, TablePlan};
+use crate::sql::owners::Claim;
+use crate::sql::TableSchema;
+
+/// What a table target state declares: the table's name, schema and owner.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TableSpec {
+    /// The table's name as declared (a dialect whose names ignore case
+    /// keys it in lower case).
+    pub table: String,
+    /// The declared schema.
+    pub schema: TableSchema,
+    /// Who manages the table.
+    pub managed_by: ManagedBy,
+    /// Whether this app takes the table over from another owner.
+    pub adopt: bool,
+}
+
+/// A table's tracking record: its schema and who manages it.
+pub(crate) type TableRecord = MutualTrackingRecord<TableSchema>;
+
+/// What the table sink does to one table: settle its registration
+/// (`claim`, for a table weir manages), then run its DDL steps (none when
+/// it is unchanged, or the user manages it). `schema` is set for a
+/// declared table (the child-handler factory builds the rows' handler
+/// from it) and for a table the user manages that is no longer declared
+/// (`drop_state` deletes its rows one by one through that handler); it is
+/// unset when weir drops the table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TableAction {
+    /// The table's name.
+    pub table: String,
+    /// Its schema (see above).
+    pub schema: Option<TableSchema>,
+    /// The DDL, in order.
+    pub ddl: Vec<DdlStep>,
+    /// The registration to settle first (a table weir manages).
+    pub claim: Option<Claim>,
+}
+
+impl TableAction {
+    /// The action of `action`, whatever its kind.
+    pub(crate) fn of(action: &TargetAction<TableAction>) -> &TableAction {
+        match action {
+            TargetAction::Create(a) | TargetAction::Update(a) | TargetAction::Delete(a) => a,
+        }
+    }
+}
+
+/// The handler of one database's tables (its root provider's handler).
+pub(crate) struct TableHandler {
+    /// Names the dialect in errors: `postgres`, `sqlite`.
+    pub dialect: &'static str,
+    /// The database's table sink.
+    pub sink: TargetActionSink<TableAction>,
+    /// The owner of the app: the tables it creates are registered to it.
+    pub owner: Owner,
+}
+
+impl TableHandler {
+    fn claim(&self, adopt: bool) -> Claim {
+        Claim {
+            owner: self.owner.clone(),
+            adopt,
+        }
+    }
+
+    fn output(
+        &self,
+        action: TargetAction<TableAction>,
+        tracking_record: Option<TableRecord>,
+        child_invalidation: Option<TargetChildInvalidation>,
+    ) -> Option<TargetReconcileOutput<TableAction, TableRecord>> {
+        Some(TargetReconcileOutput {
+            action,
+            sink: self.sink.clone(),
+            tracking_record,
+            child_invalidation,
+        })
+    }
+
+    /// The table name in a table key `[database, table]`.
+    fn table_of(&self, key: &StableKey) -> Result<String> {
+        if let StableKey::Array(parts) = key {
+            if let [StableKey::Str(_), StableKey::Str(table)] = parts.as_ref() {
+                return Ok(table.to_string());
+            }
+        }
+        Err(Error::permanent(format!(
+            "{} table key {key} is not [database, table]; it was not declared by this connector",
+            self.dialect
+        )))
+    }
+
+    /// A declared table. A container always answers while declared: the
+    /// child-handler factory builds the rows' handler from its action.
+    fn declared(
+        &self,
+        spec: TableSpec,
+        prev: &[TableRecord],
+        prev_may_be_missing: bool,
+    ) -> Option<TargetReconcileOutput<TableAction, TableRecord>> {
+        let TablePlan {
+            steps,
+            invalidation,
+        } = match spec.managed_by {
+            // The user owns the table: weir writes rows, never DDL.
+            ManagedBy::User => TablePlan::default(),
+            ManagedBy::System => {
+                let system: Vec<&TableSchema> = prev
+                    .iter()
+                    .filter(|r| r.managed_by == ManagedBy::System)
+                    .map(|r| &r.record)
+                    .collect();
+                plan(&system, &spec.schema, prev_may_be_missing, !prev.is_empty())
+            }
+        };
+        let record = MutualTrackingRecord::new(spec.schema.clone(), spec.managed_by);
+        let claim = (spec.managed_by == ManagedBy::System).then(|| self.claim(spec.adopt));
+        let action = TableAction {
+            table: spec.table,
+            schema: Some(spec.schema),
+            ddl: steps,
+            claim,
+        };
+        let action = if prev.is_empty() {
+            TargetAction::Create(action)
+        } else {
+            TargetAction::Update(action)
+        };
+        self.output(action, Some(record), invalidation)
+    }
+
+    /// A table no longer declared: dropped when weir manages it, abandoned
+    /// with its rows when the user does (or no record shows weir created
+    /// it).
+    fn undeclared(
+        &self,
+        table: String,
+        prev: Vec<TableRecord>,
+        prev_may_be_missing: bool,
+    ) -> Option<TargetReconcileOutput<TableAction, TableRecord>> {
+        if prev.is_empty() && !prev_may_be_missing {
+            return None;
+        }
+        let schema = prev.first().map(|p| p.record.clone());
+        match resolve_system_transition(None, prev, prev_may_be_missing) {
+            None => self.output(
+                TargetAction::Delete(TableAction {
+                    table,
+                    schema,
+                    ddl: Vec::new(),
+                    claim: None,
+                }),
+                None,
+                None,
+            ),
+            Some(_) => self.output(
+                TargetAction::Delete(TableAction {
+                    table,
+                    schema: None,
+                    ddl: vec![DdlStep::DropTable],
+                    claim: Some(self.claim(false)),
+                }),
+                None,
+                Some(TargetChildInvalidation::Destructive),
+            ),
+        }
+    }
+}
+
+impl TargetHandler<TableSpec> for TableHandler {
+    type TrackingRecord = TableRecord;
+    type Action = TableAction;
+
+    fn reconcile(
+        &self,
+        key: StableKey,
+        desired: Option<TableSpec>,
+        prev: Vec<TableRecord>,
+        prev_may_be_missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<TableAction, TableRecord>>> {
+        Ok(match desired {
+            Some(spec) => self.declared(spec, &prev, prev_may_be_missing),
+            None => self.undeclared(self.table_of(&key)?, prev, prev_may_be_missing),
+        })
+    }
+}
