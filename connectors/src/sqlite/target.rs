@@ -114,15 +114,6 @@ mod tests {
     use super::*;
     use crate::sql::Row;
 
-    fn schema(key: &[&str]) -> Result<TableSchema> {
-        TableSchema::builder()
-            .column("id", ColumnType::Text)
-            .column("n", ColumnType::BigInt)
-            .column("score", ColumnType::Double)
-            .primary_key(key)
-            .build()
-    }
-
     #[test]
     fn a_delete_binds_each_key_type_as_the_upsert_bound_it() -> Result<()> {
         use super::super::types::bound;
