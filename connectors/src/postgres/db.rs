@@ -1,35 +1,29 @@
-//! What the sinks of one database share: its declared tables' metadata,
-//! and the actions of its table and row sinks.
+//! PostgreSQL as a dialect of the shared table target
+//! (`crate::sql::table`): its names, statements and sinks.
 
-use std::collections::HashMap;
-use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, OnceLock};
 
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use weir_actors::statediff::ManagedBy;
-use weir_actors::Result;
+use weir_actors::{Result, TargetAction};
 
-use super::ddl;
-use super::types;
-use crate::sql::{SqlValue, TableSchema};
+use super::{ddl, sink, types};
+use crate::sql::table::database::{Database, Table};
+use crate::sql::table::dialect::Dialect;
+use crate::sql::table::handler::TableAction;
+use crate::sql::table::rows::RowWrite;
+use crate::sql::TableSchema;
 
-/// What the row sink does: upsert the row `values` (create, update), or
-/// delete the row whose primary key values are `values` (delete).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct RowAction {
-    /// The table (shared by the table's row actions).
-    pub table: Arc<str>,
-    pub values: Vec<SqlValue>,
-}
+/// The PostgreSQL dialect.
+pub(crate) struct Postgres;
 
-/// What the row sink needs to know about a table of its database.
+/// A PostgreSQL database of an app, and a table declared in it.
+pub(crate) type PgDatabase = Database<Postgres>;
+pub(crate) type PgTable = Table<Postgres>;
+
+/// What the row sink prepares once for each declared table.
 #[derive(Debug)]
-pub(crate) struct TableMeta {
-    pub name: String,
-    pub schema: TableSchema,
-    /// Positions of the primary key columns among the columns.
-    pub key_positions: Vec<usize>,
+pub(crate) struct Statements {
     pub upsert_sql: String,
     pub delete_sql: String,
     /// How rows new to weir are written (see `sink::apply_rows`); `None`
@@ -40,55 +34,58 @@ pub(crate) struct TableMeta {
     pub copy_sql: Option<String>,
     /// Whether the table has a unique index on the key (asked once, when
     /// rows are first copied; see `sink::key_is_unique`).
-    pub key_is_unique: std::sync::OnceLock<bool>,
-    /// Parents are written before children (rank ascending), deletes in
-    /// reverse: see `TableTarget::depends_on`.
-    pub rank: AtomicU32,
+    pub key_is_unique: OnceLock<bool>,
 }
 
-impl TableMeta {
-    pub(crate) fn new(name: &str, schema: &TableSchema, managed_by: ManagedBy) -> Result<Self> {
-        Ok(Self {
-            name: name.to_string(),
-            schema: schema.clone(),
-            key_positions: schema
-                .primary_key()
-                .iter()
-                .filter_map(|k| schema.columns().iter().position(|c| &c.name == k))
-                .collect(),
-            upsert_sql: ddl::upsert_sql(name, schema)?,
-            delete_sql: ddl::delete_sql(name, schema)?,
+/// How many row-sink calls of one database may run at once, each its own
+/// transaction on its own pooled connection, while the server works on
+/// another batch. The engine never runs two calls that carry the same
+/// key. A database with dependent tables ([`TableTarget::depends_on`])
+/// gets one call at a time, so a parent's rows are committed before a
+/// later call writes their children.
+///
+/// [`TableTarget::depends_on`]: super::TableTarget::depends_on
+pub const ROW_SINK_CONCURRENT_CALLS: usize = 2;
+
+impl Dialect for Postgres {
+    type Pool = PgPool;
+    type Statements = Statements;
+
+    const NAME: &'static str = "postgres";
+    const ROW_SINK_CONCURRENT_CALLS: usize = ROW_SINK_CONCURRENT_CALLS;
+    const CHECKS_FENCE: bool = true;
+
+    fn tables_provider_name(db: &str) -> String {
+        format!("weir.postgres.table/{db}")
+    }
+
+    fn check_table(table: &str, schema: &TableSchema) -> Result<()> {
+        types::validate_schema(table, schema)
+    }
+
+    fn statements(table: &str, schema: &TableSchema, managed_by: ManagedBy) -> Result<Statements> {
+        Ok(Statements {
+            upsert_sql: ddl::upsert_sql(table, schema)?,
+            delete_sql: ddl::delete_sql(table, schema)?,
             copy_sql: match managed_by {
-                ManagedBy::System => types::copy_sql(name, schema),
+                ManagedBy::System => types::copy_sql(table, schema),
                 ManagedBy::User => None,
             },
-            key_is_unique: std::sync::OnceLock::new(),
-            rank: AtomicU32::new(0),
+            key_is_unique: OnceLock::new(),
         })
     }
-}
 
-/// What the sinks of one database share: its pool and its declared tables.
-#[derive(Debug)]
-pub(crate) struct DbInner {
-    pub db_name: String,
-    pub pool: PgPool,
-    pub tables: Mutex<HashMap<String, Arc<TableMeta>>>,
-}
-
-impl DbInner {
-    pub(crate) fn table(&self, name: &str) -> Option<Arc<TableMeta>> {
-        self.tables
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(name)
-            .cloned()
+    fn apply_tables(
+        db: Arc<PgDatabase>,
+        actions: Vec<TargetAction<TableAction>>,
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        sink::apply_tables(db, actions)
     }
 
-    pub(crate) fn set_table(&self, meta: Arc<TableMeta>) {
-        self.tables
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(meta.name.clone(), meta);
+    fn apply_rows(
+        db: Arc<PgDatabase>,
+        actions: Vec<TargetAction<RowWrite>>,
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        sink::apply_rows(db, actions)
     }
 }

@@ -128,73 +128,34 @@ mod group;
 mod owners;
 mod sink;
 pub mod source;
-mod target;
 mod types;
-
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use serde::Serialize;
 use sqlx::PgPool;
 pub use weir_actors::statediff::ManagedBy;
-use weir_actors::{
-    declare_target_state, declare_target_state_with_child, mount_target,
-    register_root_target_states_provider, ContextKey, Ctx, Error, PreviewAction, Result, StableKey,
-    TargetStateProvider,
-};
+use weir_actors::{ContextKey, Ctx, PreviewAction, Result};
 
-use crate::sql::table::handler::{TableHandler, TableSpec};
-use crate::sql::{validate_identifier, Row, TableSchema};
-use db::TableMeta;
-use target::DbShared;
+use crate::sql::table::{dialect::Dialect, target};
+use crate::sql::TableSchema;
+use db::Postgres;
 
+pub use db::ROW_SINK_CONCURRENT_CALLS;
 pub use group::{check_fence, PostgresCoordinator, DEFAULT_COMPACT_MIN_ROWS};
 pub use owners::{drop_tables_of, table_owner};
 pub use sink::ROWS_PER_STATEMENT;
 pub use source::{SourceRow, TableSource, TableSourceOptions};
-pub use target::ROW_SINK_CONCURRENT_CALLS;
 
 pub use crate::sql::{PreviewedTable, TableOptions};
 
 /// A declared PostgreSQL table, to declare rows into.
-#[derive(Clone)]
-pub struct TableTarget {
-    name: Arc<str>,
-    schema: Arc<TableSchema>,
-    /// The primary key columns only, to name a bad row's key.
-    key_schema: Arc<TableSchema>,
-    meta: Arc<TableMeta>,
-    db: Arc<DbShared>,
-    rows: TargetStateProvider<Row>,
-}
-
-impl std::fmt::Debug for TableTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TableTarget")
-            .field("db", &self.db.inner.db_name)
-            .field("table", &self.name)
-            .finish()
-    }
-}
-
-/// The provider name of the tables of the database named `db`.
-fn provider_name(db: &str) -> String {
-    tables_provider_name(db)
-}
+#[derive(Clone, Debug)]
+pub struct TableTarget(target::TableTarget<Postgres>);
 
 /// The name of the provider of the tables of the database provided under
 /// the context key named `db`: the name [`App::inspect`](weir_actors::App::inspect)
 /// counts their target states under.
 pub fn tables_provider_name(db: &str) -> String {
-    format!("weir.postgres.table/{db}")
-}
-
-/// The key of the table `table_name` of the database named `db`.
-fn table_key(db: &str, table_name: &str) -> StableKey {
-    StableKey::Array(Arc::from(vec![
-        StableKey::Str(Arc::from(db)),
-        StableKey::Str(Arc::from(table_name)),
-    ]))
+    Postgres::tables_provider_name(db)
 }
 
 /// Which table of `db` an action listed by `App::preview` is about: the
@@ -206,31 +167,7 @@ pub fn previewed_table(
     tables: &[&str],
     action: &PreviewAction,
 ) -> Option<PreviewedTable> {
-    crate::sql::previewed_table(
-        &provider_name(db.name()),
-        db.name(),
-        tables,
-        |table| table_key(db.name(), table),
-        action,
-    )
-}
-
-/// The root provider of the tables of the database `db`.
-fn table_provider(
-    ctx: &Ctx,
-    db: &ContextKey<PgPool>,
-) -> Result<(Arc<DbShared>, TargetStateProvider<TableSpec>)> {
-    let shared = target::db_shared(ctx, db)?;
-    let provider = register_root_target_states_provider(
-        ctx,
-        &provider_name(db.name()),
-        TableHandler {
-            dialect: "postgres",
-            sink: shared.table_sink.clone(),
-            owner: ctx.owner()?,
-        },
-    )?;
-    Ok((shared, provider))
+    target::previewed_table::<Postgres>(db, tables, action)
 }
 
 /// Registers the tables of `db` for this run without declaring any, so
@@ -241,68 +178,7 @@ fn table_provider(
 /// # Errors
 /// When `db` was not provided to the `App`.
 pub fn register_database(ctx: &Ctx, db: &ContextKey<PgPool>) -> Result<()> {
-    table_provider(ctx, db).map(|_| ())
-}
-
-struct Prepared {
-    shared: Arc<DbShared>,
-    provider: TargetStateProvider<TableSpec>,
-    key: StableKey,
-    spec: TableSpec,
-    meta: Arc<TableMeta>,
-    key_schema: TableSchema,
-}
-
-fn prepare(
-    ctx: &Ctx,
-    db: &ContextKey<PgPool>,
-    table_name: &str,
-    schema: &TableSchema,
-    options: &TableOptions,
-) -> Result<Prepared> {
-    validate_identifier("table", table_name)?;
-    // A schema can be deserialized without its builder: check it again.
-    for column in schema.columns() {
-        validate_identifier("column", &column.name)?;
-    }
-    types::validate_schema(table_name, schema)?;
-    let mut key_schema = TableSchema::builder();
-    for k in schema.primary_key() {
-        if let Some(c) = schema.column(k) {
-            key_schema = key_schema.column(&c.name, c.ty.clone());
-        }
-    }
-    let key_schema = key_schema.primary_key(schema.primary_key()).build()?;
-    let (shared, provider) = table_provider(ctx, db)?;
-    let meta = Arc::new(TableMeta::new(table_name, schema, options.managed_by)?);
-    shared.inner.set_table(Arc::clone(&meta));
-    let key = table_key(db.name(), table_name);
-    Ok(Prepared {
-        shared,
-        provider,
-        key,
-        spec: TableSpec {
-            table: table_name.to_string(),
-            schema: schema.clone(),
-            managed_by: options.managed_by,
-            adopt: ctx.adopts_tables(),
-        },
-        meta,
-        key_schema,
-    })
-}
-
-impl Prepared {
-    fn target(self, rows: TargetStateProvider<Row>) -> TableTarget {
-        TableTarget {
-            name: Arc::from(self.spec.table.as_str()),
-            schema: Arc::new(self.spec.schema),
-            key_schema: Arc::new(self.key_schema),
-            meta: self.meta,
-            db: self.shared,
-            rows,
-        }
-    }
+    target::register_database::<Postgres>(ctx, db).map(|_| ())
 }
 
 /// Declares the table `table_name` of the database `db` (managed by weir)
@@ -333,12 +209,9 @@ pub async fn mount_table_target_with(
     schema: TableSchema,
     options: TableOptions,
 ) -> Result<TableTarget> {
-    let prepared = prepare(ctx, db, table_name, &schema, &options)?;
-    let state = prepared
-        .provider
-        .target_state(prepared.key.clone(), prepared.spec.clone());
-    let rows = mount_target::<TableSpec, Row>(ctx, state).await?;
-    Ok(prepared.target(rows))
+    target::mount::<Postgres>(ctx, db, table_name, schema, options)
+        .await
+        .map(TableTarget)
 }
 
 /// Declares the table `table_name` of the database `db` (managed by weir)
@@ -368,12 +241,7 @@ pub fn declare_table_target_with(
     schema: TableSchema,
     options: TableOptions,
 ) -> Result<TableTarget> {
-    let prepared = prepare(ctx, db, table_name, &schema, &options)?;
-    let state = prepared
-        .provider
-        .target_state(prepared.key.clone(), prepared.spec.clone());
-    let rows = declare_target_state_with_child::<TableSpec, Row>(ctx, state)?;
-    Ok(prepared.target(rows))
+    target::declare::<Postgres>(ctx, db, table_name, schema, options).map(TableTarget)
 }
 
 impl TableTarget {
@@ -389,17 +257,7 @@ impl TableTarget {
     /// key. Also when the same key is declared twice in the run. The error
     /// also fails the component, even if its code goes on.
     pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: R) -> Result<()> {
-        let row = &row;
-        let row = Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
-            let key = Row::from_serialize(&self.name, &self.key_schema, row)
-                .map(|k| k.key(&self.key_schema).to_string())
-                .unwrap_or_else(|_| "unknown (bad key)".to_string());
-            let err = Error::permanent(format!("{e} (row key {key})"));
-            ctx.fail_component(&err);
-            err
-        })?;
-        let key = row.key(&self.schema);
-        declare_target_state(ctx, self.rows.target_state_exact(key, row))
+        self.0.declare_row(ctx, row)
     }
 
     /// Says that this table's rows refer to rows of `parent` (a foreign
@@ -409,22 +267,16 @@ impl TableTarget {
     /// Call it in every run, before declaring rows, and for chains call it
     /// on parents first (`b.depends_on(&a)` before `c.depends_on(&b)`).
     /// Tables of different databases share no transaction: the call is
-    /// then ignored.
+    /// then ignored. From then on, the database's row-sink calls run one
+    /// at a time (see [`ROW_SINK_CONCURRENT_CALLS`]).
     #[must_use]
     pub fn depends_on(self, parent: &TableTarget) -> TableTarget {
-        if Arc::ptr_eq(&self.db.inner, &parent.db.inner) {
-            let rank = parent.meta.rank.load(Ordering::Relaxed).saturating_add(1);
-            self.meta.rank.fetch_max(rank, Ordering::Relaxed);
-            // Rows of one call could refer to rows of another call still
-            // running: from now on, one call at a time.
-            self.db.row_sink.clone().concurrent_calls(1);
-        }
-        self
+        TableTarget(self.0.depends_on(&parent.0))
     }
 
     /// The table's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.0.name()
     }
 
     /// A string that changes whenever the table is rebuilt or changed in a
@@ -433,12 +285,12 @@ impl TableTarget {
     /// (see `Ctx::mount_each_memo`), so that they run again and declare
     /// their rows into the new table.
     pub fn memo_key(&self) -> String {
-        self.rows.memo_key()
+        self.0.memo_key()
     }
 
     /// The table's schema.
     pub fn schema(&self) -> &TableSchema {
-        &self.schema
+        self.0.schema()
     }
 }
 

@@ -1,24 +1,21 @@
 //! Applying actions: table DDL, and row upserts and deletes in one
 //! transaction per sink call.
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgDatabaseError;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 use weir_actors::{Error, Fence, Result, StableKey, TargetAction};
 
-use super::db::{DbInner, RowAction, TableMeta};
+use super::db::{PgDatabase, PgTable};
 use super::ddl;
 use super::owners;
 use super::types::{copy_binary, ColumnArray};
 use crate::observe::{Connector, Tally};
 use crate::sql::table::handler::TableAction;
-use crate::sql::value::key_of;
+use crate::sql::table::rows::{group_by_table, RowWrite, Write};
 use crate::sql::SqlValue;
 
 /// Rows per statement. Each statement binds one array per column, far
@@ -32,7 +29,7 @@ pub const ROWS_PER_STATEMENT: usize = 10_000;
 /// and nothing of the call is changed. A call with no DDL and no table of
 /// weir's (tables unchanged and user-managed) touches nothing.
 pub(crate) async fn apply_tables(
-    db: Arc<DbInner>,
+    db: Arc<PgDatabase>,
     actions: Vec<TargetAction<TableAction>>,
 ) -> Result<()> {
     let pool = &db.pool;
@@ -59,7 +56,7 @@ pub(crate) async fn apply_tables(
     let mut tx = pool.begin().await?;
     check_fence_of_call(&mut tx).await?;
     // How the registry of owners names the database.
-    let database = format!("postgres database {}", db.db_name);
+    let database = format!("postgres database {}", db.name);
     for (table, claim, dropping) in &claims {
         owners::settle(&mut tx, &database, table, claim, *dropping).await?;
     }
@@ -73,7 +70,7 @@ pub(crate) async fn apply_tables(
         };
         PG.timed(&table, "ddl", ddl).await?;
     }
-    PG.timed(&db.db_name, "commit", async { Ok(tx.commit().await?) })
+    PG.timed(&db.name, "commit", async { Ok(tx.commit().await?) })
         .await
 }
 
@@ -108,40 +105,6 @@ async fn check_tables_exist(pool: &PgPool, actions: &[TargetAction<TableAction>]
     Ok(())
 }
 
-/// The rows of one table in one sink call, in the order they came (the
-/// order rows were declared in, which is usually the table's own order and
-/// keeps its index inserts local), one per primary key: a later action on a
-/// key replaces the earlier one in place.
-struct TableWork {
-    meta: Arc<TableMeta>,
-    /// The position of each key in `rows`.
-    index: FxHashMap<StableKey, usize>,
-    rows: Vec<(StableKey, Write, Vec<SqlValue>)>,
-}
-
-/// What a call does to one row.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Write {
-    /// A row weir has no record of: copied in, or upserted if it is there.
-    Create,
-    /// Upserted.
-    Update,
-    /// Deleted.
-    Delete,
-}
-
-impl TableWork {
-    fn put(&mut self, key: StableKey, write: Write, values: Vec<SqlValue>) {
-        match self.index.get(&key).and_then(|&at| self.rows.get_mut(at)) {
-            Some(slot) => *slot = (key, write, values),
-            None => {
-                self.index.insert(key.clone(), self.rows.len());
-                self.rows.push((key, write, values));
-            }
-        }
-    }
-}
-
 /// A table's rows of a call, with their keys: full rows, or key values.
 type Rows = Vec<(StableKey, Vec<SqlValue>)>;
 
@@ -161,73 +124,24 @@ type Rows = Vec<(StableKey, Vec<SqlValue>)>;
 /// (the table has some of them already, or a constraint refuses one), it
 /// is rolled back to a savepoint and all the table's rows are upserted,
 /// which reports any error as before. Tables with array columns, and
-/// tables the user manages, are always upserted (see `TableMeta::copy_sql`).
+/// tables the user manages, are always upserted (see `db::Statements::copy_sql`).
 pub(crate) async fn apply_rows(
-    db: Arc<DbInner>,
-    actions: Vec<TargetAction<RowAction>>,
+    db: Arc<PgDatabase>,
+    actions: Vec<TargetAction<RowWrite>>,
 ) -> Result<()> {
     let tally = Tally::of(&actions, |a| &a.table);
-    let span = PG.call_span(&db.db_name, &tally, actions.len());
+    let span = PG.call_span(&db.name, &tally, actions.len());
     write_actions(db, actions).instrument(span).await?;
     tally.record(PG);
     Ok(())
 }
 
 /// Groups a call's actions by table and writes them in one transaction.
-async fn write_actions(db: Arc<DbInner>, actions: Vec<TargetAction<RowAction>>) -> Result<()> {
-    let mut tables: HashMap<String, TableWork> = HashMap::new();
-    // Most calls write one table: room for all of the call's rows at once.
-    let size = actions.len();
-    for action in actions {
-        let (write, a) = match action {
-            TargetAction::Create(a) => (Write::Create, a),
-            TargetAction::Update(a) => (Write::Update, a),
-            TargetAction::Delete(a) => (Write::Delete, a),
-        };
-        let work = match tables.get_mut(&*a.table) {
-            Some(work) => work,
-            None => {
-                let meta = db.table(&a.table).ok_or_else(|| {
-                    Error::permanent(format!(
-                        "table {} of database {} is not declared in this run",
-                        a.table, db.db_name
-                    ))
-                })?;
-                // The first table gets room for the whole call; calls
-                // spanning several tables grow the others as they go.
-                let room = if tables.is_empty() { size } else { 0 };
-                let mut index = FxHashMap::default();
-                index.reserve(room);
-                tables.entry(a.table.to_string()).or_insert(TableWork {
-                    meta,
-                    index,
-                    rows: Vec::with_capacity(room),
-                })
-            }
-        };
-        let key = if write == Write::Delete {
-            key_of(a.values.iter())
-        } else {
-            key_of(
-                work.meta
-                    .key_positions
-                    .iter()
-                    .filter_map(|&i| a.values.get(i)),
-            )
-        };
-        work.put(key, write, a.values);
-    }
-    let mut order: Vec<TableWork> = tables.into_values().collect();
-    order.sort_by(|a, b| {
-        let (ra, rb) = (
-            a.meta.rank.load(Ordering::Relaxed),
-            b.meta.rank.load(Ordering::Relaxed),
-        );
-        ra.cmp(&rb).then_with(|| a.meta.name.cmp(&b.meta.name))
-    });
-    let mut upserts = Vec::with_capacity(order.len());
-    let mut deletes = Vec::with_capacity(order.len());
-    for work in order {
+async fn write_actions(db: Arc<PgDatabase>, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
+    let tables = group_by_table(actions, |name| db.declared(name))?;
+    let mut upserts = Vec::with_capacity(tables.len());
+    let mut deletes = Vec::with_capacity(tables.len());
+    for work in tables {
         let (mut up, mut created, mut del): (Rows, Vec<bool>, Rows) = Default::default();
         for (key, write, values) in work.rows {
             match write {
@@ -238,22 +152,22 @@ async fn write_actions(db: Arc<DbInner>, actions: Vec<TargetAction<RowAction>>) 
                 Write::Delete => del.push((key, values)),
             }
         }
-        upserts.push((Arc::clone(&work.meta), up, created));
-        deletes.push((work.meta, del));
+        upserts.push((Arc::clone(&work.table), up, created));
+        deletes.push((work.table, del));
     }
     // A call cancelled while it runs (its timeout) closes its connection
     // rather than give it back in an unknown state (a COPY cut short leaves
     // the protocol out of step).
     let mut conn = CloseIfCancelled::new(db.pool.acquire().await?);
-    let result = write_all(conn.connection(), &db.db_name, upserts, deletes).await;
+    let result = write_all(conn.connection(), &db.name, upserts, deletes).await;
     conn.ended();
     result
 }
 
 /// One call's rows per table, in rank order: upserts (with which of them
 /// are new to weir), then deletes.
-type Upserts = Vec<(Arc<TableMeta>, Rows, Vec<bool>)>;
-type Deletes = Vec<(Arc<TableMeta>, Rows)>;
+type Upserts = Vec<(Arc<PgTable>, Rows, Vec<bool>)>;
+type Deletes = Vec<(Arc<PgTable>, Rows)>;
 
 async fn write_all(
     conn: &mut PgConnection,
@@ -326,7 +240,7 @@ impl Drop for CloseIfCancelled {
 /// order they came (an update may free a unique value a new row takes).
 async fn copy_then_upsert(
     tx: &mut Transaction<'_, Postgres>,
-    meta: &TableMeta,
+    meta: &PgTable,
     rows: Rows,
     created: &[bool],
 ) -> Result<()> {
@@ -336,7 +250,7 @@ async fn copy_then_upsert(
             .filter(|(_, &c)| c)
             .map(|((_, v), _)| v.as_slice())
     };
-    let copied = match &meta.copy_sql {
+    let copied = match &meta.statements.copy_sql {
         Some(sql) if new().next().is_some() && key_is_unique(tx, meta).await? => {
             match copy_binary(&meta.schema, new()) {
                 // A value the copy cannot encode: the upsert reports it.
@@ -361,7 +275,7 @@ async fn copy_then_upsert(
 /// back).
 async fn copy_in_savepoint(
     tx: &mut Transaction<'_, Postgres>,
-    meta: &TableMeta,
+    meta: &PgTable,
     sql: &str,
     data: Vec<u8>,
 ) -> Result<bool> {
@@ -389,8 +303,8 @@ async fn copy_in_savepoint(
 /// would update. A table weir created has its primary key; one it adopted
 /// (`CREATE TABLE IF NOT EXISTS` found it) may not. Asked once per table
 /// and run.
-async fn key_is_unique(tx: &mut Transaction<'_, Postgres>, meta: &TableMeta) -> Result<bool> {
-    if let Some(known) = meta.key_is_unique.get() {
+async fn key_is_unique(tx: &mut Transaction<'_, Postgres>, meta: &PgTable) -> Result<bool> {
+    if let Some(known) = meta.statements.key_is_unique.get() {
         return Ok(*known);
     }
     // Sorted bytewise, as `COLLATE "C"` sorts them.
@@ -411,7 +325,7 @@ async fn key_is_unique(tx: &mut Transaction<'_, Postgres>, meta: &TableMeta) -> 
     .fetch_one(&mut **tx)
     .await
     .map_err(|e| Error::msg(format!("table {}: reading its indexes: {e}", meta.name)))?;
-    Ok(*meta.key_is_unique.get_or_init(|| unique))
+    Ok(*meta.statements.key_is_unique.get_or_init(|| unique))
 }
 
 /// Runs one `COPY ... FROM STDIN` with `data`.
@@ -432,20 +346,23 @@ async fn copy_in(
 /// or primary key values), chunk by chunk.
 async fn write_chunks(
     tx: &mut Transaction<'_, Postgres>,
-    meta: &TableMeta,
+    meta: &PgTable,
     mut rows: Vec<(StableKey, Vec<SqlValue>)>,
     delete: bool,
 ) -> Result<()> {
     let (sql, columns): (&str, Vec<_>) = if delete {
         (
-            &meta.delete_sql,
+            &meta.statements.delete_sql,
             meta.key_positions
                 .iter()
                 .filter_map(|&i| meta.schema.columns().get(i))
                 .collect(),
         )
     } else {
-        (&meta.upsert_sql, meta.schema.columns().iter().collect())
+        (
+            &meta.statements.upsert_sql,
+            meta.schema.columns().iter().collect(),
+        )
     };
     let what = if delete {
         "deleting rows"

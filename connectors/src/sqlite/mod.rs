@@ -92,30 +92,25 @@
 //! ```
 
 mod ddl;
+mod dialect;
 mod owners;
 mod sink;
-mod target;
 mod types;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
 pub use weir_actors::statediff::ManagedBy;
-use weir_actors::{
-    declare_target_state, declare_target_state_with_child, mount_target,
-    register_root_target_states_provider, ContextKey, Ctx, Error, PreviewAction, Result, StableKey,
-    TargetState, TargetStateProvider,
-};
+use weir_actors::{ContextKey, Ctx, Error, PreviewAction, Result};
 
-use crate::sql::table::handler::{TableHandler, TableSpec};
+use crate::sql::table::{dialect::Dialect, target};
 pub use crate::sql::PreviewedTable;
-use crate::sql::{validate_identifier, Row, TableSchema};
+use crate::sql::TableSchema;
+use dialect::Sqlite;
 pub use owners::{table_owner, FILE_SUFFIX as OWNERS_FILE_SUFFIX};
-use target::RowSpec;
 
 /// The `sqlx` this connector is built on, re-exported so that pools and
 /// queries use the same version.
@@ -158,42 +153,14 @@ pub async fn connect(path: impl AsRef<Path>) -> Result<SqlitePool> {
 pub use crate::sql::TableOptions;
 
 /// A declared table: declare its rows with [`TableTarget::declare_row`].
-#[derive(Clone)]
-pub struct TableTarget {
-    name: Arc<str>,
-    schema: Arc<TableSchema>,
-    rows: TargetStateProvider<RowSpec>,
-    rank: u32,
-}
-
-impl std::fmt::Debug for TableTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TableTarget")
-            .field("name", &self.name)
-            .field("rank", &self.rank)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The provider name of a database's tables.
-fn provider_name(db: &str) -> String {
-    tables_provider_name(db)
-}
+#[derive(Clone, Debug)]
+pub struct TableTarget(target::TableTarget<Sqlite>);
 
 /// The name of the provider of the tables of the database provided under
 /// the context key named `db`: the name [`App::inspect`](weir_actors::App::inspect)
 /// counts their target states under.
 pub fn tables_provider_name(db: &str) -> String {
-    format!("weir.sqlite/{db}/table")
-}
-
-/// The key of the table `table_name` of the database `db`: SQLite ignores
-/// the case of names, so `Docs` and `docs` are one table, one key.
-fn table_key(db: &str, table_name: &str) -> StableKey {
-    StableKey::Array(Arc::from([
-        StableKey::Str(Arc::from(db)),
-        StableKey::Str(Arc::from(table_name.to_ascii_lowercase())),
-    ]))
+    Sqlite::tables_provider_name(db)
 }
 
 /// Which table of `db` an action listed by `App::preview` is about: the
@@ -205,13 +172,7 @@ pub fn previewed_table(
     tables: &[&str],
     action: &PreviewAction,
 ) -> Option<PreviewedTable> {
-    crate::sql::previewed_table(
-        &provider_name(db.name()),
-        db.name(),
-        tables,
-        |table| table_key(db.name(), table),
-        action,
-    )
+    target::previewed_table::<Sqlite>(db, tables, action)
 }
 
 /// Opens an existing SQLite database file for reading only: it is never
@@ -247,25 +208,6 @@ pub async fn connect_read_only(path: impl AsRef<Path>) -> Result<SqlitePool> {
         })
 }
 
-/// Registers the table provider of `db` for this run: its handler holds the
-/// pool, and its sinks are the database's one table sink and one row sink.
-fn table_provider(
-    ctx: &Ctx,
-    db: &ContextKey<SqlitePool>,
-) -> Result<TargetStateProvider<TableSpec>> {
-    let pool = ctx.get_key(db)?.clone();
-    let database = sink::Database::new(db.name(), pool);
-    register_root_target_states_provider(
-        ctx,
-        &provider_name(db.name()),
-        TableHandler {
-            dialect: "sqlite",
-            sink: sink::table_sink(database),
-            owner: ctx.owner()?,
-        },
-    )
-}
-
 /// Registers the tables of `db` in this run without declaring any, so that
 /// tables it no longer declares are dropped (or abandoned) even when it
 /// declares no table of that database at all (and in `App::drop_state`).
@@ -273,38 +215,7 @@ fn table_provider(
 /// # Errors
 /// When `db` was not provided to the app.
 pub fn register_database(ctx: &Ctx, db: &ContextKey<SqlitePool>) -> Result<()> {
-    table_provider(ctx, db).map(|_| ())
-}
-
-/// Checks a table's name and schema, and builds its target state.
-fn table_state(
-    ctx: &Ctx,
-    db: &ContextKey<SqlitePool>,
-    table_name: &str,
-    schema: &TableSchema,
-    options: TableOptions,
-) -> Result<TargetState<TableSpec>> {
-    validate_identifier("table", table_name)?;
-    if table_name.to_ascii_lowercase().starts_with("sqlite_") {
-        return Err(Error::permanent(format!(
-            "invalid table name {table_name:?}: names starting with sqlite_ are reserved"
-        )));
-    }
-    // A schema can be deserialized without its builder: check it again.
-    for column in schema.columns() {
-        validate_identifier("column", &column.name)?;
-    }
-    let key = table_key(db.name(), table_name);
-    let provider = table_provider(ctx, db)?;
-    Ok(provider.target_state(
-        key,
-        TableSpec {
-            table: table_name.to_string(),
-            schema: schema.clone(),
-            managed_by: options.managed_by,
-            adopt: ctx.adopts_tables(),
-        },
-    ))
+    target::register_database::<Sqlite>(ctx, db).map(|_| ())
 }
 
 /// Declares the table `table_name` of the database `db` with `schema`, and
@@ -334,9 +245,9 @@ pub async fn mount_table_target_with(
     schema: TableSchema,
     options: TableOptions,
 ) -> Result<TableTarget> {
-    let state = table_state(ctx, db, table_name, &schema, options)?;
-    let rows = mount_target::<TableSpec, RowSpec>(ctx, state).await?;
-    Ok(TableTarget::new(table_name, schema, rows))
+    target::mount::<Sqlite>(ctx, db, table_name, schema, options)
+        .await
+        .map(TableTarget)
 }
 
 /// Declares the table `table_name` of the database `db` with `schema` in
@@ -366,24 +277,13 @@ pub fn declare_table_target_with(
     schema: TableSchema,
     options: TableOptions,
 ) -> Result<TableTarget> {
-    let state = table_state(ctx, db, table_name, &schema, options)?;
-    let rows = declare_target_state_with_child::<TableSpec, RowSpec>(ctx, state)?;
-    Ok(TableTarget::new(table_name, schema, rows))
+    target::declare::<Sqlite>(ctx, db, table_name, schema, options).map(TableTarget)
 }
 
 impl TableTarget {
-    fn new(name: &str, schema: TableSchema, rows: TargetStateProvider<RowSpec>) -> Self {
-        Self {
-            name: Arc::from(name),
-            schema: Arc::new(schema),
-            rows,
-            rank: 0,
-        }
-    }
-
     /// The table's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.0.name()
     }
 
     /// A string that changes whenever the table is rebuilt or changed in a
@@ -392,21 +292,21 @@ impl TableTarget {
     /// (see `Ctx::mount_each_memo`), so that they run again and declare
     /// their rows into the new table.
     pub fn memo_key(&self) -> String {
-        self.rows.memo_key()
+        self.0.memo_key()
     }
 
     /// The table's schema.
     pub fn schema(&self) -> &TableSchema {
-        &self.schema
+        self.0.schema()
     }
 
     /// Declares that this table's rows reference `parent`'s (a foreign key):
     /// in a sink call, `parent`'s rows are upserted before this table's and
-    /// this table's deleted before `parent`'s.
+    /// this table's deleted before `parent`'s. Call it in every run, before
+    /// declaring rows, and for chains call it on parents first.
     #[must_use]
-    pub fn depends_on(mut self, parent: &TableTarget) -> TableTarget {
-        self.rank = self.rank.max(parent.rank.saturating_add(1));
-        self
+    pub fn depends_on(self, parent: &TableTarget) -> TableTarget {
+        TableTarget(self.0.depends_on(&parent.0))
     }
 
     /// Declares a row: a struct or a map from column names to values, whose
@@ -422,43 +322,6 @@ impl TableTarget {
     /// the row is declared twice in this run. The error also fails the
     /// component, even if its code goes on.
     pub fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: R) -> Result<()> {
-        let row = &row;
-        let converted = Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
-            let err = match self.key_of(row) {
-                Some(key) => Error::permanent(format!("{e} (row key {key})")),
-                None => e,
-            };
-            ctx.fail_component(&err);
-            err
-        })?;
-        let key = converted.key(&self.schema);
-        declare_target_state(
-            ctx,
-            self.rows.target_state_exact(
-                key,
-                RowSpec {
-                    values: converted.values,
-                    rank: self.rank,
-                },
-            ),
-        )
-    }
-
-    /// The key of a row that does not convert, when its key columns do.
-    fn key_of<R: Serialize>(&self, row: &R) -> Option<StableKey> {
-        let key_schema = self
-            .schema
-            .primary_key()
-            .iter()
-            .filter_map(|k| self.schema.column(k))
-            .fold(TableSchema::builder(), |b, c| {
-                b.column(&c.name, c.ty.clone())
-            })
-            .primary_key(self.schema.primary_key())
-            .build()
-            .ok()?;
-        Row::from_serialize(&self.name, &key_schema, row)
-            .ok()
-            .map(|r| r.key(&key_schema))
+        self.0.declare_row(ctx, row)
     }
 }

@@ -10,111 +10,22 @@
 //! the pragma is skipped: setting it makes SQLite compile every statement
 //! of the connection again.)
 
-use super::types::bind;
-use std::collections::{BTreeMap, HashMap};
-
-use rustc_hash::FxHashSet;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 use sqlx::sqlite::{Sqlite, SqliteArguments};
-use sqlx::{Arguments as _, Connection as _, Row as _, SqlitePool};
+use sqlx::{Arguments as _, Connection as _, Row as _};
 use tracing::Instrument;
-use weir_actors::{ChildTargetDef, Error, Result, StableKey, TargetAction, TargetActionSink};
+use weir_actors::{Error, Result, StableKey, TargetAction};
 
 use super::ddl;
+use super::dialect::{SqDatabase, SqTable};
 use super::owners;
-use super::target::{RowSpec, RowWrite, SqliteRowHandler};
+use super::types::bind;
 use crate::observe::{Connector, Tally};
 use crate::sql::table::handler::TableAction;
 use crate::sql::table::plan::DdlStep;
-use crate::sql::value::key_of;
-use crate::sql::{SqlValue, TableSchema};
-
-/// What the sinks of one database share.
-pub(crate) struct Database {
-    /// The `ContextKey` name of the database (for messages).
-    name: String,
-    pool: SqlitePool,
-    /// The schema of every table declared in this run, by name: filled by
-    /// the child-handler factory, read by the row sink.
-    tables: RwLock<HashMap<String, Arc<TableSchema>>>,
-    /// The rank of every table seen in an upsert, to order deletes.
-    ranks: Mutex<HashMap<String, u32>>,
-}
-
-impl Database {
-    pub(crate) fn new(name: &str, pool: SqlitePool) -> Arc<Self> {
-        Arc::new(Self {
-            name: name.to_string(),
-            pool,
-            tables: RwLock::new(HashMap::new()),
-            ranks: Mutex::new(HashMap::new()),
-        })
-    }
-
-    /// Whether `table` is declared in this run, in any spelling.
-    fn declared_in_any_spelling(&self, table: &str) -> Result<bool> {
-        let tables = self
-            .tables
-            .read()
-            .map_err(|_| Error::msg("sqlite table registry lock poisoned"))?;
-        Ok(tables.keys().any(|name| name.eq_ignore_ascii_case(table)))
-    }
-
-    fn schema(&self, table: &str) -> Result<Arc<TableSchema>> {
-        self.tables
-            .read()
-            .map_err(|_| Error::msg("sqlite table registry lock poisoned"))?
-            .get(table)
-            .cloned()
-            .ok_or_else(|| {
-                Error::permanent(format!(
-                    "sqlite database {}: table {table} was not declared in this run",
-                    self.name
-                ))
-            })
-    }
-}
-
-/// The table sink of a database; its child-handler factory gives every
-/// declared table a row handler over the database's one row sink.
-pub(crate) fn table_sink(db: Arc<Database>) -> TargetActionSink<TableAction> {
-    let rows = row_sink(Arc::clone(&db));
-    let factory_db = Arc::clone(&db);
-    TargetActionSink::from_async_fn_with_child_handler(
-        move |actions: Vec<TargetAction<TableAction>>| {
-            let db = Arc::clone(&db);
-            async move { apply_tables(&db, actions).await }
-        },
-        move |action: &TableAction| {
-            let schema = action.schema.clone().ok_or_else(|| {
-                Error::permanent(format!(
-                    "sqlite table {}: a deleted table has no rows",
-                    action.table
-                ))
-            })?;
-            let schema = Arc::new(schema);
-            let mut tables = factory_db
-                .tables
-                .write()
-                .map_err(|_| Error::msg("sqlite table registry lock poisoned"))?;
-            tables.insert(action.table.clone(), Arc::clone(&schema));
-            drop(tables);
-            Ok(ChildTargetDef::new::<RowSpec, _>(SqliteRowHandler::new(
-                action.table.clone(),
-                schema,
-                rows.clone(),
-            )))
-        },
-    )
-}
-
-fn row_sink(db: Arc<Database>) -> TargetActionSink<RowWrite> {
-    TargetActionSink::from_async_fn(move |actions: Vec<TargetAction<RowWrite>>| {
-        let db = Arc::clone(&db);
-        async move { apply_rows(&db, actions).await }
-    })
-}
+use crate::sql::table::rows::{group_by_table, RowWrite, TableRows, Write};
+use crate::sql::SqlValue;
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -185,7 +96,10 @@ fn db_error(e: sqlx::Error, context: &str) -> Error {
 // Tables
 // ---------------------------------------------------------------------------
 
-async fn apply_tables(db: &Database, actions: Vec<TargetAction<TableAction>>) -> Result<()> {
+pub(crate) async fn apply_tables(
+    db: &SqDatabase,
+    actions: Vec<TargetAction<TableAction>>,
+) -> Result<()> {
     check_tables_exist(db, &actions).await?;
     if actions.iter().all(|a| {
         let a = TableAction::of(a);
@@ -204,21 +118,11 @@ async fn apply_tables(db: &Database, actions: Vec<TargetAction<TableAction>>) ->
     for action in actions.iter().filter(|_| registry) {
         let dropping = matches!(action, TargetAction::Delete(_));
         let action = TableAction::of(action);
-        // A drop of a table declared in this run under another spelling
-        // (see below) leaves the table, and its registration.
-        let kept = dropping && db.declared_in_any_spelling(&action.table)?;
-        if let Some(claim) = action.claim.as_ref().filter(|_| !kept) {
+        if let Some(claim) = &action.claim {
             owners::settle(&mut tx, &database, &action.table, claim, dropping).await?;
         }
     }
-    for action in &actions {
-        let dropping = matches!(action, TargetAction::Delete(_));
-        let action = TableAction::of(action);
-        // The same table to SQLite, declared in this run (under a key of a
-        // ledger from before keys were lower case): it stays.
-        if dropping && db.declared_in_any_spelling(&action.table)? {
-            continue;
-        }
+    for action in actions.iter().map(TableAction::of) {
         let table = action.table.as_str();
         let context = context("alter", table);
         let change = change_table(&mut tx, action, &context);
@@ -306,7 +210,7 @@ async fn drop_column(
 /// an unchanged table, or one the user owns) is still there: its rows are
 /// recorded as present, so a table dropped by hand is an error saying
 /// what to do, never an empty table created in its place.
-async fn check_tables_exist(db: &Database, actions: &[TargetAction<TableAction>]) -> Result<()> {
+async fn check_tables_exist(db: &SqDatabase, actions: &[TargetAction<TableAction>]) -> Result<()> {
     for action in actions {
         // A first declaration has no rows recorded yet.
         let TargetAction::Update(t) = action else {
@@ -388,133 +292,38 @@ async fn read_columns(tx: &mut Tx<'_>, table: &str, context: &str) -> Result<Vec
 // Rows
 // ---------------------------------------------------------------------------
 
-/// The writes of one sink call to one table.
+/// The writes of one sink call to one table, each row's last action
+/// only, in key order: a call may carry several components' rows,
+/// interleaved, and SQLite writes rows in key order much faster than rows
+/// spread over its B-tree.
 struct TableWrites {
-    schema: Arc<TableSchema>,
-    /// The positions of the primary key's columns among the columns.
-    key_positions: Vec<usize>,
-    rank: u32,
+    table: Arc<SqTable>,
     upserts: Vec<Vec<SqlValue>>,
     deletes: Vec<Vec<SqlValue>>,
-    /// The keys of the rows above while grouping: a row's older actions
-    /// are dropped. Emptied once the call's actions are grouped.
-    seen: FxHashSet<StableKey>,
-    /// While grouping: the rows kept, with their keys, to be sorted.
-    keyed: Vec<(bool, StableKey, Vec<SqlValue>)>,
 }
 
 impl TableWrites {
-    fn new(schema: Arc<TableSchema>, rank: u32) -> Self {
-        let key_positions = schema
-            .primary_key()
-            .iter()
-            .filter_map(|k| schema.columns().iter().position(|c| &c.name == k))
-            .collect();
+    fn of(rows: TableRows<super::dialect::Sqlite>) -> Self {
+        let TableRows {
+            table, mut rows, ..
+        } = rows;
+        // Keys are unique here. Rows came in runs (one per component),
+        // which this sort finds and merges.
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut upserts = Vec::with_capacity(rows.len());
+        let mut deletes = Vec::new();
+        for (_, write, values) in rows {
+            match write {
+                Write::Delete => deletes.push(values),
+                Write::Create | Write::Update => upserts.push(values),
+            }
+        }
         Self {
-            schema,
-            key_positions,
-            rank,
-            upserts: Vec::new(),
-            deletes: Vec::new(),
-            seen: FxHashSet::default(),
-            keyed: Vec::new(),
+            table,
+            upserts,
+            deletes,
         }
     }
-
-    /// The primary key of an upserted row (`values` holds every column)
-    /// or of a delete (`values` holds the key).
-    fn row_key(&self, values: &[SqlValue], is_delete: bool) -> StableKey {
-        if is_delete {
-            key_of(values)
-        } else {
-            key_of(self.key_positions.iter().filter_map(|&i| values.get(i)))
-        }
-    }
-}
-
-/// Groups a call's actions by table (see [`group_by_table`]) and records
-/// the ranks it saw.
-fn group(
-    db: &Database,
-    actions: Vec<TargetAction<RowWrite>>,
-) -> Result<BTreeMap<String, TableWrites>> {
-    let ranks = db
-        .ranks
-        .lock()
-        .map(|r| r.clone())
-        .map_err(|_| Error::msg("sqlite rank registry lock poisoned"))?;
-    let (tables, new_ranks) = group_by_table(actions, &ranks, |t| db.schema(t))?;
-    if !new_ranks.is_empty() {
-        let mut ranks = db
-            .ranks
-            .lock()
-            .map_err(|_| Error::msg("sqlite rank registry lock poisoned"))?;
-        ranks.extend(new_ranks);
-    }
-    Ok(tables)
-}
-
-/// The tables' writes of a call, and the ranks seen in its upserts that
-/// differ from `ranks`.
-type Grouped = (BTreeMap<String, TableWrites>, Vec<(String, u32)>);
-
-/// Groups a call's actions by table. When one row appears more than once
-/// in a call, the last action wins (the engine orders one row's actions, so
-/// the last is the newest). A table's rows are written in key order: a call
-/// may carry several components' rows, interleaved, and SQLite writes rows
-/// in key order much faster than rows spread over its B-tree. A table's
-/// rank is the one its upserts carry, else the one in `ranks` (deletes
-/// carry none).
-fn group_by_table(
-    actions: Vec<TargetAction<RowWrite>>,
-    ranks: &HashMap<String, u32>,
-    schema_of: impl Fn(&str) -> Result<Arc<TableSchema>>,
-) -> Result<Grouped> {
-    let mut tables: BTreeMap<String, TableWrites> = BTreeMap::new();
-    let mut new_ranks = Vec::new();
-    // Most calls write one table: room for all of the call's rows at once.
-    let rows = actions.len();
-    for action in actions.into_iter().rev() {
-        let (is_delete, write) = match action {
-            TargetAction::Create(w) | TargetAction::Update(w) => (false, w),
-            TargetAction::Delete(w) => (true, w),
-        };
-        let writes = match tables.get_mut(&*write.table) {
-            Some(writes) => writes,
-            None => {
-                let schema = schema_of(&write.table)?;
-                let rank = ranks.get(&*write.table).copied().unwrap_or(0);
-                let mut writes = TableWrites::new(schema, rank);
-                writes.seen.reserve(rows);
-                writes.keyed.reserve(rows);
-                tables.entry(write.table.to_string()).or_insert(writes)
-            }
-        };
-        let key = writes.row_key(&write.values, is_delete);
-        if !writes.seen.insert(key.clone()) {
-            continue; // an older action of the same row
-        }
-        if !is_delete && writes.rank != write.rank {
-            writes.rank = write.rank;
-            new_ranks.push((write.table.to_string(), write.rank));
-        }
-        writes.keyed.push((is_delete, key, write.values));
-    }
-    for writes in tables.values_mut() {
-        let mut keyed = std::mem::take(&mut writes.keyed);
-        // Keys are unique here. Rows came newest first, in runs (one per
-        // component), which this sort finds and merges.
-        keyed.sort_by(|a, b| a.1.cmp(&b.1));
-        for (is_delete, _, values) in keyed {
-            if is_delete {
-                writes.deletes.push(values);
-            } else {
-                writes.upserts.push(values);
-            }
-        }
-        writes.seen = FxHashSet::default();
-    }
-    Ok((tables, new_ranks))
 }
 
 async fn run_chunk(
@@ -546,15 +355,16 @@ async fn culprit(
     rows: &[Vec<SqlValue>],
     is_delete: bool,
 ) -> Option<StableKey> {
+    let schema = &writes.table.schema;
     let sql = if is_delete {
-        ddl::delete(table, &writes.schema, 1)
+        ddl::delete(table, schema, 1)
     } else {
-        ddl::upsert(table, &writes.schema, 1)
+        ddl::upsert(table, schema, 1)
     };
     for row in rows {
         if let Err(e) = run_chunk(tx, &sql, std::slice::from_ref(row)).await {
             if is_constraint(&e) {
-                return Some(writes.row_key(row, is_delete));
+                return Some(writes.table.row_key(row, is_delete));
             }
         }
     }
@@ -563,11 +373,12 @@ async fn culprit(
 
 async fn write_rows(
     tx: &mut Tx<'_>,
-    db: &Database,
-    table: &str,
+    db: &SqDatabase,
     writes: &TableWrites,
     is_delete: bool,
 ) -> Result<()> {
+    let table = writes.table.name.as_str();
+    let schema = &writes.table.schema;
     let rows = if is_delete {
         &writes.deletes
     } else {
@@ -577,16 +388,16 @@ async fn write_rows(
         return Ok(());
     }
     let width = if is_delete {
-        writes.schema.primary_key().len()
+        schema.primary_key().len()
     } else {
-        writes.schema.columns().len()
+        schema.columns().len()
     };
     let per_statement = ddl::rows_per_statement(width);
     let statement = |n: usize| {
         if is_delete {
-            ddl::delete(table, &writes.schema, n)
+            ddl::delete(table, schema, n)
         } else {
-            ddl::upsert(table, &writes.schema, n)
+            ddl::upsert(table, schema, n)
         }
     };
     let full = statement(per_statement.min(rows.len()));
@@ -625,7 +436,7 @@ async fn write_rows(
 /// multi-row statements again (about a millisecond a call for 4 096 rows
 /// of four columns). Asked inside the call's write transaction, so no
 /// foreign key can appear before the call commits.
-async fn has_foreign_keys(tx: &mut Tx<'_>, db: &Database) -> Result<bool> {
+async fn has_foreign_keys(tx: &mut Tx<'_>, db: &SqDatabase) -> Result<bool> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pragma_table_list AS t, \
          pragma_foreign_key_list(t.name, t.schema) WHERE t.type = 'table')",
@@ -640,7 +451,10 @@ async fn has_foreign_keys(tx: &mut Tx<'_>, db: &Database) -> Result<bool> {
     })
 }
 
-async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
+pub(crate) async fn apply_rows(
+    db: &SqDatabase,
+    actions: Vec<TargetAction<RowWrite>>,
+) -> Result<()> {
     let tally = Tally::of(&actions, |a| &a.table);
     let span = SQLITE.call_span(&db.name, &tally, actions.len());
     write_actions(db, actions).instrument(span).await?;
@@ -649,10 +463,11 @@ async fn apply_rows(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Resu
 }
 
 /// Groups a call's actions by table and writes them in one transaction.
-async fn write_actions(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
-    let tables = group(db, actions)?;
-    let mut order: Vec<(&String, &TableWrites)> = tables.iter().collect();
-    order.sort_by_key(|(name, w)| (w.rank, name.as_str()));
+async fn write_actions(db: &SqDatabase, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
+    let order: Vec<TableWrites> = group_by_table(actions, |name| db.declared(name))?
+        .into_iter()
+        .map(TableWrites::of)
+        .collect();
     let mut tx = db
         .pool
         .begin_with("BEGIN IMMEDIATE")
@@ -662,17 +477,17 @@ async fn write_actions(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> R
         let context = format!("sqlite database {}: defer foreign keys", db.name);
         execute(&mut tx, "PRAGMA defer_foreign_keys = ON", &context).await?;
     }
-    for (table, writes) in order.iter().rev().filter(|(_, w)| !w.deletes.is_empty()) {
-        let delete = write_rows(&mut tx, db, table, writes, true);
-        SQLITE.timed(table, "delete", delete).await?;
+    for writes in order.iter().rev().filter(|w| !w.deletes.is_empty()) {
+        let delete = write_rows(&mut tx, db, writes, true);
+        SQLITE.timed(&writes.table.name, "delete", delete).await?;
     }
-    for (table, writes) in order.iter().filter(|(_, w)| !w.upserts.is_empty()) {
-        let upsert = write_rows(&mut tx, db, table, writes, false);
-        SQLITE.timed(table, "upsert", upsert).await?;
+    for writes in order.iter().filter(|w| !w.upserts.is_empty()) {
+        let upsert = write_rows(&mut tx, db, writes, false);
+        SQLITE.timed(&writes.table.name, "upsert", upsert).await?;
     }
     let commit = async {
         tx.commit().await.map_err(|e| {
-            let names: Vec<&str> = order.iter().map(|(t, _)| t.as_str()).collect();
+            let names: Vec<&str> = order.iter().map(|w| w.table.name.as_str()).collect();
             let context = format!(
                 "sqlite database {}, tables {}: commit",
                 db.name,
@@ -687,46 +502,64 @@ async fn write_actions(db: &Database, actions: Vec<TargetAction<RowWrite>>) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sql::{ColumnType, TableSchema};
+    use weir_actors::statediff::ManagedBy;
 
     fn text(s: &str) -> SqlValue {
         SqlValue::Text(s.into())
     }
 
     /// A table keyed by (`org`, `id`), with a `body` between them.
-    fn keyed_by_two() -> Result<Arc<TableSchema>> {
-        Ok(Arc::new(
-            TableSchema::builder()
-                .column("org", crate::sql::ColumnType::Text)
-                .column("body", crate::sql::ColumnType::Text)
-                .column("id", crate::sql::ColumnType::BigInt)
-                .primary_key(["org", "id"])
-                .build()?,
-        ))
+    fn keyed_by_two(name: &str) -> Result<Arc<SqTable>> {
+        let schema = TableSchema::builder()
+            .column("org", ColumnType::Text)
+            .column("body", ColumnType::Text)
+            .column("id", ColumnType::BigInt)
+            .primary_key(["org", "id"])
+            .build()?;
+        Ok(Arc::new(SqTable::new(name, &schema, ManagedBy::System)?))
     }
 
-    fn write(values: Vec<SqlValue>) -> RowWrite {
+    fn write(table: &str, values: Vec<SqlValue>) -> RowWrite {
         RowWrite {
-            table: "t".into(),
-            rank: 0,
+            table: table.into(),
             values,
         }
     }
 
+    /// The call's writes, grouped as the row sink groups them.
+    fn grouped(
+        actions: Vec<TargetAction<RowWrite>>,
+        tables: &[Arc<SqTable>],
+    ) -> Result<Vec<TableWrites>> {
+        let table_of = |name: &str| {
+            tables
+                .iter()
+                .find(|t| t.name == name)
+                .cloned()
+                .ok_or_else(|| Error::msg(format!("no table {name}")))
+        };
+        Ok(group_by_table(actions, table_of)?
+            .into_iter()
+            .map(TableWrites::of)
+            .collect())
+    }
+
     #[test]
     fn the_last_action_of_a_row_in_a_call_wins_and_a_delete_matches_its_upsert() -> Result<()> {
-        let schema = keyed_by_two()?;
+        let w = |values| write("t", values);
         let actions = vec![
-            TargetAction::Create(write(vec![text("o"), text("old"), SqlValue::Int(1)])),
-            TargetAction::Create(write(vec![text("o"), text("kept"), SqlValue::Int(2)])),
-            TargetAction::Update(write(vec![text("o"), text("new"), SqlValue::Int(1)])),
+            TargetAction::Create(w(vec![text("o"), text("old"), SqlValue::Int(1)])),
+            TargetAction::Create(w(vec![text("o"), text("kept"), SqlValue::Int(2)])),
+            TargetAction::Update(w(vec![text("o"), text("new"), SqlValue::Int(1)])),
             // A delete carries the key values only, in key order.
-            TargetAction::Delete(write(vec![text("o"), SqlValue::Int(2)])),
-            TargetAction::Create(write(vec![text("p"), text("x"), SqlValue::Int(2)])),
+            TargetAction::Delete(w(vec![text("o"), SqlValue::Int(2)])),
+            TargetAction::Create(w(vec![text("p"), text("x"), SqlValue::Int(2)])),
         ];
-        let (tables, new_ranks) =
-            group_by_table(actions, &HashMap::new(), |_| Ok(Arc::clone(&schema)))?;
-        assert!(new_ranks.is_empty());
-        let t = tables.get("t").ok_or_else(|| Error::msg("no table t"))?;
+        let tables = grouped(actions, &[keyed_by_two("t")?])?;
+        let [t] = &tables[..] else {
+            return Err(Error::msg("not one table"));
+        };
         assert_eq!(
             t.upserts,
             vec![
@@ -740,68 +573,56 @@ mod tests {
 
     #[test]
     fn a_tables_rows_are_written_in_key_order_whatever_order_they_came_in() -> Result<()> {
-        let schema = keyed_by_two()?;
-        let row = |k: &str, n: i64| write(vec![text(k), text("b"), SqlValue::Int(n)]);
+        let row = |k: &str, n: i64| write("t", vec![text(k), text("b"), SqlValue::Int(n)]);
+        let key = |k: &str, n: i64| write("t", vec![text(k), SqlValue::Int(n)]);
         let actions = vec![
             TargetAction::Create(row("b", 1)),
-            TargetAction::Delete(write(vec![text("c"), SqlValue::Int(0)])),
+            TargetAction::Delete(key("c", 0)),
             TargetAction::Create(row("a", 2)),
             TargetAction::Update(row("a", 1)),
-            TargetAction::Delete(write(vec![text("a"), SqlValue::Int(0)])),
+            TargetAction::Delete(key("a", 0)),
             TargetAction::Create(row("b", 0)),
         ];
-        let (tables, _) = group_by_table(actions, &HashMap::new(), |_| Ok(Arc::clone(&schema)))?;
-        let t = tables.get("t").ok_or_else(|| Error::msg("no table t"))?;
+        let tables = grouped(actions, &[keyed_by_two("t")?])?;
+        let [t] = &tables[..] else {
+            return Err(Error::msg("not one table"));
+        };
         let keys = |rows: &[Vec<SqlValue>], is_delete: bool| -> Vec<StableKey> {
-            rows.iter().map(|r| t.row_key(r, is_delete)).collect()
+            rows.iter().map(|r| t.table.row_key(r, is_delete)).collect()
+        };
+        let k = |s: &str, n: i64| {
+            StableKey::Array(vec![StableKey::Str(s.into()), StableKey::Int(n)].into())
         };
         assert_eq!(
             keys(&t.upserts, false),
-            vec![
-                StableKey::Array(vec![StableKey::Str("a".into()), StableKey::Int(1)].into()),
-                StableKey::Array(vec![StableKey::Str("a".into()), StableKey::Int(2)].into()),
-                StableKey::Array(vec![StableKey::Str("b".into()), StableKey::Int(0)].into()),
-                StableKey::Array(vec![StableKey::Str("b".into()), StableKey::Int(1)].into()),
-            ]
+            vec![k("a", 1), k("a", 2), k("b", 0), k("b", 1)]
         );
-        assert_eq!(
-            keys(&t.deletes, true),
-            vec![
-                StableKey::Array(vec![StableKey::Str("a".into()), StableKey::Int(0)].into()),
-                StableKey::Array(vec![StableKey::Str("c".into()), StableKey::Int(0)].into()),
-            ]
-        );
+        assert_eq!(keys(&t.deletes, true), vec![k("a", 0), k("c", 0)]);
         Ok(())
     }
 
     #[test]
     fn an_upserts_key_is_the_key_of_the_delete_of_the_same_row() -> Result<()> {
-        let schema = keyed_by_two()?;
-        let writes = TableWrites::new(schema, 0);
+        let table = keyed_by_two("t")?;
         assert_eq!(
-            writes.row_key(&[text("o"), text("body"), SqlValue::Int(7)], false),
-            writes.row_key(&[text("o"), SqlValue::Int(7)], true)
+            table.row_key(&[text("o"), text("body"), SqlValue::Int(7)], false),
+            table.row_key(&[text("o"), SqlValue::Int(7)], true)
         );
         Ok(())
     }
 
     #[test]
-    fn a_tables_rank_comes_from_its_upserts_or_else_from_the_ranks_seen_before() -> Result<()> {
-        let schema = keyed_by_two()?;
-        let ranks = HashMap::from([("t".to_string(), 2)]);
-        let delete = || TargetAction::Delete(write(vec![text("o"), SqlValue::Int(1)]));
-        let (tables, new_ranks) =
-            group_by_table(vec![delete()], &ranks, |_| Ok(Arc::clone(&schema)))?;
-        assert_eq!(tables.get("t").map(|t| t.rank), Some(2));
-        assert!(new_ranks.is_empty());
-        let mut upsert = write(vec![text("o"), text("b"), SqlValue::Int(3)]);
-        upsert.rank = 1;
-        let (tables, new_ranks) =
-            group_by_table(vec![delete(), TargetAction::Create(upsert)], &ranks, |_| {
-                Ok(Arc::clone(&schema))
-            })?;
-        assert_eq!(tables.get("t").map(|t| t.rank), Some(1));
-        assert_eq!(new_ranks, vec![("t".to_string(), 1)]);
+    fn a_calls_tables_come_parents_first_by_their_declared_rank() -> Result<()> {
+        let (parent, child) = (keyed_by_two("z_parent")?, keyed_by_two("a_child")?);
+        child.rank.store(1, std::sync::atomic::Ordering::Relaxed);
+        let row = |table: &str| write(table, vec![text("o"), text("b"), SqlValue::Int(1)]);
+        let actions = vec![
+            TargetAction::Create(row("a_child")),
+            TargetAction::Delete(write("z_parent", vec![text("o"), SqlValue::Int(2)])),
+        ];
+        let tables = grouped(actions, &[parent, child])?;
+        let names: Vec<&str> = tables.iter().map(|w| w.table.name.as_str()).collect();
+        assert_eq!(names, vec!["z_parent", "a_child"]);
         Ok(())
     }
 

@@ -3,6 +3,10 @@
 //! table's DDL ([`plan`](super::plan)) from the schemas weir recorded, and
 //! the dialect's table sink carries it out.
 
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
+
 use serde::{Deserialize, Serialize};
 use weir_actors::statediff::{resolve_system_transition, ManagedBy, MutualTrackingRecord};
 use weir_actors::{
@@ -60,16 +64,37 @@ impl TableAction {
 }
 
 /// The handler of one database's tables (its root provider's handler).
+/// One is registered per run.
 pub(crate) struct TableHandler {
     /// Names the dialect in errors: `postgres`, `sqlite`.
-    pub dialect: &'static str,
+    dialect: &'static str,
     /// The database's table sink.
-    pub sink: TargetActionSink<TableAction>,
+    sink: TargetActionSink<TableAction>,
     /// The owner of the app: the tables it creates are registered to it.
-    pub owner: Owner,
+    owner: Owner,
+    /// The name a table is keyed under (see `Dialect::key_name`).
+    key_name: fn(&str) -> Cow<'_, str>,
+    /// The names, as keyed, of the tables declared in this run.
+    declared: Mutex<HashSet<String>>,
 }
 
 impl TableHandler {
+    /// The handler of a database's tables, in this run.
+    pub(crate) fn new(
+        dialect: &'static str,
+        sink: TargetActionSink<TableAction>,
+        owner: Owner,
+        key_name: fn(&str) -> Cow<'_, str>,
+    ) -> Self {
+        Self {
+            dialect,
+            sink,
+            owner,
+            key_name,
+            declared: Mutex::new(HashSet::new()),
+        }
+    }
+
     fn claim(&self, adopt: bool) -> Claim {
         Claim {
             owner: self.owner.clone(),
@@ -112,6 +137,11 @@ impl TableHandler {
         prev: &[TableRecord],
         prev_may_be_missing: bool,
     ) -> Option<TargetReconcileOutput<TableAction, TableRecord>> {
+        let keyed = (self.key_name)(&spec.table).into_owned();
+        self.declared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(keyed);
         let TablePlan {
             steps,
             invalidation,
@@ -156,28 +186,59 @@ impl TableHandler {
             return None;
         }
         let schema = prev.first().map(|p| p.record.clone());
-        match resolve_system_transition(None, prev, prev_may_be_missing) {
-            None => self.output(
-                TargetAction::Delete(TableAction {
-                    table,
-                    schema,
-                    ddl: Vec::new(),
-                    claim: None,
-                }),
-                None,
-                None,
-            ),
-            Some(_) => self.output(
-                TargetAction::Delete(TableAction {
-                    table,
-                    schema: None,
-                    ddl: vec![DdlStep::DropTable],
-                    claim: Some(self.claim(false)),
-                }),
-                None,
-                Some(TargetChildInvalidation::Destructive),
-            ),
-        }
+        let (ddl, claim, invalidation) =
+            match resolve_system_transition(None, prev, prev_may_be_missing) {
+                None => return self.abandoned(table, schema),
+                // The table this run declares under a key of an earlier
+                // build (one that did not yet key names as the dialect
+                // does, such as in lower case): the same table, just
+                // written. It stays, registration and all; the rows its
+                // old key tracked that the run does not declare are left.
+                Some(_) if self.declared_under_another_key(&table) => {
+                    (Vec::new(), None, TargetChildInvalidation::Destructive)
+                }
+                Some(_) => (
+                    vec![DdlStep::DropTable],
+                    Some(self.claim(false)),
+                    TargetChildInvalidation::Destructive,
+                ),
+            };
+        let action = TableAction {
+            table,
+            schema: None,
+            ddl,
+            claim,
+        };
+        self.output(TargetAction::Delete(action), None, Some(invalidation))
+    }
+
+    /// A table the user manages, no longer declared: abandoned, rows and
+    /// all, and forgotten. Its schema lets `drop_state` delete its rows one
+    /// by one through the row handler built from it.
+    fn abandoned(
+        &self,
+        table: String,
+        schema: Option<TableSchema>,
+    ) -> Option<TargetReconcileOutput<TableAction, TableRecord>> {
+        let action = TableAction {
+            table,
+            schema,
+            ddl: Vec::new(),
+            claim: None,
+        };
+        self.output(TargetAction::Delete(action), None, None)
+    }
+
+    /// Whether `table`, keyed under its own name, is keyed otherwise today
+    /// and declared under that key in this run.
+    fn declared_under_another_key(&self, table: &str) -> bool {
+        let keyed = (self.key_name)(table);
+        keyed != table
+            && self
+                .declared
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(keyed.as_ref())
     }
 }
 

@@ -1,118 +1,82 @@
-//! The rows' handler (the tables' is shared: `crate::sql::table`).
-//!
-//! Its `reconcile` is pure: it compares the declared row with the tracking
-//! record and returns an action for the row sink in [`sink`](super::sink),
-//! which does all the I/O.
+//! SQLite as a dialect of the shared table target (`crate::sql::table`):
+//! its names, statements and sinks.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-use weir_actors::statediff::{diff, DiffAction, TrackingRecordTransition};
-use weir_actors::{
-    Error, Fingerprint, Result, StableKey, TargetAction, TargetActionSink, TargetHandler,
-    TargetReconcileOutput,
-};
+use sqlx::SqlitePool;
+use weir_actors::statediff::ManagedBy;
+use weir_actors::{Error, Result, TargetAction};
 
-use crate::sql::fingerprint::{name_order, row_fingerprint};
-use crate::sql::table::keys::{key_types, key_values};
-use crate::sql::{ColumnType, SqlValue, TableSchema};
+use super::sink;
+use crate::sql::table::database::{Database, Table};
+use crate::sql::table::dialect::Dialect;
+use crate::sql::table::handler::TableAction;
+use crate::sql::table::rows::RowWrite;
+use crate::sql::TableSchema;
 
-/// The declared value of a row: its values in schema order, converted when
-/// declared, and its table's rank (how many tables it depends on, through
-/// [`TableTarget::depends_on`](super::TableTarget::depends_on)).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub(crate) struct RowSpec {
-    /// One value per column, in schema order.
-    pub values: Vec<SqlValue>,
-    /// The table's rank: parents' rows are written first.
-    pub rank: u32,
-}
+/// The SQLite dialect.
+pub(crate) struct Sqlite;
 
-/// One row mutation. On an upsert `values` holds every column; on a delete
-/// only the primary key's.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub(crate) struct RowWrite {
-    /// The table (shared by the table's row actions).
-    pub table: Arc<str>,
-    /// The table's rank (0 on deletes: the sink knows the ranks it saw).
-    pub rank: u32,
-    /// The values (see above).
-    pub values: Vec<SqlValue>,
-}
+/// A SQLite database of an app, and a table declared in it.
+pub(crate) type SqDatabase = Database<Sqlite>;
+pub(crate) type SqTable = Table<Sqlite>;
 
-/// The handler of one table's rows, built by the table sink's child-handler
-/// factory. Its sink is the database's row sink, shared by every table.
-pub(crate) struct SqliteRowHandler {
-    table: Arc<str>,
-    schema: Arc<TableSchema>,
-    /// The schema's column positions in name order, for fingerprints.
-    by_name: Vec<usize>,
-    /// The primary key's column types, for deletes.
-    key_types: Vec<ColumnType>,
-    sink: TargetActionSink<RowWrite>,
-}
+impl Dialect for Sqlite {
+    type Pool = SqlitePool;
+    /// Statements are built per call, for the number of rows it writes.
+    type Statements = ();
 
-impl SqliteRowHandler {
-    pub(crate) fn new(
-        table: String,
-        schema: Arc<TableSchema>,
-        sink: TargetActionSink<RowWrite>,
-    ) -> Self {
-        Self {
-            table: Arc::from(table),
-            by_name: name_order(&schema),
-            key_types: key_types(&schema),
-            schema,
-            sink,
+    const NAME: &'static str = "sqlite";
+    /// One writer at a time: SQLite locks the whole database to write.
+    const ROW_SINK_CONCURRENT_CALLS: usize = 1;
+    /// A SQLite database is not shared by the members of a worker group.
+    const CHECKS_FENCE: bool = false;
+
+    fn tables_provider_name(db: &str) -> String {
+        format!("weir.sqlite/{db}/table")
+    }
+
+    /// SQLite ignores the case of table names, and so does a table's key:
+    /// `Docs` and `docs` are one table, one key.
+    fn key_name(table: &str) -> Cow<'_, str> {
+        if table.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(table.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(table)
         }
     }
-}
 
-impl TargetHandler<RowSpec> for SqliteRowHandler {
-    type TrackingRecord = Fingerprint;
-    type Action = RowWrite;
+    fn check_table(table: &str, _schema: &TableSchema) -> Result<()> {
+        if table.to_ascii_lowercase().starts_with("sqlite_") {
+            return Err(Error::permanent(format!(
+                "invalid table name {table:?}: names starting with sqlite_ are reserved"
+            )));
+        }
+        Ok(())
+    }
 
-    fn reconcile(
-        &self,
-        key: StableKey,
-        desired: Option<RowSpec>,
-        prev: Vec<Fingerprint>,
-        prev_may_be_missing: bool,
-    ) -> Result<Option<TargetReconcileOutput<RowWrite, Fingerprint>>> {
-        let record = desired
-            .as_ref()
-            .map(|row| row_fingerprint(&self.schema, &self.by_name, &row.values));
-        let transition = TrackingRecordTransition::new(record, prev, prev_may_be_missing);
-        let Some(kind) = diff(Some(&transition)).map(DiffAction::action_kind) else {
-            return Ok(None);
-        };
-        let write = match desired {
-            Some(row) => RowWrite {
-                table: self.table.clone(),
-                rank: row.rank,
-                values: row.values,
-            },
-            None => RowWrite {
-                table: self.table.clone(),
-                rank: 0,
-                values: key_values(&key, &self.key_types).map_err(|why| {
-                    Error::permanent(format!("sqlite table {}, row {key}: {why}", self.table))
-                })?,
-            },
-        };
-        Ok(Some(TargetReconcileOutput {
-            action: TargetAction::with_kind(kind, write),
-            sink: self.sink.clone(),
-            tracking_record: record,
-            child_invalidation: None,
-        }))
+    fn statements(_table: &str, _schema: &TableSchema, _managed_by: ManagedBy) -> Result<()> {
+        Ok(())
+    }
+
+    async fn apply_tables(
+        db: Arc<SqDatabase>,
+        actions: Vec<TargetAction<TableAction>>,
+    ) -> Result<()> {
+        sink::apply_tables(&db, actions).await
+    }
+
+    async fn apply_rows(db: Arc<SqDatabase>, actions: Vec<TargetAction<RowWrite>>) -> Result<()> {
+        sink::apply_rows(&db, actions).await
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::sql::Row;
+    use crate::sql::table::keys::{key_types, key_values};
+    use crate::sql::{ColumnType, Row, SqlValue, TableSchema};
+    use weir_actors::{Error, Result};
 
     #[test]
     fn a_delete_binds_each_key_type_as_the_upsert_bound_it() -> Result<()> {
