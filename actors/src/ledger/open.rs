@@ -76,12 +76,15 @@ impl Ledger {
             return Err(not_a_ledger(&display, NOT_A_STORE));
         }
         let config = sled::Config::new().path(&sled_dir).cache_capacity(1 << 20);
-        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
-            .map_err(|_| not_a_ledger(&display, "sled panicked while reading its sled/"))?;
-        match opened {
+        match open_sled(&config) {
             Ok(db) if db.contains_key(FORMAT_KEY).unwrap_or(false) => Ok(true),
             Ok(_) => Err(not_a_ledger(&display, NO_FORMAT)),
-            Err(e) => Err(not_a_ledger(
+            Err(SledOpen::Panicked) => Err(not_a_ledger(
+                &display,
+                "sled panicked while reading its sled/",
+            )),
+            Err(SledOpen::Locked) => Err(Error::LedgerLocked { path: display }),
+            Err(SledOpen::Failed(e)) => Err(not_a_ledger(
                 &display,
                 &format!("its sled/ cannot be opened ({e}) and it has no {SEQ_FILE}"),
             )),
@@ -481,35 +484,27 @@ impl Opening {
             .cache_capacity(cache_bytes)
             .flush_every_ms(None);
         let unmarked = self.existed && !self.marked;
-        let mut waited = std::time::Duration::ZERO;
-        let db = loop {
-            // sled may panic on damaged files: that is corruption too.
-            let config = config.clone();
-            let opened =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()));
-            let opened = match opened {
-                Ok(opened) => opened,
-                Err(_) if unmarked => {
-                    return Err(self.refuse(lock, "sled panicked while reading its sled/"))
-                }
-                Err(_) => return Err(self.corrupt("sled panicked while reading it".into())),
-            };
-            match opened {
-                Ok(db) => break db,
-                Err(sled::Error::Io(io)) if is_sled_lock(&io) && waited < SLED_LOCK_WAIT => {
-                    std::thread::sleep(SLED_LOCK_RETRY);
-                    waited += SLED_LOCK_RETRY;
-                }
-                Err(sled::Error::Io(io)) if is_sled_lock(&io) => return Err(self.locked()),
-                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                    return Err(self.io(e))
-                }
-                Err(other) if unmarked => {
-                    let detail =
-                        format!("its sled/ cannot be opened ({other}) and it has no {SEQ_FILE}");
-                    return Err(self.refuse(lock, &detail));
-                }
-                Err(other) => return Err(self.corrupt(format!("sled cannot open it: {other}"))),
+        let db = match open_sled(&config) {
+            Ok(db) => db,
+            Err(SledOpen::Panicked) if unmarked => {
+                return Err(self.refuse(lock, "sled panicked while reading its sled/"))
+            }
+            Err(SledOpen::Panicked) => {
+                return Err(self.corrupt("sled panicked while reading it".into()))
+            }
+            Err(SledOpen::Locked) => return Err(self.locked()),
+            Err(SledOpen::Failed(sled::Error::Io(e)))
+                if e.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                return Err(self.io(e))
+            }
+            Err(SledOpen::Failed(other)) if unmarked => {
+                let detail =
+                    format!("its sled/ cannot be opened ({other}) and it has no {SEQ_FILE}");
+                return Err(self.refuse(lock, &detail));
+            }
+            Err(SledOpen::Failed(other)) => {
+                return Err(self.corrupt(format!("sled cannot open it: {other}")))
             }
         };
         if unmarked && !db.contains_key(FORMAT_KEY).unwrap_or(false) {
@@ -517,6 +512,38 @@ impl Opening {
             return Err(self.refuse(lock, NO_FORMAT));
         }
         Ok((db, lock))
+    }
+}
+
+/// Why sled did not open a store.
+enum SledOpen {
+    /// It panicked (on damaged files).
+    Panicked,
+    /// Its lock stayed held for [`SLED_LOCK_WAIT`].
+    Locked,
+    /// Any other error.
+    Failed(sled::Error),
+}
+
+/// Opens a sled store, waiting up to [`SLED_LOCK_WAIT`] for sled's own
+/// lock, which a store closed a moment ago (in this process too) may
+/// still hold while its background threads wind down.
+fn open_sled(config: &sled::Config) -> std::result::Result<sled::Db, SledOpen> {
+    let mut waited = std::time::Duration::ZERO;
+    loop {
+        // sled may panic on damaged files.
+        let config = config.clone();
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
+            .map_err(|_| SledOpen::Panicked)?;
+        match opened {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(io)) if is_sled_lock(&io) && waited < SLED_LOCK_WAIT => {
+                std::thread::sleep(SLED_LOCK_RETRY);
+                waited += SLED_LOCK_RETRY;
+            }
+            Err(sled::Error::Io(io)) if is_sled_lock(&io) => return Err(SledOpen::Locked),
+            Err(other) => return Err(SledOpen::Failed(other)),
+        }
     }
 }
 

@@ -655,6 +655,26 @@ fn a_sled_store_weir_did_not_write_is_refused_as_not_a_ledger_and_keeps_its_data
 }
 
 #[test]
+fn a_store_whose_sled_lock_is_released_a_moment_later_is_judged_by_its_content() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let theirs = sled::open(dir.path().join("sled"))?;
+    theirs.flush()?;
+    // sled's lock outlives a store for as long as its threads wind down:
+    // here, held for a moment while the directory is looked at.
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(theirs);
+    });
+    let judged = Ledger::exists(dir.path()).map_err(|e| e.to_string());
+    release
+        .join()
+        .map_err(|_| Error::msg("the thread holding the store panicked"))?;
+    let err = judged.err().unwrap_or_default();
+    assert!(err.contains("no weir format version"), "{err}");
+    Ok(())
+}
+
+#[test]
 fn a_new_ledger_whose_creation_stopped_before_its_format_version_opens() -> Result<()> {
     let dir = tempfile::tempdir()?;
     // A new ledger writes `weir.seq` first, then its store: a crash may
