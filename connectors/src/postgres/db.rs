@@ -1,18 +1,10 @@
-//! PostgreSQL as a dialect of the shared table target
-//! (`crate::sql::table`): its names, statements and sinks.
+//! The PostgreSQL dialect of the shared table target (`crate::sql::table`),
+//! and what its sinks prepare for each table (its trait implementation is
+//! in `dialect`).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use sqlx::PgPool;
-use weir_actors::statediff::ManagedBy;
-use weir_actors::{Result, TargetAction};
-
-use super::{ddl, sink, types};
-use crate::sql::table::database::{Database, Table};
-use crate::sql::table::dialect::Dialect;
-use crate::sql::table::handler::TableAction;
-use crate::sql::table::rows::RowWrite;
-use crate::sql::TableSchema;
+use crate::sql::table::dialect::{Database, Table};
 
 /// The PostgreSQL dialect.
 pub(crate) struct Postgres;
@@ -46,46 +38,3 @@ pub(crate) struct Statements {
 ///
 /// [`TableTarget::depends_on`]: super::TableTarget::depends_on
 pub const ROW_SINK_CONCURRENT_CALLS: usize = 2;
-
-impl Dialect for Postgres {
-    type Pool = PgPool;
-    type Statements = Statements;
-
-    const NAME: &'static str = "postgres";
-    const ROW_SINK_CONCURRENT_CALLS: usize = ROW_SINK_CONCURRENT_CALLS;
-    const CHECKS_FENCE: bool = true;
-
-    fn tables_provider_name(db: &str) -> String {
-        format!("weir.postgres.table/{db}")
-    }
-
-    fn check_table(table: &str, schema: &TableSchema) -> Result<()> {
-        types::validate_schema(table, schema)
-    }
-
-    fn statements(table: &str, schema: &TableSchema, managed_by: ManagedBy) -> Result<Statements> {
-        Ok(Statements {
-            upsert_sql: ddl::upsert_sql(table, schema)?,
-            delete_sql: ddl::delete_sql(table, schema)?,
-            copy_sql: match managed_by {
-                ManagedBy::System => types::copy_sql(table, schema),
-                ManagedBy::User => None,
-            },
-            key_is_unique: OnceLock::new(),
-        })
-    }
-
-    fn apply_tables(
-        db: Arc<PgDatabase>,
-        actions: Vec<TargetAction<TableAction>>,
-    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
-        sink::apply_tables(db, actions)
-    }
-
-    fn apply_rows(
-        db: Arc<PgDatabase>,
-        actions: Vec<TargetAction<RowWrite>>,
-    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
-        sink::apply_rows(db, actions)
-    }
-}

@@ -124,6 +124,7 @@
 
 mod db;
 mod ddl;
+mod dialect;
 mod group;
 mod owners;
 mod sink;

@@ -14,8 +14,9 @@ use super::ddl;
 use super::owners;
 use super::types::{copy_binary, ColumnArray};
 use crate::observe::{Connector, Tally};
-use crate::sql::table::handler::TableAction;
-use crate::sql::table::rows::{group_by_table, RowWrite, Write};
+use crate::sql::table::actions::RowWrite;
+use crate::sql::table::actions::TableAction;
+use crate::sql::table::rows::{group_by_table, Write};
 use crate::sql::SqlValue;
 
 /// Rows per statement. Each statement binds one array per column, far

@@ -1,5 +1,4 @@
-//! SQLite as a dialect of the shared table target (`crate::sql::table`):
-//! its names, statements and sinks.
+//! SQLite as a [`Dialect`]: its names, statements and sinks.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -8,19 +7,11 @@ use sqlx::SqlitePool;
 use weir_actors::statediff::ManagedBy;
 use weir_actors::{Error, Result, TargetAction};
 
+use super::db::{SqDatabase, Sqlite};
 use super::sink;
-use crate::sql::table::database::{Database, Table};
+use crate::sql::table::actions::{RowWrite, TableAction};
 use crate::sql::table::dialect::Dialect;
-use crate::sql::table::handler::TableAction;
-use crate::sql::table::rows::RowWrite;
 use crate::sql::TableSchema;
-
-/// The SQLite dialect.
-pub(crate) struct Sqlite;
-
-/// A SQLite database of an app, and a table declared in it.
-pub(crate) type SqDatabase = Database<Sqlite>;
-pub(crate) type SqTable = Table<Sqlite>;
 
 impl Dialect for Sqlite {
     type Pool = SqlitePool;

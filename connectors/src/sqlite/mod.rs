@@ -91,6 +91,7 @@
 //! # }
 //! ```
 
+mod db;
 mod ddl;
 mod dialect;
 mod owners;
@@ -109,7 +110,7 @@ use weir_actors::{ContextKey, Ctx, Error, PreviewAction, Result};
 use crate::sql::table::{dialect::Dialect, target};
 pub use crate::sql::PreviewedTable;
 use crate::sql::TableSchema;
-use dialect::Sqlite;
+use db::Sqlite;
 pub use owners::{table_owner, FILE_SUFFIX as OWNERS_FILE_SUFFIX};
 
 /// The `sqlx` this connector is built on, re-exported so that pools and

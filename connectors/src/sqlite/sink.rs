@@ -17,14 +17,15 @@ use sqlx::{Arguments as _, Connection as _, Row as _};
 use tracing::Instrument;
 use weir_actors::{Error, Result, StableKey, TargetAction};
 
+use super::db::{SqDatabase, SqTable};
 use super::ddl;
-use super::dialect::{SqDatabase, SqTable};
 use super::owners;
 use super::types::bind;
 use crate::observe::{Connector, Tally};
-use crate::sql::table::handler::TableAction;
+use crate::sql::table::actions::RowWrite;
+use crate::sql::table::actions::TableAction;
 use crate::sql::table::plan::DdlStep;
-use crate::sql::table::rows::{group_by_table, RowWrite, TableRows, Write};
+use crate::sql::table::rows::{group_by_table, TableRows, Write};
 use crate::sql::SqlValue;
 
 // ---------------------------------------------------------------------------
@@ -303,7 +304,7 @@ struct TableWrites {
 }
 
 impl TableWrites {
-    fn of(rows: TableRows<super::dialect::Sqlite>) -> Self {
+    fn of(rows: TableRows<super::db::Sqlite>) -> Self {
         let TableRows {
             table, mut rows, ..
         } = rows;

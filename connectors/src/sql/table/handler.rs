@@ -14,6 +14,7 @@ use weir_actors::{
     TargetHandler, TargetReconcileOutput,
 };
 
+use super::actions::TableAction;
 use super::plan::{plan, DdlStep, TablePlan};
 use crate::sql::owners::Claim;
 use crate::sql::TableSchema;
@@ -34,34 +35,6 @@ pub(crate) struct TableSpec {
 
 /// A table's tracking record: its schema and who manages it.
 pub(crate) type TableRecord = MutualTrackingRecord<TableSchema>;
-
-/// What the table sink does to one table: settle its registration
-/// (`claim`, for a table weir manages), then run its DDL steps (none when
-/// it is unchanged, or the user manages it). `schema` is set for a
-/// declared table (the child-handler factory builds the rows' handler
-/// from it) and for a table the user manages that is no longer declared
-/// (`drop_state` deletes its rows one by one through that handler); it is
-/// unset when weir drops the table.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct TableAction {
-    /// The table's name.
-    pub table: String,
-    /// Its schema (see above).
-    pub schema: Option<TableSchema>,
-    /// The DDL, in order.
-    pub ddl: Vec<DdlStep>,
-    /// The registration to settle first (a table weir manages).
-    pub claim: Option<Claim>,
-}
-
-impl TableAction {
-    /// The action of `action`, whatever its kind.
-    pub(crate) fn of(action: &TargetAction<TableAction>) -> &TableAction {
-        match action {
-            TargetAction::Create(a) | TargetAction::Update(a) | TargetAction::Delete(a) => a,
-        }
-    }
-}
 
 /// The handler of one database's tables (its root provider's handler).
 /// One is registered per run.

@@ -7,8 +7,11 @@
 //!
 //! - [`target`]: declaring tables and rows (what each dialect's
 //!   `TableTarget`, `mount_table_target` and `declare_table_target` do);
-//! - [`database`]: one database's declared tables and its two sinks (one
-//!   for DDL, one for the rows of all its tables), kept by the app;
+//! - [`sinks`]: one database's two sinks (one for DDL, one for the rows of
+//!   all its tables), kept by the app;
+//! - [`actions`]: what those sinks are asked to do;
+//! - [`dialect`]: what each dialect supplies, and a database's declared
+//!   tables as its sinks know them;
 //! - [`handler`]: the table handler, whose `reconcile` plans a table's DDL;
 //! - [`plan`]: schema evolution, as idempotent DDL steps;
 //! - [`rows`]: the rows' handler, and the grouping of a sink call's rows
@@ -23,10 +26,11 @@
 //! step (PostgreSQL's `IF [NOT] EXISTS`, SQLite's look at the table's
 //! columns first).
 
-pub(crate) mod database;
+pub(crate) mod actions;
 pub(crate) mod dialect;
 pub(crate) mod handler;
 pub(crate) mod keys;
 pub(crate) mod plan;
 pub(crate) mod rows;
+pub(crate) mod sinks;
 pub(crate) mod target;

@@ -5,28 +5,17 @@
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
-use serde::{Deserialize, Serialize};
 use weir_actors::statediff::{diff, DiffAction, TrackingRecordTransition};
 use weir_actors::{
     Error, Fingerprint, Result, StableKey, TargetAction, TargetActionSink, TargetHandler,
     TargetReconcileOutput,
 };
 
-use super::database::Table;
-use super::dialect::Dialect;
+use super::actions::RowWrite;
+use super::dialect::{Dialect, Table};
 use super::keys::{key_types, key_values};
 use crate::sql::fingerprint::{name_order, row_fingerprint};
 use crate::sql::{ColumnType, Row, SqlValue, TableSchema};
-
-/// What the row sink does: upsert the row `values` (create, update), or
-/// delete the row whose primary key values are `values` (delete).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RowWrite {
-    /// The table (shared by the table's row actions).
-    pub table: Arc<str>,
-    /// Every column's value on an upsert, the key's on a delete.
-    pub values: Vec<SqlValue>,
-}
 
 /// The handler of one table's rows. Its sink is the database's row sink,
 /// shared by every table.

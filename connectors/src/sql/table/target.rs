@@ -10,9 +10,9 @@ use weir_actors::{
     TargetState, TargetStateProvider,
 };
 
-use super::database::{shared, Shared, Table};
-use super::dialect::Dialect;
+use super::dialect::{Dialect, Table};
 use super::handler::{TableHandler, TableSpec};
+use super::sinks::{shared, Shared};
 use crate::sql::{validate_identifier, PreviewedTable, Row, TableOptions, TableSchema};
 
 /// A declared table, to declare rows into: what each dialect's

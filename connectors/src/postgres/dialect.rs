@@ -1,0 +1,56 @@
+//! PostgreSQL as a [`Dialect`]: its names, statements and sinks.
+
+use std::sync::{Arc, OnceLock};
+
+use sqlx::PgPool;
+use weir_actors::statediff::ManagedBy;
+use weir_actors::{Result, TargetAction};
+
+use super::db::{PgDatabase, Postgres, Statements, ROW_SINK_CONCURRENT_CALLS};
+use super::{ddl, sink, types};
+use crate::sql::table::actions::{RowWrite, TableAction};
+use crate::sql::table::dialect::Dialect;
+use crate::sql::TableSchema;
+
+impl Dialect for Postgres {
+    type Pool = PgPool;
+    type Statements = Statements;
+
+    const NAME: &'static str = "postgres";
+    const ROW_SINK_CONCURRENT_CALLS: usize = ROW_SINK_CONCURRENT_CALLS;
+    const CHECKS_FENCE: bool = true;
+
+    fn tables_provider_name(db: &str) -> String {
+        format!("weir.postgres.table/{db}")
+    }
+
+    fn check_table(table: &str, schema: &TableSchema) -> Result<()> {
+        types::validate_schema(table, schema)
+    }
+
+    fn statements(table: &str, schema: &TableSchema, managed_by: ManagedBy) -> Result<Statements> {
+        Ok(Statements {
+            upsert_sql: ddl::upsert_sql(table, schema)?,
+            delete_sql: ddl::delete_sql(table, schema)?,
+            copy_sql: match managed_by {
+                ManagedBy::System => types::copy_sql(table, schema),
+                ManagedBy::User => None,
+            },
+            key_is_unique: OnceLock::new(),
+        })
+    }
+
+    fn apply_tables(
+        db: Arc<PgDatabase>,
+        actions: Vec<TargetAction<TableAction>>,
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        sink::apply_tables(db, actions)
+    }
+
+    fn apply_rows(
+        db: Arc<PgDatabase>,
+        actions: Vec<TargetAction<RowWrite>>,
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        sink::apply_rows(db, actions)
+    }
+}
