@@ -1,4 +1,6 @@
-//! The PostgreSQL target against a real server.
+//! The PostgreSQL target against a real server: its types, COPY of new
+//! rows, concurrent calls and what only PostgreSQL does. What both SQL
+//! dialects do is tested once for both in `sql_tables.rs`.
 //!
 //! The server is `WEIR_TEST_POSTGRES_URL`, else
 //! `postgres://postgres@127.0.0.1:5432/test`, else
@@ -12,14 +14,13 @@ mod pg;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::{PgPool, Row as _};
 use weir::connectors::postgres::{
-    declare_table_target, mount_table_target, mount_table_target_with, previewed_table,
-    register_database, PreviewedTable, TableOptions, TableTarget,
+    mount_table_target, mount_table_target_with, previewed_table, PreviewedTable, TableOptions,
+    TableTarget,
 };
 use weir::connectors::sql::{ColumnType, TableSchema};
 use weir::prelude::*;
@@ -182,16 +183,6 @@ async fn sync_docs(
     .await
 }
 
-fn failed_paths(err: &Error) -> Vec<String> {
-    let mut paths: Vec<String> = err
-        .failed_components()
-        .iter()
-        .map(|f| f.path.to_string())
-        .collect();
-    paths.sort();
-    paths
-}
-
 macro_rules! server_or_skip {
     () => {
         match server().await? {
@@ -204,43 +195,6 @@ macro_rules! server_or_skip {
 // ---------------------------------------------------------------------------
 // Rows
 // ---------------------------------------------------------------------------
-
-#[tokio::test(flavor = "multi_thread")]
-async fn rows_are_created_updated_and_deleted_to_match_the_declarations() -> Result<()> {
-    let pool = server_or_skip!();
-    let t = unique("crud");
-    let rig = Rig::new(pool, &[&t]).await?;
-
-    sync_docs(
-        &rig,
-        &t,
-        docs_schema()?,
-        vec![doc("1", "a"), doc("2", "b"), doc("3", "c")],
-    )
-    .await?;
-    assert_eq!(
-        rig.bodies(&t).await?,
-        expected(&[("1", "a"), ("2", "b"), ("3", "c")])
-    );
-
-    let stats = sync_docs(
-        &rig,
-        &t,
-        docs_schema()?,
-        vec![doc("1", "a"), doc("2", "B"), doc("4", "d")],
-    )
-    .await?;
-    assert_eq!(
-        rig.bodies(&t).await?,
-        expected(&[("1", "a"), ("2", "B"), ("4", "d")])
-    );
-    assert_eq!((stats.created, stats.deleted), (1, 1), "{stats:?}");
-
-    sync_docs(&rig, &t, docs_schema()?, vec![]).await?;
-    assert!(rig.bodies(&t).await?.is_empty());
-    assert!(rig.exists(&t).await?);
-    rig.finish().await
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_apps_with_one_key_name_and_pools_on_different_databases_each_write_through_their_own(
@@ -323,49 +277,6 @@ async fn an_unchanged_run_writes_no_row() -> Result<()> {
         .map(|(k, _)| k)
         .collect();
     assert_eq!(rewritten, vec!["k07"]);
-    rig.finish().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_table_dropped_by_hand_stops_the_next_run_with_what_to_do_and_is_not_recreated_empty(
-) -> Result<()> {
-    let pool = server_or_skip!();
-    let t = unique("dropped");
-    let rig = Rig::new(pool, &[&t]).await?;
-    let rows = vec![doc("a", "1"), doc("b", "2")];
-    sync_docs(&rig, &t, docs_schema()?, rows.clone()).await?;
-    rig.exec(&format!("DROP TABLE \"{t}\"")).await?;
-
-    for run in 0..2 {
-        let err = match sync_docs(&rig, &t, docs_schema()?, rows.clone()).await {
-            Ok(stats) => panic!("run {run} should have failed: {stats:?}"),
-            Err(e) => e.to_string(),
-        };
-        assert!(err.contains(&t), "run {run}: {err}");
-        assert!(err.contains("restore it"), "run {run}: {err}");
-        assert!(err.contains("weir drop"), "run {run}: {err}");
-        assert!(
-            !rig.exists(&t).await?,
-            "run {run} created an empty table under rows recorded as written"
-        );
-    }
-    rig.finish().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn declare_table_target_creates_the_table_when_the_component_commits() -> Result<()> {
-    let pool = server_or_skip!();
-    let t = unique("declared");
-    let rig = Rig::new(pool, &[&t]).await?;
-    let table = t.clone();
-    rig.run(move |ctx| async move {
-        let target = declare_table_target(&ctx, &db(), &table, docs_schema()?)?;
-        assert_eq!(target.name(), table);
-        target.declare_row(&ctx, doc("x", "1"))?;
-        target.declare_row(&ctx, doc("y", "2"))
-    })
-    .await?;
-    assert_eq!(rig.bodies(&t).await?, expected(&[("x", "1"), ("y", "2")]));
     rig.finish().await
 }
 
@@ -794,80 +705,6 @@ async fn a_copy_cancelled_by_the_call_timeout_leaves_no_broken_connection_behind
     rig.finish().await
 }
 
-#[derive(Clone, Debug, Serialize)]
-struct Scored {
-    id: String,
-    score: f64,
-    label: String,
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn nan_and_nul_fail_only_their_component_naming_table_column_and_key() -> Result<()> {
-    let pool = server_or_skip!();
-    let t = unique("badvalues");
-    let rig = Rig::new(pool, &[&t]).await?;
-    let schema = TableSchema::builder()
-        .column("id", ColumnType::Text)
-        .column("score", ColumnType::Double)
-        .column("label", ColumnType::Text)
-        .primary_key(["id"])
-        .build()?;
-    let items = vec![
-        Scored {
-            id: "good1".into(),
-            score: 1.0,
-            label: "x".into(),
-        },
-        Scored {
-            id: "nan".into(),
-            score: f64::NAN,
-            label: "x".into(),
-        },
-        Scored {
-            id: "nul".into(),
-            score: 2.0,
-            label: "a\0b".into(),
-        },
-        Scored {
-            id: "good2".into(),
-            score: 3.0,
-            label: "y".into(),
-        },
-    ];
-    let table = t.clone();
-    let result = rig
-        .run(move |ctx| async move {
-            let target = mount_table_target(&ctx, &db(), &table, schema).await?;
-            ctx.mount_each(
-                items,
-                |s| s.id.clone(),
-                move |c, s| {
-                    let target = target.clone();
-                    async move { target.declare_row(&c, &s) }
-                },
-            )
-            .await
-        })
-        .await;
-    let err = match result {
-        Ok(stats) => return Err(Error::msg(format!("bad values were accepted: {stats:?}"))),
-        Err(e) => e,
-    };
-    assert_eq!(failed_paths(&err), vec!["/nan", "/nul"], "{err}");
-    let text = err.to_string();
-    assert!(text.contains(&format!("table {t}, column score")), "{text}");
-    assert!(text.contains(&format!("table {t}, column label")), "{text}");
-    assert!(
-        text.contains("row key \"nan\"") && text.contains("row key \"nul\""),
-        "{text}"
-    );
-    let ids: Vec<String> = sqlx::query_scalar(&format!("SELECT id FROM \"{t}\" ORDER BY id"))
-        .fetch_all(&rig.pool)
-        .await?;
-    assert_eq!(ids, vec!["good1", "good2"]);
-    rig.finish().await
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn injection_attempts_in_table_and_column_names_are_rejected() -> Result<()> {
     let pool = server_or_skip!();
@@ -943,168 +780,6 @@ async fn a_nullable_column_is_added_in_place_and_the_rows_keep_their_data() -> R
             .fetch_one(&rig.pool)
             .await?;
     assert_eq!(extra, Some(42));
-    rig.finish().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn dropping_a_column_alters_the_table_and_writes_every_row_again() -> Result<()> {
-    let pool = server_or_skip!();
-    let t = unique("dropcol");
-    let rig = Rig::new(pool, &[&t]).await?;
-    let rows = vec![doc("1", "a"), doc("2", "b")];
-    let wide = TableSchema::builder()
-        .column("id", ColumnType::Text)
-        .nullable_column("body", ColumnType::Text)
-        .nullable_column("extra", ColumnType::Json)
-        .primary_key(["id"])
-        .build()?;
-    sync_docs(&rig, &t, wide, rows.clone()).await?;
-    let before = rig.xmins(&t).await?;
-
-    let stats = sync_docs(&rig, &t, docs_schema()?, rows).await?;
-    assert_eq!(rig.columns(&t).await?, vec!["id", "body"]);
-    assert_eq!(rig.bodies(&t).await?, expected(&[("1", "a"), ("2", "b")]));
-    let after = rig.xmins(&t).await?;
-    assert!(
-        after.iter().all(|(k, x)| before.get(k) != Some(x)),
-        "rows not rewritten"
-    );
-    assert!(stats.updated >= 2, "{stats:?}");
-    rig.finish().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn changing_the_primary_key_recreates_the_table_and_its_rows() -> Result<()> {
-    let pool = server_or_skip!();
-    let t = unique("rekey");
-    let rig = Rig::new(pool, &[&t]).await?;
-    sync_docs(&rig, &t, docs_schema()?, vec![doc("1", "a"), doc("2", "b")]).await?;
-    rig.exec(&format!(
-        "INSERT INTO \"{t}\" (id, body) VALUES ('foreign', 'f')"
-    ))
-    .await?;
-
-    let rekeyed = TableSchema::builder()
-        .column("id", ColumnType::Text)
-        .column("body", ColumnType::Text)
-        .primary_key(["id", "body"])
-        .build()?;
-    let stats = sync_docs(&rig, &t, rekeyed, vec![doc("1", "a"), doc("2", "b")]).await?;
-    // The table was dropped (the foreign row is gone) and the rows created again.
-    assert_eq!(rig.bodies(&t).await?, expected(&[("1", "a"), ("2", "b")]));
-    assert_eq!(stats.created, 2, "{stats:?}");
-    let pk: Vec<String> = sqlx::query_scalar(
-        "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass($1) AND i.indisprimary ORDER BY a.attname",
-    )
-    .bind(format!("public.\"{t}\""))
-    .fetch_all(&rig.pool)
-    .await?;
-    assert_eq!(pk, vec!["body", "id"]);
-    rig.finish().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_table_no_longer_declared_is_dropped_when_weir_manages_it() -> Result<()> {
-    let pool = server_or_skip!();
-    let (keep, gone) = (unique("keep"), unique("gone"));
-    let rig = Rig::new(pool, &[&keep, &gone]).await?;
-    let (k, g) = (keep.clone(), gone.clone());
-    rig.run(move |ctx| async move {
-        let a = mount_table_target(&ctx, &db(), &k, docs_schema()?).await?;
-        let b = mount_table_target(&ctx, &db(), &g, docs_schema()?).await?;
-        a.declare_row(&ctx, doc("1", "a"))?;
-        b.declare_row(&ctx, doc("1", "b"))
-    })
-    .await?;
-    assert!(rig.exists(&gone).await?);
-
-    sync_docs(&rig, &keep, docs_schema()?, vec![doc("1", "a")]).await?;
-    assert!(!rig.exists(&gone).await?, "{gone} was not dropped");
-    assert_eq!(rig.bodies(&keep).await?, expected(&[("1", "a")]));
-
-    // A run that declares no table at all still drops them, given the database.
-    rig.run(|ctx| async move { register_database(&ctx, &db()) })
-        .await?;
-    assert!(!rig.exists(&keep).await?, "{keep} was not dropped");
-    rig.finish().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_user_managed_table_no_longer_declared_is_left_with_its_rows() -> Result<()> {
-    let pool = server_or_skip!();
-    let t = unique("usertable");
-    let rig = Rig::new(pool, &[&t]).await?;
-    rig.exec(&format!(
-        "CREATE TABLE \"{t}\" (id text PRIMARY KEY, body text, mine int)"
-    ))
-    .await?;
-    let table = t.clone();
-    rig.run(move |ctx| async move {
-        let target = mount_table_target_with(
-            &ctx,
-            &db(),
-            &table,
-            docs_schema()?,
-            TableOptions::default().managed_by(ManagedBy::User),
-        )
-        .await?;
-        target.declare_row(&ctx, doc("1", "a"))?;
-        target.declare_row(&ctx, doc("2", "b"))
-    })
-    .await?;
-    assert_eq!(rig.bodies(&t).await?, expected(&[("1", "a"), ("2", "b")]));
-    // weir ran no DDL: the user's extra column is still there.
-    assert_eq!(rig.columns(&t).await?, vec!["id", "body", "mine"]);
-
-    rig.run(|ctx| async move { register_database(&ctx, &db()) })
-        .await?;
-    assert!(rig.exists(&t).await?);
-    assert_eq!(rig.bodies(&t).await?, expected(&[("1", "a"), ("2", "b")]));
-    rig.finish().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn drop_state_deletes_the_rows_weir_wrote_into_a_user_managed_table_and_leaves_the_rest(
-) -> Result<()> {
-    let pool = server_or_skip!();
-    let t = unique("userdrop");
-    let rig = Rig::new(pool, &[&t]).await?;
-    rig.exec(&format!(
-        "CREATE TABLE \"{t}\" (id text PRIMARY KEY, body text, mine int)"
-    ))
-    .await?;
-    rig.exec(&format!(
-        "INSERT INTO \"{t}\" (id, body) VALUES ('theirs', 'kept')"
-    ))
-    .await?;
-    let table = t.clone();
-    rig.run(move |ctx| async move {
-        let target = mount_table_target_with(
-            &ctx,
-            &db(),
-            &table,
-            docs_schema()?,
-            TableOptions::default().managed_by(ManagedBy::User),
-        )
-        .await?;
-        target.declare_row(&ctx, doc("1", "a"))?;
-        target.declare_row(&ctx, doc("2", "b"))
-    })
-    .await?;
-
-    let stats = tokio::time::timeout(
-        Duration::from_secs(60),
-        rig.app
-            .drop_state(|ctx| async move { register_database(&ctx, &db()) }),
-    )
-    .await
-    .map_err(|_| Error::msg("drop timed out"))??;
-    assert!(
-        rig.exists(&t).await?,
-        "a table the user owns is not dropped"
-    );
-    assert_eq!(rig.bodies(&t).await?, expected(&[("theirs", "kept")]));
-    assert_eq!(stats.deleted, 3, "{stats:?}");
     rig.finish().await
 }
 
@@ -1187,37 +862,6 @@ async fn sync_family(
     .await
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_real_foreign_key_holds_when_the_child_table_depends_on_its_parent() -> Result<()> {
-    let pool = server_or_skip!();
-    let suffix = unique("fk");
-    let (parent, child) = (format!("b_parent_{suffix}"), format!("a_child_{suffix}"));
-    let rig = Rig::new(pool, &[&child, &parent]).await?;
-    let names = (parent.as_str(), child.as_str());
-    sync_family(&rig, names, &["p1"], &[("c1", "p1")], true).await?;
-    rig.exec(&format!(
-        "ALTER TABLE \"{child}\" ADD CONSTRAINT \"{child}_fk\" FOREIGN KEY (parent) REFERENCES \"{parent}\" (id)"
-    ))
-    .await?;
-
-    // A new parent with its child, and the old pair deleted, in one run: the
-    // child's insert needs the parent first, the parent's delete the child's.
-    sync_family(&rig, names, &["p2"], &[("c2", "p2")], true).await?;
-    assert_eq!(rig.bodies(&parent).await?, expected(&[("p2", "p")]));
-    let kids: Vec<String> = sqlx::query_scalar(&format!("SELECT id FROM \"{child}\""))
-        .fetch_all(&rig.pool)
-        .await?;
-    assert_eq!(kids, vec!["c2"]);
-
-    // Without depends_on the same change violates the foreign key (the child
-    // table sorts first): the failure names the table and the constraint.
-    let result = sync_family(&rig, names, &["p3"], &[("c3", "p3")], false).await;
-    let text = result.err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(text.contains("foreign key constraint"), "{text}");
-    assert!(text.contains(&format!("{child}_fk")), "{text}");
-    rig.finish().await
-}
-
 const FAMILIES: i64 = 1500;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1275,81 +919,6 @@ async fn parents_written_by_earlier_calls_are_committed_before_calls_that_write_
         .fetch_one(&rig.pool)
         .await?;
     assert_eq!(kids, 4 * FAMILIES);
-    rig.finish().await
-}
-
-#[derive(Clone, Debug, Serialize)]
-struct User {
-    id: String,
-    email: String,
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_unique_violation_fails_only_the_component_whose_row_collides() -> Result<()> {
-    let pool = server_or_skip!();
-    let t = unique("uniq");
-    let rig = Rig::new(pool, &[&t]).await?;
-    let schema = TableSchema::builder()
-        .column("id", ColumnType::Text)
-        .column("email", ColumnType::Text)
-        .primary_key(["id"])
-        .build()?;
-    let sync = |users: Vec<(&str, &str)>| {
-        let users: Vec<User> = users
-            .into_iter()
-            .map(|(id, email)| User {
-                id: id.into(),
-                email: email.into(),
-            })
-            .collect();
-        let (table, schema) = (t.clone(), schema.clone());
-        rig.run(move |ctx| async move {
-            let target = mount_table_target(&ctx, &db(), &table, schema).await?;
-            let target = Arc::new(target);
-            ctx.mount_each(
-                users,
-                |u| u.id.clone(),
-                move |c, u| {
-                    let target = Arc::clone(&target);
-                    async move { target.declare_row(&c, &u) }
-                },
-            )
-            .await
-        })
-    };
-    sync(vec![("a", "a@x"), ("b", "b@x"), ("c", "c@x")]).await?;
-    rig.exec(&format!(
-        "CREATE UNIQUE INDEX \"{t}_email\" ON \"{t}\" (email)"
-    ))
-    .await?;
-
-    let result = sync(vec![
-        ("a", "a@x"),
-        ("b", "a@x"),
-        ("c", "c2@x"),
-        ("d", "d@x"),
-    ])
-    .await;
-    let err = match result {
-        Ok(stats) => return Err(Error::msg(format!("the collision was accepted: {stats:?}"))),
-        Err(e) => e,
-    };
-    assert_eq!(failed_paths(&err), vec!["/b"], "{err}");
-    let text = err.to_string();
-    assert!(
-        text.contains(&format!("table {t}: unique constraint {t}_email")),
-        "{text}"
-    );
-    assert!(text.contains("\"b\""), "{text}");
-    let rows: Vec<(String, String)> =
-        sqlx::query_as(&format!("SELECT id, email FROM \"{t}\" ORDER BY id"))
-            .fetch_all(&rig.pool)
-            .await?;
-    let want: Vec<(String, String)> = [("a", "a@x"), ("b", "b@x"), ("c", "c2@x"), ("d", "d@x")]
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    assert_eq!(rows, want);
     rig.finish().await
 }
 

@@ -1,5 +1,7 @@
-//! The SQLite target against a real SQLite file per test: rows, types,
-//! schema changes, ownership, related tables and constraint failures.
+//! The SQLite target against a real SQLite file per test: its types, and
+//! what only SQLite does: names that ignore case, the bind limit, storage
+//! types, attached databases, a locked database. What both SQL dialects
+//! do is tested once for both in `sql_tables.rs`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -283,45 +285,6 @@ async fn connect_read_only_creates_no_file_and_changes_none() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn rows_are_created_updated_and_deleted_as_declared() -> Result<()> {
-    let f = fixture().await?;
-    let stats = sync_docs(
-        &f,
-        vec![
-            doc("a", "A", Some(1)),
-            doc("b", "B", None),
-            doc("c", "C", Some(3)),
-        ],
-    )
-    .await?;
-    assert_eq!(stats.created, 4, "the table and three rows: {stats:?}");
-    assert_eq!(
-        read_docs(&f.pool).await?,
-        expected(&[("a", "A", Some(1)), ("b", "B", None), ("c", "C", Some(3))])
-    );
-
-    let stats = sync_docs(
-        &f,
-        vec![
-            doc("a", "A2", None),
-            doc("c", "C", Some(3)),
-            doc("d", "D", Some(4)),
-        ],
-    )
-    .await?;
-    assert_eq!((stats.created, stats.deleted), (1, 1), "{stats:?}");
-    assert_eq!(
-        read_docs(&f.pool).await?,
-        expected(&[("a", "A2", None), ("c", "C", Some(3)), ("d", "D", Some(4))])
-    );
-
-    sync_docs(&f, vec![]).await?;
-    assert_eq!(read_docs(&f.pool).await?, expected(&[]));
-    assert!(table_exists(&f.pool, "docs").await?);
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn an_unchanged_rerun_writes_no_row() -> Result<()> {
     let f = fixture().await?;
     let rows: Vec<Doc> = (0..50)
@@ -363,38 +326,6 @@ async fn an_unchanged_rerun_writes_no_row() -> Result<()> {
         .await?;
     assert_eq!(writes, 0);
     assert_eq!(rowids(f.pool.clone()).await?, before);
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_table_dropped_by_hand_stops_the_next_run_with_what_to_do_and_is_not_recreated_empty(
-) -> Result<()> {
-    let f = fixture().await?;
-    sync_docs(&f, vec![doc("a", "x", None), doc("b", "y", Some(1))]).await?;
-    sqlx::query("DROP TABLE docs").execute(&f.pool).await?;
-
-    for run in 0..2 {
-        let err = err_or(
-            sync_docs(&f, vec![doc("a", "x", None), doc("b", "y", Some(1))]).await,
-            "a run whose table was dropped by hand",
-        )?;
-        let text = err.to_string();
-        assert!(text.contains("docs"), "run {run}: {text}");
-        assert!(text.contains("restore it"), "run {run}: {text}");
-        assert!(text.contains("weir drop"), "run {run}: {text}");
-        assert!(
-            !table_exists(&f.pool, "docs").await?,
-            "run {run} created an empty table under rows recorded as written"
-        );
-    }
-    // Restoring the table by hand lets the next run go on.
-    sqlx::query(
-        "CREATE TABLE docs (id TEXT NOT NULL, title TEXT NOT NULL, n INTEGER, PRIMARY KEY (id))",
-    )
-    .execute(&f.pool)
-    .await?;
-    sync_docs(&f, vec![doc("a", "x", None), doc("b", "z", Some(1))]).await?;
-    assert_eq!(read_docs(&f.pool).await?, expected(&[("b", "z", Some(1))]));
     Ok(())
 }
 
@@ -589,79 +520,6 @@ async fn every_column_type_round_trips() -> Result<()> {
     Ok(())
 }
 
-#[derive(Serialize)]
-struct Scored {
-    id: String,
-    title: String,
-    score: f64,
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn nan_and_nul_are_rejected_naming_table_column_and_key_while_other_rows_land() -> Result<()>
-{
-    let f = fixture().await?;
-    let schema = TableSchema::builder()
-        .column("id", ColumnType::Text)
-        .column("title", ColumnType::Text)
-        .column("score", ColumnType::Double)
-        .primary_key(["id"])
-        .build()?;
-    let items = vec![
-        Scored {
-            id: "good1".into(),
-            title: "ok".into(),
-            score: 1.0,
-        },
-        Scored {
-            id: "nan".into(),
-            title: "ok".into(),
-            score: f64::NAN,
-        },
-        Scored {
-            id: "nul".into(),
-            title: "a\0b".into(),
-            score: 2.0,
-        },
-        Scored {
-            id: "good2".into(),
-            title: "ok".into(),
-            score: 3.0,
-        },
-    ];
-    let result = bounded(f.app.run(move |ctx| async move {
-        let table = sqlite::mount_table_target(&ctx, &db(), "scores", schema).await?;
-        ctx.mount_each(
-            items,
-            |item| item.id.clone(),
-            move |ctx, item| {
-                let table = table.clone();
-                async move { table.declare_row(&ctx, &item) }
-            },
-        )
-        .await
-    }))
-    .await;
-    let err = err_or(result, "a run with NaN and NUL")?;
-    let failures = err.failed_components();
-    assert_eq!(failures.len(), 2, "{err}");
-    let text = err.to_string();
-    assert!(
-        text.contains("table scores, column score") && text.contains("row key \"nan\""),
-        "{text}"
-    );
-    assert!(
-        text.contains("table scores, column title")
-            && text.contains("NUL")
-            && text.contains("row key \"nul\""),
-        "{text}"
-    );
-    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM scores ORDER BY id")
-        .fetch_all(&f.pool)
-        .await?;
-    assert_eq!(ids, vec!["good1", "good2"]);
-    Ok(())
-}
-
 // ---------------------------------------------------------------------------
 // Schema changes
 // ---------------------------------------------------------------------------
@@ -727,47 +585,6 @@ async fn an_added_nullable_column_keeps_the_rows_data() -> Result<()> {
     Ok(())
 }
 
-#[derive(Clone, Serialize)]
-struct Narrow {
-    id: String,
-    title: String,
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_dropped_column_is_dropped_and_every_row_written_again() -> Result<()> {
-    let f = fixture().await?;
-    sync_docs(&f, vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))]).await?;
-    let narrow = TableSchema::builder()
-        .column("id", ColumnType::Text)
-        .column("title", ColumnType::Text)
-        .primary_key(["id"])
-        .build()?;
-    let rows = vec![
-        Narrow {
-            id: "a".into(),
-            title: "A".into(),
-        },
-        Narrow {
-            id: "b".into(),
-            title: "B".into(),
-        },
-    ];
-    let stats = sync_rows(&f, narrow, rows).await?;
-    assert_eq!(columns(&f.pool, "docs").await?, vec!["id", "title"]);
-    assert_eq!(
-        stats.updated, 3,
-        "the table and both rows (Lossy): {stats:?}"
-    );
-    let rows: Vec<(String, String)> = sqlx::query_as("SELECT id, title FROM docs ORDER BY id")
-        .fetch_all(&f.pool)
-        .await?;
-    assert_eq!(
-        rows,
-        vec![("a".into(), "A".into()), ("b".into(), "B".into())]
-    );
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retyped_column_is_dropped_and_added_with_the_rows_written_again() -> Result<()> {
     let f = fixture().await?;
@@ -806,140 +623,9 @@ async fn a_retyped_column_is_dropped_and_added_with_the_rows_written_again() -> 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_new_primary_key_recreates_the_table_and_its_rows() -> Result<()> {
-    let f = fixture().await?;
-    sync_docs(&f, vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))]).await?;
-    sqlx::query("INSERT INTO docs (id, title) VALUES ('stray', 'not weir''s')")
-        .execute(&f.pool)
-        .await?;
-    let rekeyed = TableSchema::builder()
-        .column("id", ColumnType::Text)
-        .column("title", ColumnType::Text)
-        .nullable_column("n", ColumnType::BigInt)
-        .primary_key(["title"])
-        .build()?;
-    let stats = sync_rows(
-        &f,
-        rekeyed,
-        vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))],
-    )
-    .await?;
-    assert_eq!(
-        stats.created, 2,
-        "rows are created again (Destructive): {stats:?}"
-    );
-    assert_eq!(
-        read_docs(&f.pool).await?,
-        expected(&[("a", "A", Some(1)), ("b", "B", Some(2))])
-    );
-    let pk: Vec<String> =
-        sqlx::query_scalar("SELECT name FROM pragma_table_info('docs') WHERE pk > 0")
-            .fetch_all(&f.pool)
-            .await?;
-    assert_eq!(pk, vec!["title"]);
-    Ok(())
-}
-
 // ---------------------------------------------------------------------------
 // Lifecycle and ownership
 // ---------------------------------------------------------------------------
-
-async fn sync_nothing(f: &Fixture) -> Result<UpdateStats> {
-    bounded(
-        f.app
-            .run(|ctx| async move { sqlite::register_database(&ctx, &db()) }),
-    )
-    .await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_table_weir_created_is_dropped_when_no_longer_declared() -> Result<()> {
-    let f = fixture().await?;
-    sync_docs(&f, vec![doc("a", "A", None)]).await?;
-    assert!(table_exists(&f.pool, "docs").await?);
-    let stats = sync_nothing(&f).await?;
-    assert_eq!(stats.deleted, 1, "{stats:?}");
-    assert!(!table_exists(&f.pool, "docs").await?);
-    // Declared again: created from scratch with its rows.
-    sync_docs(&f, vec![doc("b", "B", None)]).await?;
-    assert_eq!(read_docs(&f.pool).await?, expected(&[("b", "B", None)]));
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_user_managed_table_is_written_but_never_created_altered_or_dropped() -> Result<()> {
-    let f = fixture().await?;
-    let user = TableOptions {
-        managed_by: ManagedBy::User,
-    };
-    // Weir does not create it: the rows fail.
-    let missing = bounded(f.app.run(move |ctx| async move {
-        let t = sqlite::mount_table_target_with(&ctx, &db(), "docs", docs_schema()?, user).await?;
-        t.declare_row(&ctx, doc("a", "A", None))
-    }))
-    .await;
-    let err = err_or(missing, "rows into a missing user table")?;
-    assert!(err.to_string().contains("no such table"), "{err}");
-
-    sqlx::query(
-        "CREATE TABLE docs (id TEXT PRIMARY KEY, title TEXT NOT NULL, n INTEGER, mine TEXT)",
-    )
-    .execute(&f.pool)
-    .await?;
-    bounded(f.app.run(move |ctx| async move {
-        let t = sqlite::mount_table_target_with(&ctx, &db(), "docs", docs_schema()?, user).await?;
-        t.declare_row(&ctx, doc("a", "A", Some(1)))
-    }))
-    .await?;
-    assert_eq!(read_docs(&f.pool).await?, expected(&[("a", "A", Some(1))]));
-    assert_eq!(
-        columns(&f.pool, "docs").await?,
-        vec!["id", "title", "n", "mine"]
-    );
-
-    sync_nothing(&f).await?;
-    assert!(
-        table_exists(&f.pool, "docs").await?,
-        "abandoned, not dropped"
-    );
-    assert_eq!(read_docs(&f.pool).await?, expected(&[("a", "A", Some(1))]));
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn drop_state_deletes_the_rows_weir_wrote_into_a_user_managed_table_and_leaves_the_rest(
-) -> Result<()> {
-    let f = fixture().await?;
-    let user = TableOptions {
-        managed_by: ManagedBy::User,
-    };
-    sqlx::query("CREATE TABLE docs (id TEXT PRIMARY KEY, title TEXT NOT NULL, n INTEGER)")
-        .execute(&f.pool)
-        .await?;
-    sqlx::query("INSERT INTO docs (id, title) VALUES ('theirs', 'kept')")
-        .execute(&f.pool)
-        .await?;
-    bounded(f.app.run(move |ctx| async move {
-        let t = sqlite::mount_table_target_with(&ctx, &db(), "docs", docs_schema()?, user).await?;
-        t.declare_row(&ctx, doc("a", "A", None))?;
-        t.declare_row(&ctx, doc("b", "B", Some(2)))
-    }))
-    .await?;
-
-    let stats = bounded(
-        f.app
-            .drop_state(|ctx| async move { sqlite::register_database(&ctx, &db()) }),
-    )
-    .await?;
-    assert!(table_exists(&f.pool, "docs").await?, "not dropped");
-    assert_eq!(
-        read_docs(&f.pool).await?,
-        expected(&[("theirs", "kept", None)])
-    );
-    assert_eq!(stats.deleted, 3, "{stats:?}");
-    Ok(())
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_tables_of_one_database_are_written_in_one_run() -> Result<()> {
@@ -1237,42 +923,6 @@ async fn injection_attempts_in_table_and_column_names_are_rejected() -> Result<(
         .fetch_one(&f.pool)
         .await?;
     assert_eq!(tables, 0);
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_table_declared_in_a_component_is_created_before_its_rows_when_it_commits() -> Result<()>
-{
-    let f = fixture().await?;
-    let run = |rows: Vec<Doc>| {
-        bounded(f.app.run(move |ctx| async move {
-            ctx.mount("docs", move |ctx| async move {
-                let table = sqlite::declare_table_target(&ctx, &db(), "docs", docs_schema()?)?;
-                assert_eq!(table.name(), "docs");
-                for row in &rows {
-                    table.declare_row(&ctx, row)?;
-                }
-                Ok(())
-            })
-            .await
-        }))
-    };
-    run(vec![doc("a", "A", None), doc("b", "B", Some(2))]).await?;
-    assert_eq!(
-        read_docs(&f.pool).await?,
-        expected(&[("a", "A", None), ("b", "B", Some(2))])
-    );
-    run(vec![doc("b", "B2", Some(2))]).await?;
-    assert_eq!(read_docs(&f.pool).await?, expected(&[("b", "B2", Some(2))]));
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_row_declared_twice_in_one_run_fails_its_component_naming_the_key() -> Result<()> {
-    let f = fixture().await?;
-    let result = sync_docs(&f, vec![doc("a", "A", None), doc("a", "again", None)]).await;
-    let err = err_or(result, "a row declared twice")?;
-    assert!(err.to_string().contains("\"a\""), "{err}");
     Ok(())
 }
 
