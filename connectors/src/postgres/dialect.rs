@@ -15,6 +15,7 @@ use crate::sql::TableSchema;
 impl Dialect for Postgres {
     type Pool = PgPool;
     type Statements = Statements;
+    type PerDatabase = ();
 
     const NAME: &'static str = "postgres";
     const ROW_SINK_CONCURRENT_CALLS: usize = ROW_SINK_CONCURRENT_CALLS;

@@ -21,7 +21,7 @@
 //! is the *name* of the [`ContextKey`] that holds the pool (so connection
 //! details can change without losing track of what weir created). Its
 //! tracking record is its [`TableSchema`] and who manages it. Its rows are
-//! child target states keyed by primary key ([`Row::key`]) and tracked by a
+//! child target states keyed by primary key ([`Row::key`](crate::sql::Row::key)) and tracked by a
 //! [`Fingerprint`](weir_actors::Fingerprint) of their values: an unchanged
 //! row costs no statement.
 //!
@@ -44,7 +44,8 @@
 //!
 //! # Writes and ordering
 //!
-//! All tables of one database share one row sink per run, so rows of every
+//! All tables of one database share one row sink (one per app and
+//! database), so rows of every
 //! table that the engine batches together are applied in **one
 //! transaction per sink call**: upserts as
 //! `INSERT ... SELECT ... FROM UNNEST($1, $2, ...) ON CONFLICT (pk) DO
@@ -83,7 +84,7 @@
 //!
 //! # Values
 //!
-//! Rows are converted with [`Row::from_serialize`] when declared: a NaN or
+//! Rows are converted with [`Row::from_serialize`](crate::sql::Row::from_serialize) when declared: a NaN or
 //! infinite float, a NUL byte in text or a value of the wrong type fails the
 //! declaring component with an error naming the table, the column and the
 //! row's key. See [`ColumnType`](crate::sql::ColumnType) for the type

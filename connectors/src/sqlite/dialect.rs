@@ -17,10 +17,15 @@ impl Dialect for Sqlite {
     type Pool = SqlitePool;
     /// Statements are built per call, for the number of rows it writes.
     type Statements = ();
+    /// The writer lock (see [`ROW_SINK_CONCURRENT_CALLS`](Self::ROW_SINK_CONCURRENT_CALLS)).
+    type PerDatabase = tokio::sync::Mutex<()>;
 
     const NAME: &'static str = "sqlite";
-    /// One writer at a time: SQLite locks the whole database to write.
-    const ROW_SINK_CONCURRENT_CALLS: usize = 1;
+    /// Two calls at once: one prepares its statements (groups and binds
+    /// its rows) while the other writes. SQLite writes one transaction at
+    /// a time: the calls take turns through the database's writer lock,
+    /// in the order they asked for it.
+    const ROW_SINK_CONCURRENT_CALLS: usize = 2;
     /// A SQLite database is not shared by the members of a worker group.
     const CHECKS_FENCE: bool = false;
 

@@ -32,17 +32,22 @@
 //!   key, and dropping it would drop the table just written. Rows that
 //!   such an old key tracked and the run does not declare are left in the
 //!   table, once.)
-//! - A row's key is its primary key ([`Row::key`]); its tracking record is a
+//! - A row's key is its primary key ([`Row::key`](crate::sql::Row::key)); its tracking record is a
 //!   fingerprint of its values, so an unchanged row costs no write.
-//! - All the rows of one database go through one sink per run: each sink
-//!   call is one transaction over any number of tables, with multi-row
+//! - All the rows of one database go through one sink (one per app and
+//!   database): each sink call is one transaction over any number of
+//!   tables, with multi-row
 //!   upserts (`INSERT .. ON CONFLICT (pk) DO UPDATE`) and deletes, chunked
 //!   under SQLite's bind limit. Deletes run first, children's tables before
 //!   parents'; then upserts, parents' tables before children's (see
 //!   [`TableTarget::depends_on`]). Foreign keys are deferred to the commit,
 //!   so rows that reference each other within one call never fail for
 //!   their order; across calls, a foreign-key violation is retried (the
-//!   parent row may be in a later call) before its component fails.
+//!   parent row may be in a later call) before its component fails. Two
+//!   calls run at once, one grouping its rows while the other writes; they
+//!   write in turn (a writer lock per database, so that neither waits on
+//!   SQLite's busy timeout). Once a table depends on another, calls run one
+//!   at a time, so that a parent's rows commit before its children's.
 //! - When one call holds two actions for one row, the last one wins.
 //! - A constraint violation (a `UNIQUE` index of the user's, a `CHECK`)
 //!   fails only the components whose rows violate it, with an error naming

@@ -1,6 +1,8 @@
-//! The sinks: one table sink and one row sink per database and run.
+//! The sinks: one table sink and one row sink per database of an app.
 //!
-//! Every sink call is one `BEGIN IMMEDIATE` transaction. The row sink
+//! Every sink call is one `BEGIN IMMEDIATE` transaction, taken through the
+//! database's writer lock: two row-sink calls run at once, one grouping its
+//! rows while the other writes, and they write in turn. The row sink
 //! writes all the tables of its database: deletes first (tables with the
 //! highest rank first, children before parents), then upserts (lowest rank
 //! first, parents before children), as multi-row statements chunked under
@@ -111,6 +113,7 @@ pub(crate) async fn apply_tables(
     let context =
         |what: &str, table: &str| format!("sqlite database {}, table {table}: {what}", db.name);
     let begin = |e| db_error(e, &format!("sqlite database {}: begin", db.name));
+    let _writer = db.dialect.lock().await;
     let mut conn = db.pool.acquire().await.map_err(begin)?;
     let claims = actions.iter().any(|a| TableAction::of(a).claim.is_some());
     let registry = claims && owners::attach(&mut conn).await?;
@@ -469,6 +472,8 @@ async fn write_actions(db: &SqDatabase, actions: Vec<TargetAction<RowWrite>>) ->
         .into_iter()
         .map(TableWrites::of)
         .collect();
+    // One call writes at a time; the next one groups its rows meanwhile.
+    let _writer = db.dialect.lock().await;
     let mut tx = db
         .pool
         .begin_with("BEGIN IMMEDIATE")
@@ -624,6 +629,41 @@ mod tests {
         let tables = grouped(actions, &[parent, child])?;
         let names: Vec<&str> = tables.iter().map(|w| w.table.name.as_str()).collect();
         assert_eq!(names, vec!["z_parent", "a_child"]);
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_calls_at_once_write_in_turn_without_meeting_a_busy_database() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::msg(e.to_string()))?;
+        // A busy database is an error at once: the calls must not meet.
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("t.db"))
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::ZERO);
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(options)
+            .await?;
+        sqlx::query("CREATE TABLE t (org TEXT, body TEXT, id INTEGER, PRIMARY KEY (org, id))")
+            .execute(&pool)
+            .await?;
+        let db = SqDatabase::new("db", pool.clone());
+        db.set_table(keyed_by_two("t")?);
+        let call = |org: &str| -> Vec<TargetAction<RowWrite>> {
+            (0..20_000)
+                .map(|i| {
+                    TargetAction::Create(write("t", vec![text(org), text("b"), SqlValue::Int(i)]))
+                })
+                .collect()
+        };
+        let (a, b) = tokio::join!(apply_rows(&db, call("a")), apply_rows(&db, call("b")));
+        a?;
+        b?;
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM t")
+            .fetch_one(&pool)
+            .await?;
+        assert_eq!(rows, 40_000);
         Ok(())
     }
 

@@ -23,6 +23,9 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     /// What the dialect prepares once for each declared table (its
     /// statements, what it found out about the table).
     type Statements: Send + Sync + 'static;
+    /// What the dialect keeps for each database of an app (such as a lock
+    /// that lets one sink call write at a time).
+    type PerDatabase: Default + Send + Sync + 'static;
 
     /// Names the dialect in errors and logs: `postgres`, `sqlite`.
     const NAME: &'static str;
@@ -130,6 +133,8 @@ pub(crate) struct Database<D: Dialect> {
     pub name: String,
     /// The pool.
     pub pool: D::Pool,
+    /// What the dialect keeps for the database.
+    pub dialect: D::PerDatabase,
     tables: Mutex<HashMap<String, Arc<Table<D>>>>,
 }
 
@@ -140,6 +145,7 @@ impl<D: Dialect> Database<D> {
         Self {
             name: name.to_string(),
             pool,
+            dialect: D::PerDatabase::default(),
             tables: Mutex::new(HashMap::new()),
         }
     }
