@@ -10,6 +10,7 @@
 
 #[path = "sql_tables/db.rs"]
 mod db;
+mod support;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use weir::prelude::*;
 use weir::statediff::ManagedBy;
 
 use db::{texts, Db, Lite, Pg, TextRow};
+use support::failed_paths;
 
 /// Runs each behaviour against both dialects.
 macro_rules! both_dialects {
@@ -155,19 +157,23 @@ async fn sync_docs<D: Db>(app: &App, table: &str, rows: Vec<Doc>) -> Result<Upda
     .await
 }
 
+/// Syncs rows `a` and `b` into `table`, then changes `a`'s title by hand.
+async fn two_docs_one_changed_by_hand<D: Db>(db: &D, app: &App, table: &str) -> Result<()> {
+    sync_docs::<D>(
+        app,
+        table,
+        vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))],
+    )
+    .await?;
+    db.exec(&format!(
+        "UPDATE \"{table}\" SET title = 'by hand' WHERE id = 'a'"
+    ))
+    .await
+}
+
 /// The `id, title, n` rows of a docs table.
 async fn docs<D: Db>(db: &D, table: &str) -> Result<Vec<TextRow>> {
     db.rows(table, &["id", "title", "n"], "id").await
-}
-
-fn failed_paths(err: &Error) -> Vec<String> {
-    let mut paths: Vec<String> = err
-        .failed_components()
-        .iter()
-        .map(|f| f.path.to_string())
-        .collect();
-    paths.sort();
-    paths
 }
 
 fn err_of<T: std::fmt::Debug>(result: Result<T>, what: &str) -> Result<Error> {
@@ -412,17 +418,8 @@ struct Wide {
 
 async fn an_added_nullable_column_keeps_the_rows_data<D: Db>(db: Arc<D>) -> Result<()> {
     let (app, t) = (db.app("added").await?, db.name("docs"));
-    sync_docs::<D>(
-        &app,
-        &t,
-        vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))],
-    )
-    .await?;
-    // Changed by hand: a row weir does not write again keeps it.
-    db.exec(&format!(
-        "UPDATE \"{t}\" SET title = 'by hand' WHERE id = 'a'"
-    ))
-    .await?;
+    // A row weir does not write again keeps what was changed by hand.
+    two_docs_one_changed_by_hand(&*db, &app, &t).await?;
     let wide = |id: &str, title: &str, n: i64, extra: Option<&str>| Wide {
         id: id.into(),
         title: title.into(),
@@ -458,16 +455,7 @@ struct Narrow {
 
 async fn a_dropped_column_is_dropped_and_every_row_written_again<D: Db>(db: Arc<D>) -> Result<()> {
     let (app, t) = (db.app("dropped").await?, db.name("docs"));
-    sync_docs::<D>(
-        &app,
-        &t,
-        vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))],
-    )
-    .await?;
-    db.exec(&format!(
-        "UPDATE \"{t}\" SET title = 'by hand' WHERE id = 'a'"
-    ))
-    .await?;
+    two_docs_one_changed_by_hand(&*db, &app, &t).await?;
     let narrow = TableSchema::builder()
         .column("id", ColumnType::Text)
         .column("title", ColumnType::Text)
