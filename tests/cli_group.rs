@@ -189,7 +189,7 @@ async fn inspect_group_shows_members_and_partitions_and_drop_group_removes_the_g
         let out = drop_group();
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         assert!(
-            text(&out.stdout).contains("tables chunks, documents"),
+            text(&out.stdout).contains("tables public.chunks, public.documents"),
             "{}",
             text(&out.stdout)
         );

@@ -217,3 +217,109 @@ async fn a_postgres_table_of_another_ledger_is_refused_in_the_ddl_transaction_an
     assert_eq!(postgres::table_owner(&pool, &table).await?, None);
     Ok(())
 }
+
+/// A pool on the test server whose unqualified names resolve in `schema`
+/// (created here).
+async fn pool_in_schema(url: &str, admin: &PgPool, schema: &str) -> Result<PgPool> {
+    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(admin)
+        .await?;
+    let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(url)
+        .map_err(|e| Error::msg(e.to_string()))?
+        .options([("search_path", schema)]);
+    Ok(sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apps_writing_a_table_of_one_name_into_two_schemas_each_own_their_own() -> Result<()> {
+    let Some((url, admin)) = pg::server(2).await.map_err(Error::msg)? else {
+        return Ok(());
+    };
+    let (s1, s2) = (unique("owners_a"), unique("owners_b"));
+    let table = unique("shared_name");
+    let (p1, p2) = (
+        pool_in_schema(&url, &admin, &s1).await?,
+        pool_in_schema(&url, &admin, &s2).await?,
+    );
+    let dir = tempfile::tempdir()?;
+    let first = pg_app(&dir.path().join("first"), &p1, false).await?;
+    let second = pg_app(&dir.path().join("second"), &p2, false).await?;
+    for _ in 0..2 {
+        pg_sync(&first, &table, docs(&[("a", "A")])).await?;
+        pg_sync(&second, &table, docs(&[("b", "B")])).await?;
+    }
+    assert_eq!(
+        postgres::table_owner(&p1, &table).await?,
+        Some(first.owner()?)
+    );
+    assert_eq!(
+        postgres::table_owner(&p2, &table).await?,
+        Some(second.owner()?)
+    );
+    // Dropped by the group of tables of an owner: its own schema's only.
+    let dropped = postgres::drop_tables_of(&admin, &first.owner()?).await?;
+    assert_eq!(dropped, vec![format!("{s1}.{table}")]);
+    let count = format!("SELECT count(*) FROM \"{s2}\".\"{table}\"");
+    let n: i64 = sqlx::query_scalar(&count).fetch_one(&admin).await?;
+    assert_eq!(n, 1, "the other schema's table stays");
+    second
+        .drop_state(|ctx| async move {
+            postgres::register_database(&ctx, &ContextKey::<PgPool>::new("pg"))
+        })
+        .await?;
+    for schema in [&s1, &s2] {
+        sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .execute(&admin)
+            .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_of_an_earlier_build_keyed_by_the_bare_name_still_guards_its_table(
+) -> Result<()> {
+    let Some((_, pool)) = pg::server(4).await.map_err(Error::msg)? else {
+        return Ok(());
+    };
+    let table = unique("legacy");
+    let dir = tempfile::tempdir()?;
+    let first = pg_app(&dir.path().join("first"), &pool, false).await?;
+    pg_sync(&first, &table, docs(&[("a", "A")])).await?;
+    // As an earlier build registered it: by its bare name.
+    sqlx::query("UPDATE weir.table_owner SET table_name = $1 WHERE table_name LIKE '%.' || $1")
+        .bind(&table)
+        .execute(&pool)
+        .await?;
+    assert_eq!(
+        postgres::table_owner(&pool, &table).await?,
+        Some(first.owner()?)
+    );
+    let second = pg_app(&dir.path().join("second"), &pool, false).await?;
+    let err = pg_sync(&second, &table, docs(&[("b", "B")]))
+        .await
+        .expect_err("a second owner is refused");
+    assert!(
+        err.to_string().contains(first.owner()?.description()),
+        "{err}"
+    );
+    // Its owner's next run keys it as this build does.
+    pg_sync(&first, &table, docs(&[("a", "A2")])).await?;
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name FROM weir.table_owner WHERE table_name LIKE '%' || $1",
+    )
+    .bind(&table)
+    .fetch_all(&pool)
+    .await?;
+    assert_eq!(keys.len(), 1);
+    assert!(keys[0].ends_with(&format!(".{table}")), "{keys:?}");
+    first
+        .drop_state(|ctx| async move {
+            postgres::register_database(&ctx, &ContextKey::<PgPool>::new("pg"))
+        })
+        .await?;
+    assert_eq!(postgres::table_owner(&pool, &table).await?, None);
+    Ok(())
+}

@@ -1,5 +1,14 @@
 //! The registry of table owners in PostgreSQL: `weir.table_owner` (see
 //! `crate::sql::owners` for what it is for).
+//!
+//! A registration is keyed by the table's schema-qualified name
+//! (`schema.table`): the schema of the table an unqualified name finds
+//! from the writing connection, or the schema a `CREATE TABLE` would put
+//! it in, so that apps writing tables of one name into different schemas
+//! (pools with different `search_path`s) are not taken for owners of one
+//! table. Registrations of earlier builds are keyed by the bare name; the
+//! first owner that settles a table of that name takes it over under its
+//! qualified key.
 
 use sqlx::{PgConnection, PgPool};
 use weir_actors::{Owner, Result};
@@ -38,6 +47,39 @@ pub(crate) async fn migrate(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
+/// The registry's key of `table`, as an unqualified name finds it from
+/// this connection (see the module's documentation); the bare name when
+/// no schema of the search path exists.
+async fn registry_key(conn: &mut PgConnection, table: &str) -> Result<String> {
+    let key: Option<String> = sqlx::query_scalar(
+        "SELECT COALESCE(
+           (SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.oid = to_regclass(quote_ident($1))),
+           current_schema()::text) || '.' || $1",
+    )
+    .bind(table)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(key.unwrap_or_else(|| table.to_string()))
+}
+
+/// Moves a registration of an earlier build (keyed by the bare name) to
+/// `key`, unless `key` is registered already.
+async fn qualify_legacy(conn: &mut PgConnection, table: &str, key: &str) -> Result<()> {
+    if key == table {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE weir.table_owner SET table_name = $2 WHERE table_name = $1
+           AND NOT EXISTS (SELECT 1 FROM weir.table_owner WHERE table_name = $2)",
+    )
+    .bind(table)
+    .bind(key)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Whether the table `table` exists where an unqualified name finds it.
 async fn table_exists(conn: &mut PgConnection, table: &str) -> Result<bool> {
     Ok(
@@ -64,11 +106,16 @@ pub async fn table_owner(pool: &PgPool, table: &str) -> Result<Option<Owner>> {
     if !table_exists(&mut conn, table).await? {
         return Ok(None);
     }
-    let row: Option<(String, String)> =
-        sqlx::query_as("SELECT owner, description FROM weir.table_owner WHERE table_name = $1")
-            .bind(table)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let key = registry_key(&mut conn, table).await?;
+    // Its own registration, else one of an earlier build.
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT owner, description FROM weir.table_owner WHERE table_name IN ($1, $2)
+          ORDER BY table_name = $1 DESC LIMIT 1",
+    )
+    .bind(&key)
+    .bind(table)
+    .fetch_optional(&mut *conn)
+    .await?;
     Ok(row.map(|(key, description)| Owner::from_parts(key, description)))
 }
 
@@ -85,6 +132,8 @@ pub(crate) async fn settle(
     claim: &Claim,
     dropping: bool,
 ) -> Result<()> {
+    let key = registry_key(tx, table).await?;
+    qualify_legacy(tx, table, &key).await?;
     if !dropping {
         // A table no one registered is registered at once: two owners
         // registering one table at the same time cannot both succeed.
@@ -92,7 +141,7 @@ pub(crate) async fn settle(
             "INSERT INTO weir.table_owner (table_name, owner, description) VALUES ($1, $2, $3)
              ON CONFLICT (table_name) DO NOTHING",
         )
-        .bind(table)
+        .bind(&key)
         .bind(claim.owner.key())
         .bind(claim.owner.description())
         .execute(&mut *tx)
@@ -104,7 +153,7 @@ pub(crate) async fn settle(
     let found: Option<(String, String)> = sqlx::query_as(
         "SELECT owner, description FROM weir.table_owner WHERE table_name = $1 FOR UPDATE",
     )
-    .bind(table)
+    .bind(&key)
     .fetch_optional(&mut *tx)
     .await?;
     let found = found.map(|(key, description)| Owner::from_parts(key, description));
@@ -114,7 +163,7 @@ pub(crate) async fn settle(
             return Err(refused(database, table, &found, &claim.owner));
         }
         sqlx::query("DELETE FROM weir.table_owner WHERE table_name = $1")
-            .bind(table)
+            .bind(&key)
             .execute(&mut *tx)
             .await?;
         return Ok(());
@@ -126,7 +175,7 @@ pub(crate) async fn settle(
                 "UPDATE weir.table_owner SET owner = $2, description = $3, registered_at = now()
                  WHERE table_name = $1",
             )
-            .bind(table)
+            .bind(&key)
             .bind(claim.owner.key())
             .bind(claim.owner.description())
             .execute(&mut *tx)
@@ -136,8 +185,21 @@ pub(crate) async fn settle(
     }
 }
 
+/// A registered name quoted for SQL: `"schema"."table"`, or `"table"` for
+/// a registration of an earlier build (identifiers hold no dot).
+fn quote_registered(name: &str) -> String {
+    match name.rsplit_once('.') {
+        Some((schema, table)) => format!(
+            "{}.{}",
+            crate::sql::quote_identifier(schema),
+            crate::sql::quote_identifier(table)
+        ),
+        None => crate::sql::quote_identifier(name),
+    }
+}
+
 /// Drops every table registered to `owner`, with its registration, in
-/// one transaction; returns their names. Used to remove a worker group,
+/// one transaction; returns their names (schema-qualified). Used to remove a worker group,
 /// whose tables no member's ledger alone answers for.
 ///
 /// # Errors
@@ -153,10 +215,7 @@ pub async fn drop_tables_of(pool: &PgPool, owner: &Owner) -> Result<Vec<String>>
     .await?;
     if !tables.is_empty() {
         // One statement: references between them do not stand in the way.
-        let list: Vec<String> = tables
-            .iter()
-            .map(|t| crate::sql::quote_identifier(t))
-            .collect();
+        let list: Vec<String> = tables.iter().map(|t| quote_registered(t)).collect();
         sqlx::query(&format!("DROP TABLE IF EXISTS {}", list.join(", ")))
             .execute(&mut *tx)
             .await?;

@@ -24,9 +24,10 @@
 //! are not registered: weir never creates, alters or drops them.
 //!
 //! The registry is `weir.table_owner` in PostgreSQL (a schema of weir's
-//! own, beside the worker groups' tables), and `_weir_table_owner` in
-//! SQLite, whose file has a single namespace; that table is dropped with
-//! the last registration in it.
+//! own, beside the worker groups' tables), keyed by each table's
+//! schema-qualified name; for SQLite, the table `table_owner` of a small
+//! database beside the file, attached as schema `weir` (see
+//! `crate::sqlite::owners`), never among the user's tables.
 
 use serde::{Deserialize, Serialize};
 use weir_actors::{Error, Owner, Result};
