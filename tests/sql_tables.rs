@@ -188,7 +188,7 @@ fn err_of<T: std::fmt::Debug>(result: Result<T>, what: &str) -> Result<Error> {
 // ---------------------------------------------------------------------------
 
 async fn rows_are_created_updated_and_deleted_as_declared<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("crud").await?, db.name("docs"));
+    let (app, t) = (db.app("crud").await?, String::from("docs"));
     let stats = sync_docs::<D>(
         &app,
         &t,
@@ -225,7 +225,7 @@ async fn rows_are_created_updated_and_deleted_as_declared<D: Db>(db: Arc<D>) -> 
 }
 
 async fn an_unchanged_run_writes_no_row<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("unchanged").await?, db.name("docs"));
+    let (app, t) = (db.app("unchanged").await?, String::from("docs"));
     let rows: Vec<Doc> = (0..20)
         .map(|i| doc(&format!("k{i:02}"), "same", Some(i)))
         .collect();
@@ -257,7 +257,7 @@ async fn a_table_dropped_by_hand_stops_the_next_run_with_what_to_do_and_is_not_r
 >(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("lost").await?, db.name("docs"));
+    let (app, t) = (db.app("lost").await?, String::from("docs"));
     let rows = || vec![doc("a", "x", None), doc("b", "y", Some(1))];
     sync_docs::<D>(&app, &t, rows()).await?;
     db.exec(&format!("DROP TABLE \"{t}\"")).await?;
@@ -307,7 +307,7 @@ async fn composite_keys_are_upserted_and_deleted<D: Db>(db: Arc<D>) -> Result<()
         .column("value", ColumnType::Text)
         .primary_key(["sheet", "n"])
         .build()?;
-    let (app, t) = (db.app("composite").await?, db.name("cells"));
+    let (app, t) = (db.app("composite").await?, String::from("cells"));
     let key = |c: &Cell| format!("{}/{}", c.sheet, c.n);
     let sync = |cells: Vec<Cell>| {
         sync_with::<D, _>(
@@ -339,7 +339,7 @@ async fn composite_keys_are_upserted_and_deleted<D: Db>(db: Arc<D>) -> Result<()
 async fn a_row_declared_twice_in_one_run_fails_its_component_naming_the_key<D: Db>(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("twice").await?, db.name("docs"));
+    let (app, t) = (db.app("twice").await?, String::from("docs"));
     let twice = vec![doc("a", "A", None), doc("a", "again", None)];
     let table = t.clone();
     let result = app
@@ -359,7 +359,7 @@ async fn a_row_declared_twice_in_one_run_fails_its_component_naming_the_key<D: D
 async fn a_table_declared_in_a_component_is_created_when_it_commits_before_its_rows<D: Db>(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("declared").await?, db.name("docs"));
+    let (app, t) = (db.app("declared").await?, String::from("docs"));
     let run = |rows: Vec<Doc>| {
         let table = t.clone();
         app.run(move |ctx| async move {
@@ -417,7 +417,7 @@ struct Wide {
 }
 
 async fn an_added_nullable_column_keeps_the_rows_data<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("added").await?, db.name("docs"));
+    let (app, t) = (db.app("added").await?, String::from("docs"));
     // A row weir does not write again keeps what was changed by hand.
     two_docs_one_changed_by_hand(&*db, &app, &t).await?;
     let wide = |id: &str, title: &str, n: i64, extra: Option<&str>| Wide {
@@ -454,7 +454,7 @@ struct Narrow {
 }
 
 async fn a_dropped_column_is_dropped_and_every_row_written_again<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("dropped").await?, db.name("docs"));
+    let (app, t) = (db.app("dropped").await?, String::from("docs"));
     two_docs_one_changed_by_hand(&*db, &app, &t).await?;
     let narrow = TableSchema::builder()
         .column("id", ColumnType::Text)
@@ -496,7 +496,7 @@ async fn a_retyped_column_is_dropped_and_added_again_and_every_row_written_again
         title: String,
         n: Option<String>,
     }
-    let (app, t) = (db.app("retyped").await?, db.name("docs"));
+    let (app, t) = (db.app("retyped").await?, String::from("docs"));
     sync_docs::<D>(&app, &t, vec![doc("a", "A", Some(1))]).await?;
     let rows = vec![Retyped {
         id: "a".into(),
@@ -521,7 +521,7 @@ async fn a_retyped_column_is_dropped_and_added_again_and_every_row_written_again
 }
 
 async fn a_new_primary_key_recreates_the_table_and_its_rows<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("rekeyed").await?, db.name("docs"));
+    let (app, t) = (db.app("rekeyed").await?, String::from("docs"));
     let rows = || vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))];
     sync_docs::<D>(&app, &t, rows()).await?;
     db.exec(&format!(
@@ -566,7 +566,7 @@ async fn sync_nothing<D: Db>(app: &App) -> Result<UpdateStats> {
 }
 
 async fn a_table_weir_created_is_dropped_when_no_longer_declared<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("dropped_table").await?, db.name("docs"));
+    let (app, t) = (db.app("dropped_table").await?, String::from("docs"));
     sync_docs::<D>(&app, &t, vec![doc("a", "A", None)]).await?;
     assert!(db.exists(&t).await?);
     let stats = sync_nothing::<D>(&app).await?;
@@ -578,7 +578,7 @@ async fn a_table_weir_created_is_dropped_when_no_longer_declared<D: Db>(db: Arc<
 async fn a_table_the_user_manages_is_written_but_never_created_altered_or_dropped<D: Db>(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("users").await?, db.name("docs"));
+    let (app, t) = (db.app("users").await?, String::from("docs"));
     let result = sync_with::<D, _>(
         &app,
         &t,
@@ -619,7 +619,7 @@ async fn a_table_taken_over_from_the_user_keeps_the_columns_it_had_and_its_rows_
 >(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("takeover").await?, db.name("docs"));
+    let (app, t) = (db.app("takeover").await?, String::from("docs"));
     db.exec(&format!(
         "CREATE TABLE \"{t}\" (id TEXT PRIMARY KEY, title TEXT NOT NULL, theirs TEXT, n BIGINT); \
          INSERT INTO \"{t}\" (id, title, theirs) VALUES ('x', 'X', 'kept')"
@@ -664,7 +664,7 @@ async fn drop_state_deletes_the_rows_weir_wrote_into_a_table_the_user_manages_an
 >(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("userdrop").await?, db.name("docs"));
+    let (app, t) = (db.app("userdrop").await?, String::from("docs"));
     db.exec(&format!(
         "CREATE TABLE \"{t}\" (id TEXT PRIMARY KEY, title TEXT NOT NULL, n BIGINT); \
          INSERT INTO \"{t}\" (id, title) VALUES ('theirs', 'kept')"
@@ -761,7 +761,7 @@ async fn a_child_table_with_a_real_foreign_key_is_written_after_its_parent_and_d
     db: Arc<D>,
 ) -> Result<()> {
     let app = db.app("library").await?;
-    let (a, b) = (db.name("authors"), db.name("books"));
+    let (a, b) = (String::from("authors"), String::from("books"));
     db.exec(&format!(
         "CREATE TABLE \"{a}\" (id TEXT PRIMARY KEY, name TEXT NOT NULL); \
          CREATE TABLE \"{b}\" (id TEXT PRIMARY KEY, \
@@ -804,7 +804,7 @@ async fn a_unique_violation_fails_only_the_component_whose_row_collides_naming_t
 >(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("unique").await?, db.name("users"));
+    let (app, t) = (db.app("unique").await?, String::from("users"));
     let schema = TableSchema::builder()
         .column("id", ColumnType::Text)
         .column("email", ColumnType::Text)
@@ -876,7 +876,7 @@ async fn a_value_the_column_cannot_hold_fails_only_its_component_naming_table_co
         .column("score", ColumnType::Double)
         .primary_key(["id"])
         .build()?;
-    let (app, t) = (db.app("values").await?, db.name("scores"));
+    let (app, t) = (db.app("values").await?, String::from("scores"));
     let rows = vec![
         scored("good1", "ok", 1.0),
         scored("nan", "ok", f64::NAN),

@@ -3,9 +3,9 @@
 //!
 //! - SQLite: a database file of the test's own.
 //! - PostgreSQL: a schema of the test's own in the test server's database
-//!   (dropped by [`Db::finish`], with its tables' owner registrations), a
-//!   pool whose `search_path` is that schema, and table names of its own
-//!   ([`Db::name`]).
+//!   (dropped by [`Db::finish`], with its tables' owner registrations), and
+//!   a pool whose `search_path` is that schema, so that tables are named
+//!   as in the SQLite tests.
 
 use std::future::Future;
 use std::str::FromStr;
@@ -37,10 +37,6 @@ pub trait Db: Sized + Send + Sync + 'static {
     /// A database of the test's own; `None` (after a loud message) when
     /// there is no server and `CI` is not `true`.
     fn fresh(test: &str) -> impl Future<Output = Result<Option<Self>>> + Send;
-    /// The name of the test's table `base`: PostgreSQL's registry of table
-    /// owners is one per database whatever the schema, so there each test
-    /// names its tables apart.
-    fn name(&self, base: &str) -> String;
     /// Mounts a table.
     fn mount(
         ctx: &Ctx,
@@ -124,10 +120,6 @@ impl Db for Lite {
         let dir = tempfile::tempdir()?;
         let pool = sqlite::connect(dir.path().join("test.db")).await?;
         Ok(Some(Lite { dir, pool }))
-    }
-
-    fn name(&self, base: &str) -> String {
-        base.to_string()
     }
 
     async fn mount(
@@ -215,8 +207,6 @@ pub struct Pg {
     admin: PgPool,
     pool: PgPool,
     schema: String,
-    /// Ends the names of the test's tables.
-    suffix: String,
 }
 
 impl Db for Pg {
@@ -229,8 +219,9 @@ impl Db for Pg {
             return Ok(None);
         };
         let unique = pg::unique("t").to_ascii_lowercase();
-        let suffix = unique.trim_start_matches("t_").to_string();
-        let schema: String = format!("{test}_{suffix}").chars().take(60).collect();
+        let suffix = unique.trim_start_matches("t_");
+        // The unique part first: names are cut at 63 bytes.
+        let schema: String = format!("{suffix}_{test}").chars().take(60).collect();
         sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
             .execute(&admin)
             .await?;
@@ -247,12 +238,7 @@ impl Db for Pg {
             admin,
             pool,
             schema,
-            suffix,
         }))
-    }
-
-    fn name(&self, base: &str) -> String {
-        format!("{base}_{}", self.suffix)
     }
 
     async fn mount(
@@ -331,8 +317,8 @@ impl Db for Pg {
                 .fetch_one(&self.admin)
                 .await?;
         if registry {
-            sqlx::query("DELETE FROM weir.table_owner WHERE table_name LIKE $1")
-                .bind(format!("%\\_{}", self.suffix))
+            sqlx::query("DELETE FROM weir.table_owner WHERE split_part(table_name, '.', 1) = $1")
+                .bind(&self.schema)
                 .execute(&self.admin)
                 .await?;
         }
