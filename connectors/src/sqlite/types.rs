@@ -100,3 +100,103 @@ fn json_of(value: &SqlValue) -> serde_json::Value {
         SqlValue::Array(items) => J::Array(items.iter().map(json_of).collect()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::sql::table::keys::{key_types, key_values};
+    use crate::sql::{ColumnType, Row, SqlValue, TableSchema};
+    use weir_actors::{Error, Result};
+
+    #[test]
+    fn a_delete_binds_each_key_type_as_the_upsert_bound_it() -> Result<()> {
+        use super::bound;
+        use crate::sql::value::key_of;
+        use ColumnType as T;
+        use SqlValue as V;
+
+        let at = chrono::DateTime::parse_from_rfc3339("1969-12-31T23:59:59.123456789+02:00")
+            .map_err(|e| Error::msg(e.to_string()))?
+            .with_timezone(&chrono::Utc);
+        // 212.91890726713459 parses back to another float unless JSON
+        // numbers are parsed exactly.
+        let doc = serde_json::json!({"b": [1, 212.918_907_267_134_59, null], "a": {"é": "x"}});
+        let array = |ty: T| T::Array(Box::new(ty));
+        let cases = vec![
+            (T::Text, V::Text("é\u{1F600} ' \"".into())),
+            (T::SmallInt, V::Int(-1)),
+            (T::Integer, V::Int(i64::from(i32::MIN))),
+            (T::BigInt, V::Int(i64::MIN)),
+            (T::Real, V::Float(f64::from(0.1_f32))),
+            (T::Double, V::Float(-0.0)),
+            (T::Double, V::Float(212.918_907_267_134_59)),
+            (T::Boolean, V::Bool(true)),
+            (T::Bytes, V::Bytes(vec![0, 0, 1])),
+            (T::Json, V::Json(doc.clone())),
+            (T::Json, V::Json(serde_json::json!("text"))),
+            (T::Timestamp, V::Timestamp(at)),
+            (T::Uuid, V::Uuid(uuid::Uuid::from_u128(u128::MAX))),
+            (array(T::Text), V::Array(vec![V::Text("a".into()), V::Null])),
+            (
+                array(T::Double),
+                V::Array(vec![V::Float(-0.0), V::Float(1e300)]),
+            ),
+            (array(T::Boolean), V::Array(vec![V::Bool(false)])),
+            (
+                array(T::Bytes),
+                V::Array(vec![V::Bytes(vec![0]), V::Bytes(vec![])]),
+            ),
+            (
+                array(T::Json),
+                V::Array(vec![
+                    V::Json(doc.clone()),
+                    V::Null,
+                    V::Json(serde_json::json!("s")),
+                ]),
+            ),
+            (array(T::Timestamp), V::Array(vec![V::Timestamp(at)])),
+            (array(T::Uuid), V::Array(vec![V::Uuid(uuid::Uuid::nil())])),
+            (array(T::BigInt), V::Array(vec![])),
+            (
+                array(array(T::Json)),
+                V::Array(vec![
+                    V::Array(vec![V::Json(doc), V::Null]),
+                    V::Array(vec![]),
+                ]),
+            ),
+        ];
+        let mut all = TableSchema::builder();
+        let mut names = Vec::new();
+        for (i, (ty, value)) in cases.iter().enumerate() {
+            let schema = TableSchema::builder()
+                .column("k", ty.clone())
+                .column("v", T::Text)
+                .primary_key(["k"])
+                .build()?;
+            let row = Row {
+                values: vec![value.clone(), V::Text("v".into())],
+            };
+            let deleted =
+                key_values(&row.key(&schema), &key_types(&schema)).map_err(Error::permanent)?;
+            assert_eq!(
+                deleted.iter().map(bound).collect::<Vec<_>>(),
+                vec![bound(value)],
+                "{ty:?}"
+            );
+            // Its call groups the delete with the row's upsert, by key.
+            assert_eq!(key_of(&deleted), row.key(&schema), "{ty:?}");
+            let name = format!("k{i}");
+            all = all.column(&name, ty.clone());
+            names.push(name);
+        }
+        let all = all.primary_key(&names).build()?;
+        let row = Row {
+            values: cases.into_iter().map(|(_, v)| v).collect(),
+        };
+        let deleted = key_values(&row.key(&all), &key_types(&all)).map_err(Error::permanent)?;
+        assert_eq!(
+            deleted.iter().map(bound).collect::<Vec<_>>(),
+            row.values.iter().map(bound).collect::<Vec<_>>()
+        );
+        Ok(())
+    }
+}
