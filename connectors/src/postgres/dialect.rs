@@ -55,3 +55,19 @@ impl Dialect for Postgres {
         sink::apply_rows(db, actions)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tables_provider_keeps_the_name_that_ledgers_store() {
+        // Ledgers hold this name in the path of every table and row they
+        // track: another name needs a migration of the ledger.
+        assert_eq!(
+            Postgres::tables_provider_name("db"),
+            "weir.postgres.table/db"
+        );
+        assert_eq!(Postgres::key_name("Docs"), "Docs");
+    }
+}

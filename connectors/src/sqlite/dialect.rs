@@ -67,3 +67,31 @@ impl Dialect for Sqlite {
         sink::apply_rows(&db, actions).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tables_provider_keeps_the_name_that_ledgers_store() {
+        // Ledgers hold this name in the path of every table and row they
+        // track: another name needs a migration of the ledger.
+        assert_eq!(Sqlite::tables_provider_name("db"), "weir.sqlite/db/table");
+    }
+
+    #[test]
+    fn table_names_are_keyed_in_lower_case_and_reserved_ones_refused() -> Result<()> {
+        assert_eq!(Sqlite::key_name("Docs"), "docs");
+        assert!(matches!(Sqlite::key_name("docs"), Cow::Borrowed("docs")));
+        let schema = TableSchema::builder()
+            .column("id", crate::sql::ColumnType::Text)
+            .primary_key(["id"])
+            .build()?;
+        let err = Sqlite::check_table("SQLITE_stat1", &schema).err();
+        assert!(
+            err.is_some_and(|e| e.to_string().contains("reserved")),
+            "a reserved name is refused"
+        );
+        Sqlite::check_table("docs", &schema)
+    }
+}
