@@ -41,6 +41,10 @@ impl Dialect for Postgres {
         })
     }
 
+    async fn table_exists(db: &PgDatabase, table: &str) -> Result<bool> {
+        sink::table_exists(db, table).await
+    }
+
     fn apply_tables(
         db: Arc<PgDatabase>,
         actions: Vec<TargetAction<TableAction>>,

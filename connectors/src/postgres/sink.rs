@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgDatabaseError;
-use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{Connection, PgConnection, Postgres, Transaction};
 use tracing::Instrument;
 use weir_actors::{Error, Fence, Result, StableKey, TargetAction};
 
@@ -34,7 +34,6 @@ pub(crate) async fn apply_tables(
     actions: Vec<TargetAction<TableAction>>,
 ) -> Result<()> {
     let pool = &db.pool;
-    check_tables_exist(pool, &actions).await?;
     let mut claims = Vec::new();
     let mut statements = Vec::new();
     for action in actions {
@@ -78,32 +77,13 @@ pub(crate) async fn apply_tables(
 /// This connector, as its metrics and spans name it.
 const PG: Connector = Connector::Postgres;
 
-/// Checks that each table declared with no DDL to run (a refresh of an
-/// unchanged table, or one the user owns) is still there: its rows are
-/// recorded as present, so a table dropped by hand is an error saying what
-/// to do, never an empty table created in its place.
-async fn check_tables_exist(pool: &PgPool, actions: &[TargetAction<TableAction>]) -> Result<()> {
-    for action in actions {
-        // A first declaration has no rows recorded yet.
-        let TargetAction::Update(t) = action else {
-            continue;
-        };
-        if !t.ddl.is_empty() {
-            continue;
-        }
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(crate::sql::quote_identifier(&t.table))
-            .fetch_one(pool)
-            .await
-            .map_err(|e| map_error(e, &t.table, "checking that the table exists", &[]))?;
-        if !exists {
-            return Err(Error::permanent(format!(
-                "postgres database has no table {}, though it is declared and weir tracks it (dropped by hand? a table declared as the user's is never created by weir): restore it, or delete what weir tracks of it (`weir drop`, or App::drop_state) and run again",
-                t.table
-            )));
-        }
-    }
-    Ok(())
+/// Whether `table` is where an unqualified name finds it.
+pub(crate) async fn table_exists(db: &PgDatabase, table: &str) -> Result<bool> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(crate::sql::quote_identifier(table))
+        .fetch_one(&db.pool)
+        .await
+        .map_err(|e| map_error(e, table, "checking that the table exists", &[]))
 }
 
 /// A table's rows of a call, with their keys: full rows, or key values.

@@ -56,6 +56,10 @@ impl Dialect for Sqlite {
         Ok(())
     }
 
+    async fn table_exists(db: &SqDatabase, table: &str) -> Result<bool> {
+        sink::table_exists(db, table).await
+    }
+
     async fn apply_tables(
         db: Arc<SqDatabase>,
         actions: Vec<TargetAction<TableAction>>,

@@ -103,7 +103,6 @@ pub(crate) async fn apply_tables(
     db: &SqDatabase,
     actions: Vec<TargetAction<TableAction>>,
 ) -> Result<()> {
-    check_tables_exist(db, &actions).await?;
     if actions.iter().all(|a| {
         let a = TableAction::of(a);
         a.ddl.is_empty() && a.claim.is_none()
@@ -210,45 +209,21 @@ async fn drop_column(
     Ok(())
 }
 
-/// Checks that each table declared with nothing to change (a refresh of
-/// an unchanged table, or one the user owns) is still there: its rows are
-/// recorded as present, so a table dropped by hand is an error saying
-/// what to do, never an empty table created in its place.
-async fn check_tables_exist(db: &SqDatabase, actions: &[TargetAction<TableAction>]) -> Result<()> {
-    for action in actions {
-        // A first declaration has no rows recorded yet.
-        let TargetAction::Update(t) = action else {
-            continue;
-        };
-        if !t.ddl.is_empty() {
-            continue;
-        }
-        let exists: Option<i64> = sqlx::query_scalar(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1 COLLATE NOCASE",
+/// Whether `table` is in the database, in any spelling.
+pub(crate) async fn table_exists(db: &SqDatabase, table: &str) -> Result<bool> {
+    let found: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1 COLLATE NOCASE",
+    )
+    .bind(table)
+    .fetch_optional(&db.pool)
+    .await
+    .map_err(|e| {
+        db_error(
+            e,
+            &format!("sqlite database {}, table {table}: check", db.name),
         )
-        .bind(&t.table)
-        .fetch_optional(&db.pool)
-        .await
-        .map_err(|e| {
-            db_error(
-                e,
-                &format!("sqlite database {}, table {}: check", db.name, t.table),
-            )
-        })?;
-        if exists.is_none() {
-            return Err(missing_table(&db.name, &t.table));
-        }
-    }
-    Ok(())
-}
-
-/// The error of a declared table that is not in the database though
-/// weir tracks it: it is not created again empty under rows recorded as
-/// written.
-pub(crate) fn missing_table(database: &str, table: &str) -> Error {
-    Error::permanent(format!(
-        "sqlite database {database} has no table {table}, though it is declared and weir tracks it (dropped by hand? a table declared as the user's is never created by weir): restore it, or delete what weir tracks of it (`weir drop`, or App::drop_state) and run again"
-    ))
+    })?;
+    Ok(found.is_some())
 }
 
 type Tx<'c> = sqlx::Transaction<'c, Sqlite>;

@@ -63,7 +63,15 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
         managed_by: ManagedBy,
     ) -> Result<Self::Statements>;
 
-    /// Applies table actions: settles registrations, runs DDL steps.
+    /// Whether the table `table` (as declared) is in the database.
+    ///
+    /// # Errors
+    /// When the database cannot be asked.
+    fn table_exists(db: &Database<Self>, table: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Applies table actions: settles registrations, runs DDL steps. The
+    /// tables that must exist already have been checked (see
+    /// `sinks::check_tables_exist`).
     fn apply_tables(
         db: Arc<Database<Self>>,
         actions: Vec<TargetAction<TableAction>>,

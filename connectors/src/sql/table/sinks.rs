@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use weir_actors::statediff::ManagedBy;
-use weir_actors::{ChildTargetDef, ContextKey, Ctx, Error, Result, TargetActionSink};
+use weir_actors::{ChildTargetDef, ContextKey, Ctx, Error, Result, TargetAction, TargetActionSink};
 
 use super::actions::{RowWrite, TableAction};
 use super::dialect::{Database, Dialect, Table};
@@ -37,7 +37,7 @@ impl<D: Dialect> Shared<D> {
         let for_children = Arc::clone(&db);
         let rows = row_sink.clone();
         let table_sink = TargetActionSink::from_async_fn_with_child_handler(
-            move |actions| D::apply_tables(Arc::clone(&for_tables), actions),
+            move |actions| apply_tables(Arc::clone(&for_tables), actions),
             move |action: &TableAction| rows_of(&for_children, action, &rows),
         );
         Self {
@@ -46,6 +46,41 @@ impl<D: Dialect> Shared<D> {
             row_sink,
         }
     }
+}
+
+/// Applies a call's table actions, once the tables that must be there
+/// are.
+async fn apply_tables<D: Dialect>(
+    db: Arc<Database<D>>,
+    actions: Vec<TargetAction<TableAction>>,
+) -> Result<()> {
+    check_tables_exist(&db, &actions).await?;
+    D::apply_tables(db, actions).await
+}
+
+/// Checks that each table declared with nothing to change (a refresh of
+/// an unchanged table, or one the user owns) is still there: its rows are
+/// recorded as present, so a table dropped by hand is an error saying what
+/// to do, never an empty table created in its place. (A first declaration
+/// has no rows recorded yet.)
+async fn check_tables_exist<D: Dialect>(
+    db: &Database<D>,
+    actions: &[TargetAction<TableAction>],
+) -> Result<()> {
+    for action in actions {
+        let TargetAction::Update(t) = action else {
+            continue;
+        };
+        if t.ddl.is_empty() && !D::table_exists(db, &t.table).await? {
+            return Err(Error::permanent(format!(
+                "{} database {} has no table {}, though it is declared and weir tracks it (dropped by hand? a table declared as the user's is never created by weir): restore it, or delete what weir tracks of it (`weir drop`, or App::drop_state) and run again",
+                D::NAME,
+                db.name,
+                t.table
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The sink, checking the fence of each call if the dialect does.
