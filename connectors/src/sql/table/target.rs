@@ -18,10 +18,7 @@ use crate::sql::{validate_identifier, PreviewedTable, Row, TableOptions, TableSc
 /// A declared table, to declare rows into: what each dialect's
 /// `TableTarget` holds.
 pub(crate) struct TableTarget<D: Dialect> {
-    name: Arc<str>,
-    schema: Arc<TableSchema>,
-    /// The primary key columns only, to name a bad row's key.
-    key_schema: Arc<TableSchema>,
+    /// Its name and schema, as the row sink knows them.
     table: Arc<Table<D>>,
     shared: Arc<Shared<D>>,
     rows: TargetStateProvider<Row>,
@@ -30,9 +27,6 @@ pub(crate) struct TableTarget<D: Dialect> {
 impl<D: Dialect> Clone for TableTarget<D> {
     fn clone(&self) -> Self {
         Self {
-            name: Arc::clone(&self.name),
-            schema: Arc::clone(&self.schema),
-            key_schema: Arc::clone(&self.key_schema),
             table: Arc::clone(&self.table),
             shared: Arc::clone(&self.shared),
             rows: self.rows.clone(),
@@ -45,7 +39,7 @@ impl<D: Dialect> std::fmt::Debug for TableTarget<D> {
         f.debug_struct("TableTarget")
             .field("dialect", &D::NAME)
             .field("db", &self.shared.db.name)
-            .field("table", &self.name)
+            .field("table", &self.table.name)
             .field("rank", &self.table.rank())
             .finish()
     }
@@ -96,13 +90,12 @@ pub(crate) fn register_database<D: Dialect>(
     Ok((shared, provider))
 }
 
-/// A table checked and recorded, with its target state, before it is
-/// declared or mounted.
+/// A table checked and recorded in its database, with the database's
+/// sinks and its target state, to declare or mount.
 struct Prepared<D: Dialect> {
-    shared: Arc<Shared<D>>,
     table: Arc<Table<D>>,
-    schema: TableSchema,
-    key_schema: TableSchema,
+    shared: Arc<Shared<D>>,
+    state: TargetState<TableSpec>,
 }
 
 fn prepare<D: Dialect>(
@@ -111,22 +104,13 @@ fn prepare<D: Dialect>(
     name: &str,
     schema: TableSchema,
     options: TableOptions,
-) -> Result<(Prepared<D>, TargetState<TableSpec>)> {
+) -> Result<Prepared<D>> {
     validate_identifier("table", name)?;
     // A schema can be deserialized without its builder: check it again.
     for column in schema.columns() {
         validate_identifier("column", &column.name)?;
     }
     D::check_table(name, &schema)?;
-    let key_schema = schema
-        .primary_key()
-        .iter()
-        .filter_map(|k| schema.column(k))
-        .fold(TableSchema::builder(), |b, c| {
-            b.column(&c.name, c.ty.clone())
-        })
-        .primary_key(schema.primary_key())
-        .build()?;
     let (shared, provider) = register_database::<D>(ctx, db)?;
     let table = Arc::new(Table::new(name, &schema, options.managed_by)?);
     shared.db.set_table(Arc::clone(&table));
@@ -134,31 +118,16 @@ fn prepare<D: Dialect>(
         table_key::<D>(db.name(), name),
         TableSpec {
             table: name.to_string(),
-            schema: schema.clone(),
+            schema,
             managed_by: options.managed_by,
             adopt: ctx.adopts_tables(),
         },
     );
-    let prepared = Prepared {
-        shared,
+    Ok(Prepared {
         table,
-        schema,
-        key_schema,
-    };
-    Ok((prepared, state))
-}
-
-impl<D: Dialect> Prepared<D> {
-    fn target(self, name: &str, rows: TargetStateProvider<Row>) -> TableTarget<D> {
-        TableTarget {
-            name: Arc::from(name),
-            schema: Arc::new(self.schema),
-            key_schema: Arc::new(self.key_schema),
-            table: self.table,
-            shared: self.shared,
-            rows,
-        }
-    }
+        shared,
+        state,
+    })
 }
 
 /// Declares the table `name` of `db` and commits it at once.
@@ -173,9 +142,17 @@ pub(crate) async fn mount<D: Dialect>(
     schema: TableSchema,
     options: TableOptions,
 ) -> Result<TableTarget<D>> {
-    let (prepared, state) = prepare::<D>(ctx, db, name, schema, options)?;
+    let Prepared {
+        table,
+        shared,
+        state,
+    } = prepare::<D>(ctx, db, name, schema, options)?;
     let rows = mount_target::<TableSpec, Row>(ctx, state).await?;
-    Ok(prepared.target(name, rows))
+    Ok(TableTarget {
+        table,
+        shared,
+        rows,
+    })
 }
 
 /// Declares the table `name` of `db` in the current component.
@@ -190,9 +167,17 @@ pub(crate) fn declare<D: Dialect>(
     schema: TableSchema,
     options: TableOptions,
 ) -> Result<TableTarget<D>> {
-    let (prepared, state) = prepare::<D>(ctx, db, name, schema, options)?;
+    let Prepared {
+        table,
+        shared,
+        state,
+    } = prepare::<D>(ctx, db, name, schema, options)?;
     let rows = declare_target_state_with_child::<TableSpec, Row>(ctx, state)?;
-    Ok(prepared.target(name, rows))
+    Ok(TableTarget {
+        table,
+        shared,
+        rows,
+    })
 }
 
 impl<D: Dialect> TableTarget<D> {
@@ -204,16 +189,35 @@ impl<D: Dialect> TableTarget<D> {
     /// declared twice in the run.
     pub(crate) fn declare_row<R: Serialize>(&self, ctx: &Ctx, row: R) -> Result<()> {
         let row = &row;
-        let converted = Row::from_serialize(&self.name, &self.schema, row).map_err(|e| {
-            let key = Row::from_serialize(&self.name, &self.key_schema, row)
-                .map(|k| k.key(&self.key_schema).to_string())
-                .unwrap_or_else(|_| "unknown (bad key)".to_string());
+        let (name, schema) = (&self.table.name, &self.table.schema);
+        let converted = Row::from_serialize(name, schema, row).map_err(|e| {
+            let key = self
+                .key_of(row)
+                .map_or_else(|| "unknown (bad key)".to_string(), |k| k.to_string());
             let err = Error::permanent(format!("{e} (row key {key})"));
             ctx.fail_component(&err);
             err
         })?;
-        let key = converted.key(&self.schema);
+        let key = converted.key(schema);
         declare_target_state(ctx, self.rows.target_state_exact(key, converted))
+    }
+
+    /// The key of a row that does not convert, when its key columns do.
+    fn key_of<R: Serialize>(&self, row: &R) -> Option<StableKey> {
+        let schema = &self.table.schema;
+        let key_schema = schema
+            .primary_key()
+            .iter()
+            .filter_map(|k| schema.column(k))
+            .fold(TableSchema::builder(), |b, c| {
+                b.column(&c.name, c.ty.clone())
+            })
+            .primary_key(schema.primary_key())
+            .build()
+            .ok()?;
+        Row::from_serialize(&self.table.name, &key_schema, row)
+            .ok()
+            .map(|r| r.key(&key_schema))
     }
 
     /// Says that this table's rows refer to `parent`'s: within each
@@ -235,7 +239,7 @@ impl<D: Dialect> TableTarget<D> {
 
     /// The table's name.
     pub(crate) fn name(&self) -> &str {
-        &self.name
+        &self.table.name
     }
 
     /// The table's memo key (see each dialect's `TableTarget::memo_key`).
@@ -245,6 +249,6 @@ impl<D: Dialect> TableTarget<D> {
 
     /// The table's schema.
     pub(crate) fn schema(&self) -> &TableSchema {
-        &self.schema
+        &self.table.schema
     }
 }
