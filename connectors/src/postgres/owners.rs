@@ -47,20 +47,21 @@ pub(crate) async fn migrate(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
-/// The registry's key of `table`, as an unqualified name finds it from
-/// this connection (see the module's documentation); the bare name when
-/// no schema of the search path exists.
-async fn registry_key(conn: &mut PgConnection, table: &str) -> Result<String> {
-    let key: Option<String> = sqlx::query_scalar(
-        "SELECT COALESCE(
-           (SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE c.oid = to_regclass(quote_ident($1))),
-           current_schema()::text) || '.' || $1",
+/// Where an unqualified name `table` leads from this connection: the
+/// registry's key of the table (see the module's documentation; the bare
+/// name when no schema of the search path exists), and whether the table
+/// is there. One query.
+async fn locate(conn: &mut PgConnection, table: &str) -> Result<(String, bool)> {
+    let (key, exists): (Option<String>, bool) = sqlx::query_as(
+        "SELECT COALESCE(n.nspname::text, current_schema()::text) || '.' || $1, c.oid IS NOT NULL
+           FROM (SELECT to_regclass(quote_ident($1)) AS oid) AS r
+           LEFT JOIN pg_class c ON c.oid = r.oid
+           LEFT JOIN pg_namespace n ON n.oid = c.relnamespace",
     )
     .bind(table)
     .fetch_one(&mut *conn)
     .await?;
-    Ok(key.unwrap_or_else(|| table.to_string()))
+    Ok((key.unwrap_or_else(|| table.to_string()), exists))
 }
 
 /// Moves a registration of an earlier build (keyed by the bare name) to
@@ -80,16 +81,6 @@ async fn qualify_legacy(conn: &mut PgConnection, table: &str, key: &str) -> Resu
     Ok(())
 }
 
-/// Whether the table `table` exists where an unqualified name finds it.
-async fn table_exists(conn: &mut PgConnection, table: &str) -> Result<bool> {
-    Ok(
-        sqlx::query_scalar("SELECT to_regclass(quote_ident($1)) IS NOT NULL")
-            .bind(table)
-            .fetch_one(&mut *conn)
-            .await?,
-    )
-}
-
 /// The owner registered for `table` in the database of `pool`, if any: a
 /// registration of a table that no longer exists is none.
 ///
@@ -103,10 +94,10 @@ pub async fn table_owner(pool: &PgPool, table: &str) -> Result<Option<Owner>> {
         return Ok(None);
     }
     let mut conn = pool.acquire().await?;
-    if !table_exists(&mut conn, table).await? {
+    let (key, exists) = locate(&mut conn, table).await?;
+    if !exists {
         return Ok(None);
     }
-    let key = registry_key(&mut conn, table).await?;
     // Its own registration, else one of an earlier build.
     let row: Option<(String, String)> = sqlx::query_as(
         "SELECT owner, description FROM weir.table_owner WHERE table_name IN ($1, $2)
@@ -132,7 +123,7 @@ pub(crate) async fn settle(
     claim: &Claim,
     dropping: bool,
 ) -> Result<()> {
-    let key = registry_key(tx, table).await?;
+    let (key, exists) = locate(tx, table).await?;
     qualify_legacy(tx, table, &key).await?;
     if !dropping {
         // A table no one registered is registered at once: two owners
@@ -157,7 +148,6 @@ pub(crate) async fn settle(
     .fetch_optional(&mut *tx)
     .await?;
     let found = found.map(|(key, description)| Owner::from_parts(key, description));
-    let exists = table_exists(tx, table).await?;
     if dropping {
         if let Some(found) = found.filter(|f| f.key() != claim.owner.key() && exists) {
             return Err(refused(database, table, &found, &claim.owner));
