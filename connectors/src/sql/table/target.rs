@@ -91,20 +91,31 @@ pub(crate) fn register_database<D: Dialect>(
 }
 
 /// A table checked and recorded in its database, with the database's
-/// sinks and its target state, to declare or mount.
+/// sinks: a [`TableTarget`] once its rows' provider is there.
 struct Prepared<D: Dialect> {
     table: Arc<Table<D>>,
     shared: Arc<Shared<D>>,
-    state: TargetState<TableSpec>,
 }
 
+impl<D: Dialect> Prepared<D> {
+    fn with_rows(self, rows: TargetStateProvider<Row>) -> TableTarget<D> {
+        TableTarget {
+            table: self.table,
+            shared: self.shared,
+            rows,
+        }
+    }
+}
+
+/// Checks a table and records it in its database; returns it with its
+/// target state, to declare or mount.
 fn prepare<D: Dialect>(
     ctx: &Ctx,
     db: &ContextKey<D::Pool>,
     name: &str,
     schema: TableSchema,
     options: TableOptions,
-) -> Result<Prepared<D>> {
+) -> Result<(Prepared<D>, TargetState<TableSpec>)> {
     validate_identifier("table", name)?;
     // A schema can be deserialized without its builder: check it again.
     for column in schema.columns() {
@@ -123,11 +134,7 @@ fn prepare<D: Dialect>(
             adopt: ctx.adopts_tables(),
         },
     );
-    Ok(Prepared {
-        table,
-        shared,
-        state,
-    })
+    Ok((Prepared { table, shared }, state))
 }
 
 /// Declares the table `name` of `db` and commits it at once.
@@ -142,17 +149,9 @@ pub(crate) async fn mount<D: Dialect>(
     schema: TableSchema,
     options: TableOptions,
 ) -> Result<TableTarget<D>> {
-    let Prepared {
-        table,
-        shared,
-        state,
-    } = prepare::<D>(ctx, db, name, schema, options)?;
+    let (prepared, state) = prepare::<D>(ctx, db, name, schema, options)?;
     let rows = mount_target::<TableSpec, Row>(ctx, state).await?;
-    Ok(TableTarget {
-        table,
-        shared,
-        rows,
-    })
+    Ok(prepared.with_rows(rows))
 }
 
 /// Declares the table `name` of `db` in the current component.
@@ -167,17 +166,9 @@ pub(crate) fn declare<D: Dialect>(
     schema: TableSchema,
     options: TableOptions,
 ) -> Result<TableTarget<D>> {
-    let Prepared {
-        table,
-        shared,
-        state,
-    } = prepare::<D>(ctx, db, name, schema, options)?;
+    let (prepared, state) = prepare::<D>(ctx, db, name, schema, options)?;
     let rows = declare_target_state_with_child::<TableSpec, Row>(ctx, state)?;
-    Ok(TableTarget {
-        table,
-        shared,
-        rows,
-    })
+    Ok(prepared.with_rows(rows))
 }
 
 impl<D: Dialect> TableTarget<D> {
