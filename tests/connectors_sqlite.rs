@@ -15,8 +15,11 @@ use weir::connectors::sqlite::{self, TableOptions};
 use weir::prelude::*;
 use weir::statediff::ManagedBy;
 
+#[path = "sql_tables/docs.rs"]
+mod docs;
 mod keys;
 
+use docs::{doc, docs_schema, Doc};
 use keys::KeyCase;
 
 // ---------------------------------------------------------------------------
@@ -61,30 +64,6 @@ async fn fixture() -> Result<Fixture> {
         pool,
         app,
     })
-}
-
-#[derive(Clone, Debug, Serialize)]
-struct Doc {
-    id: String,
-    title: String,
-    n: Option<i64>,
-}
-
-fn doc(id: &str, title: &str, n: Option<i64>) -> Doc {
-    Doc {
-        id: id.into(),
-        title: title.into(),
-        n,
-    }
-}
-
-fn docs_schema() -> Result<TableSchema> {
-    TableSchema::builder()
-        .column("id", ColumnType::Text)
-        .column("title", ColumnType::Text)
-        .nullable_column("n", ColumnType::BigInt)
-        .primary_key(["id"])
-        .build()
 }
 
 /// Mounts `docs` with `schema` and declares `rows` into it.

@@ -10,6 +10,8 @@
 
 #[path = "sql_tables/db.rs"]
 mod db;
+#[path = "sql_tables/docs.rs"]
+mod docs;
 mod support;
 
 use std::future::Future;
@@ -22,6 +24,7 @@ use weir::prelude::*;
 use weir::statediff::ManagedBy;
 
 use db::{texts, Db, Lite, Pg, TextRow};
+use docs::{doc, docs_schema, Doc};
 use support::failed_paths;
 
 /// Runs each behaviour against both dialects.
@@ -95,30 +98,6 @@ where
 // Support
 // ---------------------------------------------------------------------------
 
-#[derive(Clone, Debug, Serialize)]
-struct Doc {
-    id: String,
-    title: String,
-    n: Option<i64>,
-}
-
-fn doc(id: &str, title: &str, n: Option<i64>) -> Doc {
-    Doc {
-        id: id.into(),
-        title: title.into(),
-        n,
-    }
-}
-
-fn docs_schema() -> Result<TableSchema> {
-    TableSchema::builder()
-        .column("id", ColumnType::Text)
-        .column("title", ColumnType::Text)
-        .nullable_column("n", ColumnType::BigInt)
-        .primary_key(["id"])
-        .build()
-}
-
 /// Mounts `table` with `schema` and `options` and declares `rows` into
 /// it, each row in a component of its own (keyed by `key`).
 async fn sync_with<D: Db, R>(
@@ -146,15 +125,17 @@ where
 
 /// Syncs `docs` rows into the table `table`, weir's.
 async fn sync_docs<D: Db>(app: &App, table: &str, rows: Vec<Doc>) -> Result<UpdateStats> {
-    sync_with::<D, _>(
-        app,
-        table,
-        docs_schema()?,
-        TableOptions::default(),
-        rows,
-        |d| d.id.clone(),
-    )
-    .await
+    sync_docs_with::<D>(app, table, TableOptions::default(), rows).await
+}
+
+/// Syncs `docs` rows into the table `table`, declared with `options`.
+async fn sync_docs_with<D: Db>(
+    app: &App,
+    table: &str,
+    options: TableOptions,
+    rows: Vec<Doc>,
+) -> Result<UpdateStats> {
+    sync_with::<D, _>(app, table, docs_schema()?, options, rows, |d| d.id.clone()).await
 }
 
 /// Syncs rows `a` and `b` into `table`, then changes `a`'s title by hand.
@@ -188,10 +169,10 @@ fn err_of<T: std::fmt::Debug>(result: Result<T>, what: &str) -> Result<Error> {
 // ---------------------------------------------------------------------------
 
 async fn rows_are_created_updated_and_deleted_as_declared<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("crud").await?, String::from("docs"));
+    let (app, t) = (db.app("crud").await?, "docs");
     let stats = sync_docs::<D>(
         &app,
-        &t,
+        t,
         vec![
             doc("a", "A", None),
             doc("b", "B", Some(2)),
@@ -201,21 +182,21 @@ async fn rows_are_created_updated_and_deleted_as_declared<D: Db>(db: Arc<D>) -> 
     .await?;
     assert_eq!(stats.created, 4, "the table and its three rows: {stats:?}");
     assert_eq!(
-        docs(&*db, &t).await?,
+        docs(&*db, t).await?,
         texts(&[
             &[Some("a"), Some("A"), None],
             &[Some("b"), Some("B"), Some("2")],
             &[Some("c"), Some("C"), Some("3")],
         ])
     );
-    let stats = sync_docs::<D>(&app, &t, vec![doc("a", "A", None), doc("b", "B2", None)]).await?;
+    let stats = sync_docs::<D>(&app, t, vec![doc("a", "A", None), doc("b", "B2", None)]).await?;
     assert_eq!(
         (stats.updated, stats.deleted, stats.unchanged),
         (1, 1, 2),
         "b updated, c deleted, a and the table unchanged: {stats:?}"
     );
     assert_eq!(
-        docs(&*db, &t).await?,
+        docs(&*db, t).await?,
         texts(&[
             &[Some("a"), Some("A"), None],
             &[Some("b"), Some("B2"), None]
@@ -225,25 +206,25 @@ async fn rows_are_created_updated_and_deleted_as_declared<D: Db>(db: Arc<D>) -> 
 }
 
 async fn an_unchanged_run_writes_no_row<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("unchanged").await?, String::from("docs"));
+    let (app, t) = (db.app("unchanged").await?, "docs");
     let rows: Vec<Doc> = (0..20)
         .map(|i| doc(&format!("k{i:02}"), "same", Some(i)))
         .collect();
-    sync_docs::<D>(&app, &t, rows.clone()).await?;
+    sync_docs::<D>(&app, t, rows.clone()).await?;
     // A row changed behind weir's back stays as it is: weir writes only
     // what its records say changed.
     db.exec(&format!(
         "UPDATE \"{t}\" SET title = 'by hand' WHERE id = 'k05'"
     ))
     .await?;
-    let stats = sync_docs::<D>(&app, &t, rows).await?;
+    let stats = sync_docs::<D>(&app, t, rows).await?;
     assert_eq!(
         (stats.created, stats.updated, stats.deleted, stats.unchanged),
         (0, 0, 0, 21),
         "{stats:?}"
     );
     let by_hand = db
-        .rows(&t, &["title"], "id")
+        .rows(t, &["title"], "id")
         .await?
         .into_iter()
         .filter(|r| r[0].as_deref() == Some("by hand"))
@@ -257,21 +238,21 @@ async fn a_table_dropped_by_hand_stops_the_next_run_with_what_to_do_and_is_not_r
 >(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("lost").await?, String::from("docs"));
+    let (app, t) = (db.app("lost").await?, "docs");
     let rows = || vec![doc("a", "x", None), doc("b", "y", Some(1))];
-    sync_docs::<D>(&app, &t, rows()).await?;
+    sync_docs::<D>(&app, t, rows()).await?;
     db.exec(&format!("DROP TABLE \"{t}\"")).await?;
     for run in 0..2 {
         let err = err_of(
-            sync_docs::<D>(&app, &t, rows()).await,
+            sync_docs::<D>(&app, t, rows()).await,
             "a run whose table was dropped by hand",
         )?;
         let text = err.to_string();
-        assert!(text.contains(&t), "run {run}: {text}");
+        assert!(text.contains(t), "run {run}: {text}");
         assert!(text.contains("restore it"), "run {run}: {text}");
         assert!(text.contains("weir drop"), "run {run}: {text}");
         assert!(
-            !db.exists(&t).await?,
+            !db.exists(t).await?,
             "run {run} created an empty table under rows recorded as written"
         );
     }
@@ -280,9 +261,9 @@ async fn a_table_dropped_by_hand_stops_the_next_run_with_what_to_do_and_is_not_r
         "CREATE TABLE \"{t}\" (id TEXT NOT NULL PRIMARY KEY, title TEXT NOT NULL, n BIGINT)"
     ))
     .await?;
-    sync_docs::<D>(&app, &t, vec![doc("a", "x", None), doc("b", "z", Some(1))]).await?;
+    sync_docs::<D>(&app, t, vec![doc("a", "x", None), doc("b", "z", Some(1))]).await?;
     assert_eq!(
-        docs(&*db, &t).await?,
+        docs(&*db, t).await?,
         texts(&[&[Some("b"), Some("z"), Some("1")]]),
         "rows recorded as written are not written again; changed ones are"
     );
@@ -307,17 +288,10 @@ async fn composite_keys_are_upserted_and_deleted<D: Db>(db: Arc<D>) -> Result<()
         .column("value", ColumnType::Text)
         .primary_key(["sheet", "n"])
         .build()?;
-    let (app, t) = (db.app("composite").await?, String::from("cells"));
+    let (app, t) = (db.app("composite").await?, "cells");
     let key = |c: &Cell| format!("{}/{}", c.sheet, c.n);
     let sync = |cells: Vec<Cell>| {
-        sync_with::<D, _>(
-            &app,
-            &t,
-            schema.clone(),
-            TableOptions::default(),
-            cells,
-            key,
-        )
+        sync_with::<D, _>(&app, t, schema.clone(), TableOptions::default(), cells, key)
     };
     sync(vec![
         cell("a", 1, "x"),
@@ -327,7 +301,7 @@ async fn composite_keys_are_upserted_and_deleted<D: Db>(db: Arc<D>) -> Result<()
     .await?;
     sync(vec![cell("a", 1, "x2"), cell("b", 1, "z")]).await?;
     assert_eq!(
-        db.rows(&t, &["sheet", "n", "value"], "sheet, n").await?,
+        db.rows(t, &["sheet", "n", "value"], "sheet, n").await?,
         texts(&[
             &[Some("a"), Some("1"), Some("x2")],
             &[Some("b"), Some("1"), Some("z")],
@@ -339,12 +313,12 @@ async fn composite_keys_are_upserted_and_deleted<D: Db>(db: Arc<D>) -> Result<()
 async fn a_row_declared_twice_in_one_run_fails_its_component_naming_the_key<D: Db>(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("twice").await?, String::from("docs"));
+    let (app, t) = (db.app("twice").await?, "docs");
     let twice = vec![doc("a", "A", None), doc("a", "again", None)];
-    let table = t.clone();
+    let table = t;
     let result = app
         .run(move |ctx| async move {
-            let target = D::mount(&ctx, &table, docs_schema()?, TableOptions::default()).await?;
+            let target = D::mount(&ctx, table, docs_schema()?, TableOptions::default()).await?;
             for row in &twice {
                 D::declare_row(&target, &ctx, row)?;
             }
@@ -359,12 +333,12 @@ async fn a_row_declared_twice_in_one_run_fails_its_component_naming_the_key<D: D
 async fn a_table_declared_in_a_component_is_created_when_it_commits_before_its_rows<D: Db>(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("declared").await?, String::from("docs"));
+    let (app, t) = (db.app("declared").await?, "docs");
     let run = |rows: Vec<Doc>| {
-        let table = t.clone();
+        let table = t;
         app.run(move |ctx| async move {
             ctx.mount("docs", move |ctx| async move {
-                let target = D::declare(&ctx, &table, docs_schema()?, TableOptions::default())?;
+                let target = D::declare(&ctx, table, docs_schema()?, TableOptions::default())?;
                 for row in &rows {
                     D::declare_row(&target, &ctx, row)?;
                 }
@@ -375,7 +349,7 @@ async fn a_table_declared_in_a_component_is_created_when_it_commits_before_its_r
     };
     run(vec![doc("a", "A", None), doc("b", "B", Some(2))]).await?;
     assert_eq!(
-        docs(&*db, &t).await?,
+        docs(&*db, t).await?,
         texts(&[
             &[Some("a"), Some("A"), None],
             &[Some("b"), Some("B"), Some("2")]
@@ -383,7 +357,7 @@ async fn a_table_declared_in_a_component_is_created_when_it_commits_before_its_r
     );
     run(vec![doc("b", "B2", Some(2))]).await?;
     assert_eq!(
-        docs(&*db, &t).await?,
+        docs(&*db, t).await?,
         texts(&[&[Some("b"), Some("B2"), Some("2")]])
     );
     Ok(())
@@ -417,9 +391,9 @@ struct Wide {
 }
 
 async fn an_added_nullable_column_keeps_the_rows_data<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("added").await?, String::from("docs"));
+    let (app, t) = (db.app("added").await?, "docs");
     // A row weir does not write again keeps what was changed by hand.
-    two_docs_one_changed_by_hand(&*db, &app, &t).await?;
+    two_docs_one_changed_by_hand(&*db, &app, t).await?;
     let wide = |id: &str, title: &str, n: i64, extra: Option<&str>| Wide {
         id: id.into(),
         title: title.into(),
@@ -428,17 +402,17 @@ async fn an_added_nullable_column_keeps_the_rows_data<D: Db>(db: Arc<D>) -> Resu
     };
     let stats = sync_with::<D, _>(
         &app,
-        &t,
+        t,
         docs_schema_with(ColumnType::BigInt, true)?,
         TableOptions::default(),
         vec![wide("a", "A", 1, None), wide("b", "B", 2, Some("new"))],
         |w| w.id.clone(),
     )
     .await?;
-    assert_eq!(db.columns(&t).await?, vec!["id", "title", "n", "extra"]);
+    assert_eq!(db.columns(t).await?, vec!["id", "title", "n", "extra"]);
     assert_eq!(stats.unchanged, 1, "row a did not change: {stats:?}");
     assert_eq!(
-        db.rows(&t, &["id", "title", "extra"], "id").await?,
+        db.rows(t, &["id", "title", "extra"], "id").await?,
         texts(&[
             &[Some("a"), Some("by hand"), None],
             &[Some("b"), Some("B"), Some("new")],
@@ -454,8 +428,8 @@ struct Narrow {
 }
 
 async fn a_dropped_column_is_dropped_and_every_row_written_again<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("dropped").await?, String::from("docs"));
-    two_docs_one_changed_by_hand(&*db, &app, &t).await?;
+    let (app, t) = (db.app("dropped").await?, "docs");
+    two_docs_one_changed_by_hand(&*db, &app, t).await?;
     let narrow = TableSchema::builder()
         .column("id", ColumnType::Text)
         .column("title", ColumnType::Text)
@@ -471,17 +445,17 @@ async fn a_dropped_column_is_dropped_and_every_row_written_again<D: Db>(db: Arc<
             title: "B".into(),
         },
     ];
-    let stats = sync_with::<D, _>(&app, &t, narrow, TableOptions::default(), rows, |r| {
+    let stats = sync_with::<D, _>(&app, t, narrow, TableOptions::default(), rows, |r| {
         r.id.clone()
     })
     .await?;
-    assert_eq!(db.columns(&t).await?, vec!["id", "title"]);
+    assert_eq!(db.columns(t).await?, vec!["id", "title"]);
     assert_eq!(
         stats.updated, 3,
         "the table and both rows (Lossy): {stats:?}"
     );
     assert_eq!(
-        db.rows(&t, &["id", "title"], "id").await?,
+        db.rows(t, &["id", "title"], "id").await?,
         texts(&[&[Some("a"), Some("A")], &[Some("b"), Some("B")]])
     );
     Ok(())
@@ -496,8 +470,8 @@ async fn a_retyped_column_is_dropped_and_added_again_and_every_row_written_again
         title: String,
         n: Option<String>,
     }
-    let (app, t) = (db.app("retyped").await?, String::from("docs"));
-    sync_docs::<D>(&app, &t, vec![doc("a", "A", Some(1))]).await?;
+    let (app, t) = (db.app("retyped").await?, "docs");
+    sync_docs::<D>(&app, t, vec![doc("a", "A", Some(1))]).await?;
     let rows = vec![Retyped {
         id: "a".into(),
         title: "A".into(),
@@ -505,7 +479,7 @@ async fn a_retyped_column_is_dropped_and_added_again_and_every_row_written_again
     }];
     let stats = sync_with::<D, _>(
         &app,
-        &t,
+        t,
         docs_schema_with(ColumnType::Text, false)?,
         TableOptions::default(),
         rows,
@@ -514,16 +488,16 @@ async fn a_retyped_column_is_dropped_and_added_again_and_every_row_written_again
     .await?;
     assert_eq!(stats.updated, 2, "the table and its row (Lossy): {stats:?}");
     assert_eq!(
-        db.rows(&t, &["id", "n"], "id").await?,
+        db.rows(t, &["id", "n"], "id").await?,
         texts(&[&[Some("a"), Some("one")]])
     );
     Ok(())
 }
 
 async fn a_new_primary_key_recreates_the_table_and_its_rows<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("rekeyed").await?, String::from("docs"));
+    let (app, t) = (db.app("rekeyed").await?, "docs");
     let rows = || vec![doc("a", "A", Some(1)), doc("b", "B", Some(2))];
-    sync_docs::<D>(&app, &t, rows()).await?;
+    sync_docs::<D>(&app, t, rows()).await?;
     db.exec(&format!(
         "INSERT INTO \"{t}\" (id, title) VALUES ('stray', 'not weir''s')"
     ))
@@ -534,7 +508,7 @@ async fn a_new_primary_key_recreates_the_table_and_its_rows<D: Db>(db: Arc<D>) -
         .nullable_column("n", ColumnType::BigInt)
         .primary_key(["title"])
         .build()?;
-    let stats = sync_with::<D, _>(&app, &t, rekeyed, TableOptions::default(), rows(), |d| {
+    let stats = sync_with::<D, _>(&app, t, rekeyed, TableOptions::default(), rows(), |d| {
         d.id.clone()
     })
     .await?;
@@ -543,7 +517,7 @@ async fn a_new_primary_key_recreates_the_table_and_its_rows<D: Db>(db: Arc<D>) -
         "rows created again (Destructive): {stats:?}"
     );
     assert_eq!(
-        docs(&*db, &t).await?,
+        docs(&*db, t).await?,
         texts(&[
             &[Some("a"), Some("A"), Some("1")],
             &[Some("b"), Some("B"), Some("2")],
@@ -566,48 +540,32 @@ async fn sync_nothing<D: Db>(app: &App) -> Result<UpdateStats> {
 }
 
 async fn a_table_weir_created_is_dropped_when_no_longer_declared<D: Db>(db: Arc<D>) -> Result<()> {
-    let (app, t) = (db.app("dropped_table").await?, String::from("docs"));
-    sync_docs::<D>(&app, &t, vec![doc("a", "A", None)]).await?;
-    assert!(db.exists(&t).await?);
+    let (app, t) = (db.app("dropped_table").await?, "docs");
+    sync_docs::<D>(&app, t, vec![doc("a", "A", None)]).await?;
+    assert!(db.exists(t).await?);
     let stats = sync_nothing::<D>(&app).await?;
     assert_eq!(stats.deleted, 1, "the table, its rows with it: {stats:?}");
-    assert!(!db.exists(&t).await?);
+    assert!(!db.exists(t).await?);
     Ok(())
 }
 
 async fn a_table_the_user_manages_is_written_but_never_created_altered_or_dropped<D: Db>(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("users").await?, String::from("docs"));
-    let result = sync_with::<D, _>(
-        &app,
-        &t,
-        docs_schema()?,
-        users_own(),
-        vec![doc("a", "A", None)],
-        |d| d.id.clone(),
-    )
-    .await;
+    let (app, t) = (db.app("users").await?, "docs");
+    let result = sync_docs_with::<D>(&app, t, users_own(), vec![doc("a", "A", None)]).await;
     err_of(result, "rows into a user's table that does not exist")?;
-    assert!(!db.exists(&t).await?, "weir never creates the user's table");
+    assert!(!db.exists(t).await?, "weir never creates the user's table");
     db.exec(&format!(
         "CREATE TABLE \"{t}\" (id TEXT PRIMARY KEY, title TEXT NOT NULL, n BIGINT, theirs TEXT); \
          INSERT INTO \"{t}\" (id, title, theirs) VALUES ('x', 'X', 'kept')"
     ))
     .await?;
-    sync_with::<D, _>(
-        &app,
-        &t,
-        docs_schema()?,
-        users_own(),
-        vec![doc("a", "A", None)],
-        |d| d.id.clone(),
-    )
-    .await?;
-    assert_eq!(db.columns(&t).await?, vec!["id", "title", "n", "theirs"]);
+    sync_docs_with::<D>(&app, t, users_own(), vec![doc("a", "A", None)]).await?;
+    assert_eq!(db.columns(t).await?, vec!["id", "title", "n", "theirs"]);
     sync_nothing::<D>(&app).await?;
     assert_eq!(
-        db.rows(&t, &["id", "theirs"], "id").await?,
+        db.rows(t, &["id", "theirs"], "id").await?,
         texts(&[&[Some("a"), None], &[Some("x"), Some("kept")]]),
         "a table the user manages is left, rows and all, when no longer declared"
     );
@@ -619,23 +577,13 @@ async fn a_table_taken_over_from_the_user_keeps_the_columns_it_had_and_its_rows_
 >(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("takeover").await?, String::from("docs"));
+    let (app, t) = (db.app("takeover").await?, "docs");
     db.exec(&format!(
         "CREATE TABLE \"{t}\" (id TEXT PRIMARY KEY, title TEXT NOT NULL, theirs TEXT, n BIGINT); \
          INSERT INTO \"{t}\" (id, title, theirs) VALUES ('x', 'X', 'kept')"
     ))
     .await?;
-    let schema = docs_schema()?;
-    let sync = |options: TableOptions| {
-        sync_with::<D, _>(
-            &app,
-            &t,
-            schema.clone(),
-            options,
-            vec![doc("a", "A", Some(1))],
-            |d| d.id.clone(),
-        )
-    };
+    let sync = |options| sync_docs_with::<D>(&app, t, options, vec![doc("a", "A", Some(1))]);
     sync(users_own()).await?;
     db.exec(&format!(
         "UPDATE \"{t}\" SET title = 'by hand' WHERE id = 'a'"
@@ -645,9 +593,9 @@ async fn a_table_taken_over_from_the_user_keeps_the_columns_it_had_and_its_rows_
     // may have changed them; the table keeps the columns it had.
     let stats = sync(TableOptions::default()).await?;
     assert_eq!(stats.updated, 2, "the table and its row: {stats:?}");
-    assert_eq!(db.columns(&t).await?, vec!["id", "title", "theirs", "n"]);
+    assert_eq!(db.columns(t).await?, vec!["id", "title", "theirs", "n"]);
     assert_eq!(
-        db.rows(&t, &["id", "title", "theirs"], "id").await?,
+        db.rows(t, &["id", "title", "theirs"], "id").await?,
         texts(&[
             &[Some("a"), Some("A"), None],
             &[Some("x"), Some("X"), Some("kept")]
@@ -655,7 +603,7 @@ async fn a_table_taken_over_from_the_user_keeps_the_columns_it_had_and_its_rows_
     );
     // weir's now: dropped when no longer declared.
     sync_nothing::<D>(&app).await?;
-    assert!(!db.exists(&t).await?);
+    assert!(!db.exists(t).await?);
     Ok(())
 }
 
@@ -664,19 +612,17 @@ async fn drop_state_deletes_the_rows_weir_wrote_into_a_table_the_user_manages_an
 >(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("userdrop").await?, String::from("docs"));
+    let (app, t) = (db.app("userdrop").await?, "docs");
     db.exec(&format!(
         "CREATE TABLE \"{t}\" (id TEXT PRIMARY KEY, title TEXT NOT NULL, n BIGINT); \
          INSERT INTO \"{t}\" (id, title) VALUES ('theirs', 'kept')"
     ))
     .await?;
-    sync_with::<D, _>(
+    sync_docs_with::<D>(
         &app,
-        &t,
-        docs_schema()?,
+        t,
         users_own(),
         vec![doc("a", "A", None), doc("b", "B", None)],
-        |d| d.id.clone(),
     )
     .await?;
     let stats = app
@@ -686,9 +632,9 @@ async fn drop_state_deletes_the_rows_weir_wrote_into_a_table_the_user_manages_an
         stats.deleted, 3,
         "the table's record and two rows: {stats:?}"
     );
-    assert!(db.exists(&t).await?, "the user's table stays");
+    assert!(db.exists(t).await?, "the user's table stays");
     assert_eq!(
-        db.rows(&t, &["id", "title"], "id").await?,
+        db.rows(t, &["id", "title"], "id").await?,
         texts(&[&[Some("theirs"), Some("kept")]])
     );
     Ok(())
@@ -761,7 +707,7 @@ async fn a_child_table_with_a_real_foreign_key_is_written_after_its_parent_and_d
     db: Arc<D>,
 ) -> Result<()> {
     let app = db.app("library").await?;
-    let (a, b) = (String::from("authors"), String::from("books"));
+    let (a, b) = ("authors", "books");
     db.exec(&format!(
         "CREATE TABLE \"{a}\" (id TEXT PRIMARY KEY, name TEXT NOT NULL); \
          CREATE TABLE \"{b}\" (id TEXT PRIMARY KEY, \
@@ -778,18 +724,18 @@ async fn a_child_table_with_a_real_foreign_key_is_written_after_its_parent_and_d
     };
     sync_library::<D>(
         &app,
-        (&a, &b),
+        (a, b),
         vec![author("ann"), author("bob")],
         vec![book("b1", "ann"), book("b2", "bob")],
     )
     .await?;
     // Bob and his book go in one run: the book is deleted first.
-    sync_library::<D>(&app, (&a, &b), vec![author("ann")], vec![book("b1", "ann")]).await?;
+    sync_library::<D>(&app, (a, b), vec![author("ann")], vec![book("b1", "ann")]).await?;
     assert_eq!(
-        db.rows(&b, &["id", "author"], "id").await?,
+        db.rows(b, &["id", "author"], "id").await?,
         texts(&[&[Some("b1"), Some("ann")]])
     );
-    assert_eq!(db.rows(&a, &["id"], "id").await?, texts(&[&[Some("ann")]]));
+    assert_eq!(db.rows(a, &["id"], "id").await?, texts(&[&[Some("ann")]]));
     Ok(())
 }
 
@@ -804,7 +750,7 @@ async fn a_unique_violation_fails_only_the_component_whose_row_collides_naming_t
 >(
     db: Arc<D>,
 ) -> Result<()> {
-    let (app, t) = (db.app("unique").await?, String::from("users"));
+    let (app, t) = (db.app("unique").await?, "users");
     let schema = TableSchema::builder()
         .column("id", ColumnType::Text)
         .column("email", ColumnType::Text)
@@ -820,7 +766,7 @@ async fn a_unique_violation_fails_only_the_component_whose_row_collides_naming_t
             .collect();
         sync_with::<D, _>(
             &app,
-            &t,
+            t,
             schema.clone(),
             TableOptions::default(),
             users,
@@ -842,7 +788,7 @@ async fn a_unique_violation_fails_only_the_component_whose_row_collides_naming_t
     assert!(text.contains("unique") || text.contains("UNIQUE"), "{text}");
     assert!(text.contains("\"b\""), "{text}");
     assert_eq!(
-        db.rows(&t, &["id", "email"], "id").await?,
+        db.rows(t, &["id", "email"], "id").await?,
         texts(&[
             &[Some("a"), Some("a@x")],
             &[Some("b"), Some("b@x")],
@@ -876,14 +822,14 @@ async fn a_value_the_column_cannot_hold_fails_only_its_component_naming_table_co
         .column("score", ColumnType::Double)
         .primary_key(["id"])
         .build()?;
-    let (app, t) = (db.app("values").await?, String::from("scores"));
+    let (app, t) = (db.app("values").await?, "scores");
     let rows = vec![
         scored("good1", "ok", 1.0),
         scored("nan", "ok", f64::NAN),
         scored("nul", "a\0b", 2.0),
         scored("good2", "ok", 3.0),
     ];
-    let result = sync_with::<D, _>(&app, &t, schema, TableOptions::default(), rows, |r| {
+    let result = sync_with::<D, _>(&app, t, schema, TableOptions::default(), rows, |r| {
         r.id.clone()
     })
     .await;
@@ -901,7 +847,7 @@ async fn a_value_the_column_cannot_hold_fails_only_its_component_naming_table_co
         "{text}"
     );
     assert_eq!(
-        db.rows(&t, &["id"], "id").await?,
+        db.rows(t, &["id"], "id").await?,
         texts(&[&[Some("good1")], &[Some("good2")]])
     );
     Ok(())

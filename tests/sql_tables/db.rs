@@ -105,6 +105,65 @@ fn build_app<P: Clone + Send + Sync + 'static>(
         .build()
 }
 
+/// The `Db` methods that are the same for both dialects but for the
+/// connector module they call (`sqlite`, `postgres`) and the pool type,
+/// for a type with `dir` and `pool` fields.
+macro_rules! forward_to_connector {
+    ($connector:ident) => {
+        async fn mount(
+            ctx: &Ctx,
+            name: &str,
+            schema: TableSchema,
+            options: TableOptions,
+        ) -> Result<Self::Target> {
+            $connector::mount_table_target_with(ctx, &key(), name, schema, options).await
+        }
+
+        fn declare(
+            ctx: &Ctx,
+            name: &str,
+            schema: TableSchema,
+            options: TableOptions,
+        ) -> Result<Self::Target> {
+            $connector::declare_table_target_with(ctx, &key(), name, schema, options)
+        }
+
+        fn declare_row<R: Serialize>(target: &Self::Target, ctx: &Ctx, row: R) -> Result<()> {
+            target.declare_row(ctx, row)
+        }
+
+        fn depends_on(child: Self::Target, parent: &Self::Target) -> Self::Target {
+            child.depends_on(parent)
+        }
+
+        fn register(ctx: &Ctx) -> Result<()> {
+            $connector::register_database(ctx, &key())
+        }
+
+        async fn exec(&self, sql: &str) -> Result<()> {
+            sqlx::raw_sql(sql).execute(&self.pool).await?;
+            Ok(())
+        }
+
+        fn app(&self, name: &str) -> impl Future<Output = Result<App>> + Send {
+            build_app(name, self.dir.path(), &self.pool)
+        }
+
+        async fn rows(&self, table: &str, columns: &[&str], order: &str) -> Result<Vec<TextRow>> {
+            let list: Vec<String> = columns
+                .iter()
+                .map(|c| format!("CAST(\"{c}\" AS TEXT)"))
+                .collect();
+            let sql = format!(
+                "SELECT {} FROM \"{table}\" ORDER BY {order}",
+                list.join(", ")
+            );
+            let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+            read_texts(rows, columns.len())
+        }
+    };
+}
+
 /// SQLite: a database file of the test's own.
 pub struct Lite {
     dir: TempDir,
@@ -122,55 +181,7 @@ impl Db for Lite {
         Ok(Some(Lite { dir, pool }))
     }
 
-    async fn mount(
-        ctx: &Ctx,
-        name: &str,
-        schema: TableSchema,
-        options: TableOptions,
-    ) -> Result<Self::Target> {
-        sqlite::mount_table_target_with(ctx, &key(), name, schema, options).await
-    }
-
-    fn declare(
-        ctx: &Ctx,
-        name: &str,
-        schema: TableSchema,
-        options: TableOptions,
-    ) -> Result<Self::Target> {
-        sqlite::declare_table_target_with(ctx, &key(), name, schema, options)
-    }
-
-    fn declare_row<R: Serialize>(target: &Self::Target, ctx: &Ctx, row: R) -> Result<()> {
-        target.declare_row(ctx, row)
-    }
-
-    fn depends_on(child: Self::Target, parent: &Self::Target) -> Self::Target {
-        child.depends_on(parent)
-    }
-
-    fn register(ctx: &Ctx) -> Result<()> {
-        sqlite::register_database(ctx, &key())
-    }
-
-    async fn exec(&self, sql: &str) -> Result<()> {
-        sqlx::raw_sql(sql).execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn rows(&self, table: &str, columns: &[&str], order: &str) -> Result<Vec<TextRow>> {
-        let list: Vec<String> = columns
-            .iter()
-            .map(|c| format!("CAST(\"{c}\" AS TEXT)"))
-            .collect();
-        let sql = format!(
-            "SELECT {} FROM \"{table}\" ORDER BY {order}",
-            list.join(", ")
-        );
-        read_texts(
-            sqlx::query(&sql).fetch_all(&self.pool).await?,
-            columns.len(),
-        )
-    }
+    forward_to_connector!(sqlite);
 
     async fn exists(&self, table: &str) -> Result<bool> {
         let n: i64 = sqlx::query_scalar(
@@ -194,10 +205,6 @@ impl Db for Lite {
     async fn finish(self) -> Result<()> {
         self.pool.close().await;
         Ok(())
-    }
-
-    fn app(&self, name: &str) -> impl Future<Output = Result<App>> + Send {
-        build_app(name, self.dir.path(), &self.pool)
     }
 }
 
@@ -241,52 +248,7 @@ impl Db for Pg {
         }))
     }
 
-    async fn mount(
-        ctx: &Ctx,
-        name: &str,
-        schema: TableSchema,
-        options: TableOptions,
-    ) -> Result<Self::Target> {
-        postgres::mount_table_target_with(ctx, &key(), name, schema, options).await
-    }
-
-    fn declare(
-        ctx: &Ctx,
-        name: &str,
-        schema: TableSchema,
-        options: TableOptions,
-    ) -> Result<Self::Target> {
-        postgres::declare_table_target_with(ctx, &key(), name, schema, options)
-    }
-
-    fn declare_row<R: Serialize>(target: &Self::Target, ctx: &Ctx, row: R) -> Result<()> {
-        target.declare_row(ctx, row)
-    }
-
-    fn depends_on(child: Self::Target, parent: &Self::Target) -> Self::Target {
-        child.depends_on(parent)
-    }
-
-    fn register(ctx: &Ctx) -> Result<()> {
-        postgres::register_database(ctx, &key())
-    }
-
-    async fn exec(&self, sql: &str) -> Result<()> {
-        sqlx::raw_sql(sql).execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn rows(&self, table: &str, columns: &[&str], order: &str) -> Result<Vec<TextRow>> {
-        let list: Vec<String> = columns.iter().map(|c| format!("\"{c}\"::text")).collect();
-        let sql = format!(
-            "SELECT {} FROM \"{table}\" ORDER BY {order}",
-            list.join(", ")
-        );
-        read_texts(
-            sqlx::query(&sql).fetch_all(&self.pool).await?,
-            columns.len(),
-        )
-    }
+    forward_to_connector!(postgres);
 
     async fn exists(&self, table: &str) -> Result<bool> {
         let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
@@ -323,10 +285,6 @@ impl Db for Pg {
                 .await?;
         }
         Ok(())
-    }
-
-    fn app(&self, name: &str) -> impl Future<Output = Result<App>> + Send {
-        build_app(name, self.dir.path(), &self.pool)
     }
 }
 
