@@ -3,8 +3,8 @@
 //! table's DDL ([`plan`](super::plan)) from the schemas weir recorded, and
 //! the dialect's table sink carries it out.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
+use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
@@ -15,6 +15,7 @@ use weir_actors::{
 };
 
 use super::actions::TableAction;
+use super::dialect::Dialect;
 use super::plan::{plan, DdlStep, TablePlan};
 use crate::sql::owners::Claim;
 use crate::sql::TableSchema;
@@ -38,33 +39,25 @@ pub(crate) type TableRecord = MutualTrackingRecord<TableSchema>;
 
 /// The handler of one database's tables (its root provider's handler).
 /// One is registered per run.
-pub(crate) struct TableHandler {
-    /// Names the dialect in errors: `postgres`, `sqlite`.
-    dialect: &'static str,
+pub(crate) struct TableHandler<D> {
     /// The database's table sink.
     sink: TargetActionSink<TableAction>,
     /// The owner of the app: the tables it creates are registered to it.
     owner: Owner,
-    /// The name a table is keyed under (see `Dialect::key_name`).
-    key_name: fn(&str) -> Cow<'_, str>,
-    /// The names, as keyed, of the tables declared in this run.
+    /// The names, as keyed (`Dialect::key_name`), of the tables declared
+    /// in this run.
     declared: Mutex<HashSet<String>>,
+    dialect: PhantomData<fn() -> D>,
 }
 
-impl TableHandler {
+impl<D: Dialect> TableHandler<D> {
     /// The handler of a database's tables, in this run.
-    pub(crate) fn new(
-        dialect: &'static str,
-        sink: TargetActionSink<TableAction>,
-        owner: Owner,
-        key_name: fn(&str) -> Cow<'_, str>,
-    ) -> Self {
+    pub(crate) fn new(sink: TargetActionSink<TableAction>, owner: Owner) -> Self {
         Self {
-            dialect,
             sink,
             owner,
-            key_name,
             declared: Mutex::new(HashSet::new()),
+            dialect: PhantomData,
         }
     }
 
@@ -98,7 +91,7 @@ impl TableHandler {
         }
         Err(Error::permanent(format!(
             "{} table key {key} is not [database, table]; it was not declared by this connector",
-            self.dialect
+            D::NAME
         )))
     }
 
@@ -110,7 +103,7 @@ impl TableHandler {
         prev: &[TableRecord],
         prev_may_be_missing: bool,
     ) -> Option<TargetReconcileOutput<TableAction, TableRecord>> {
-        let keyed = (self.key_name)(&spec.table).into_owned();
+        let keyed = D::key_name(&spec.table).into_owned();
         self.declared
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -205,7 +198,7 @@ impl TableHandler {
     /// Whether `table`, keyed under its own name, is keyed otherwise today
     /// and declared under that key in this run.
     fn declared_under_another_key(&self, table: &str) -> bool {
-        let keyed = (self.key_name)(table);
+        let keyed = D::key_name(table);
         keyed != table
             && self
                 .declared
@@ -215,7 +208,7 @@ impl TableHandler {
     }
 }
 
-impl TargetHandler<TableSpec> for TableHandler {
+impl<D: Dialect> TargetHandler<TableSpec> for TableHandler<D> {
     type TrackingRecord = TableRecord;
     type Action = TableAction;
 

@@ -2,6 +2,7 @@
 //! fingerprint of their values (an unchanged row costs no statement); and
 //! how one sink call's row actions are grouped by table.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -19,9 +20,7 @@ use crate::sql::{ColumnType, Row, SqlValue, TableSchema};
 
 /// The handler of one table's rows. Its sink is the database's row sink,
 /// shared by every table.
-pub(crate) struct RowHandler {
-    /// Names the dialect in errors.
-    dialect: &'static str,
+pub(crate) struct RowHandler<D> {
     table: Arc<str>,
     /// The table's schema, and its columns' positions in name order: a
     /// row's fingerprint is that of its non-NULL values by column name.
@@ -30,28 +29,24 @@ pub(crate) struct RowHandler {
     /// The primary key's column types, for deletes.
     key_types: Vec<ColumnType>,
     sink: TargetActionSink<RowWrite>,
+    dialect: PhantomData<fn() -> D>,
 }
 
-impl RowHandler {
+impl<D: Dialect> RowHandler<D> {
     /// The handler of the rows of `table`, declared with `schema`.
-    pub(crate) fn new(
-        dialect: &'static str,
-        table: &str,
-        schema: &TableSchema,
-        sink: TargetActionSink<RowWrite>,
-    ) -> Self {
+    pub(crate) fn new(table: &str, schema: &TableSchema, sink: TargetActionSink<RowWrite>) -> Self {
         Self {
-            dialect,
             table: Arc::from(table),
             by_name: name_order(schema),
             key_types: key_types(schema),
             schema: Arc::new(schema.clone()),
             sink,
+            dialect: PhantomData,
         }
     }
 }
 
-impl TargetHandler<Row> for RowHandler {
+impl<D: Dialect> TargetHandler<Row> for RowHandler<D> {
     type TrackingRecord = Fingerprint;
     type Action = RowWrite;
 
@@ -74,7 +69,8 @@ impl TargetHandler<Row> for RowHandler {
             None => key_values(&key, &self.key_types).map_err(|why| {
                 Error::permanent(format!(
                     "{} table {}, row {key}: {why}",
-                    self.dialect, self.table
+                    D::NAME,
+                    self.table
                 ))
             })?,
         };

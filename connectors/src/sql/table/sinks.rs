@@ -111,8 +111,7 @@ fn rows_of<D: Dialect>(
         let table = Table::new(&action.table, schema, ManagedBy::User)?;
         db.set_table(Arc::new(table));
     }
-    Ok(ChildTargetDef::new::<Row, _>(RowHandler::new(
-        D::NAME,
+    Ok(ChildTargetDef::new::<Row, _>(RowHandler::<D>::new(
         &action.table,
         schema,
         rows.clone(),

@@ -80,12 +80,7 @@ pub(crate) fn register_database<D: Dialect>(
     let provider = register_root_target_states_provider(
         ctx,
         &D::tables_provider_name(db.name()),
-        TableHandler::new(
-            D::NAME,
-            shared.table_sink.clone(),
-            ctx.owner()?,
-            D::key_name,
-        ),
+        TableHandler::<D>::new(shared.table_sink.clone(), ctx.owner()?),
     )?;
     Ok((shared, provider))
 }
