@@ -119,6 +119,55 @@ async fn every_key_lands_with_its_latest_payload_and_every_message_is_acknowledg
     s.delete().await;
 }
 
+/// A bounded read whose messages were all delivered but not yet all
+/// acknowledged (its last acknowledgements may still be on their way to
+/// the server) ends as soon as they land, not a whole fetch wait later.
+/// Here another reader of the same consumer holds the messages and
+/// acknowledges them a moment after the bounded read started waiting;
+/// with a fetch wait of 30 s, the read ends within seconds.
+#[tokio::test]
+async fn a_bounded_read_ends_once_its_last_acknowledgements_land_not_a_fetch_wait_later() {
+    use weir::source::{Batch, Outcome, Settled, Source};
+    let s = TestStream::new("settling").await;
+    for i in 0..20 {
+        s.publish(&format!("k{i}"), &format!("v{i}")).await;
+    }
+    let mut holder = s.source(s.options()).await;
+    let Some(Batch::Changes(held)) = holder.next_batch(100).await.unwrap() else {
+        panic!("the holder received no changes");
+    };
+    assert_eq!(held.len(), 20);
+    let mut bounded = s
+        .source(s.options().fetch_wait(Duration::from_secs(30)))
+        .await;
+
+    let started = Instant::now();
+    let ack_later = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let settled = held
+            .into_iter()
+            .map(|c| Settled {
+                ack: c.ack,
+                outcome: Outcome::Ack,
+            })
+            .collect();
+        holder.settle(settled).await.unwrap();
+    };
+    let (next, ()) = tokio::join!(bounded.next_batch(100), ack_later);
+
+    assert!(
+        next.unwrap().is_none(),
+        "the read found messages to deliver"
+    );
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the read took {took:?}: it waited out a fetch wait after the acknowledgements landed"
+    );
+    s.assert_all_settled("weir").await;
+    s.delete().await;
+}
+
 #[tokio::test]
 async fn an_empty_payload_or_the_delete_header_deletes_the_row() {
     let s = TestStream::new("tombstones").await;

@@ -59,6 +59,10 @@
 //! time: [`next_batch`](Source::next_batch) returns `None` once every
 //! message up to it is acknowledged or terminated (the consumer's
 //! acknowledgement floor), waiting for redeliveries that are still due.
+//! Once every message was delivered, it waits for the last
+//! acknowledgements to reach the server (they are not awaited, see above)
+//! [`SETTLING_WAIT`] at first, doubled each time, up to the fetch wait, so
+//! it ends within milliseconds of them.
 //! With [`follow(true)`](JetStreamOptions::follow) it waits for new
 //! messages until the app shuts down, one pull request of
 //! [`fetch_wait`](JetStreamOptions::fetch_wait) at a time; a message
@@ -163,7 +167,7 @@ use weir_actors::Result;
 
 use connect::Place;
 use message::Mapping;
-use read::{Partition, ReadContext, ReadSet, Reader};
+use read::{Partition, Progress, ReadContext, ReadSet, Reader};
 use settle::Settler;
 
 pub use message::{JetStreamAck, JetStreamMessage};
@@ -193,6 +197,38 @@ pub struct JetStreamSource {
     assignment: Option<Assignment>,
     /// The last reading of the lag, and when it was taken.
     lag: Option<(Instant, u64)>,
+    /// How long a bounded read waits next while only acknowledgements are
+    /// outstanding.
+    settling: Settling,
+}
+
+/// The wait of a bounded read whose messages were all delivered but not
+/// all acknowledged yet: its own acknowledgements, published without
+/// awaiting the server's answer, may still be on their way (the consumer's
+/// state, read at once, does not show them yet), or messages await their
+/// redelivery. It waits [`SETTLING_WAIT`] for a message at first, doubled
+/// each time nothing came, up to the fetch wait: a read whose last
+/// acknowledgements are in flight ends within milliseconds of them, not a
+/// whole fetch wait later, and one waiting for a redelivery due in a
+/// minute does not ask the server every few milliseconds meanwhile.
+#[derive(Debug, Default)]
+struct Settling {
+    waited: Option<Duration>,
+}
+
+/// The first wait of a bounded read whose acknowledgements are settling.
+pub const SETTLING_WAIT: Duration = Duration::from_millis(10);
+
+impl Settling {
+    /// The next wait, at most `fetch_wait`.
+    fn next_wait(&mut self, fetch_wait: Duration) -> Duration {
+        let wait = self
+            .waited
+            .map_or(SETTLING_WAIT, |w| w.saturating_mul(2))
+            .min(fetch_wait);
+        self.waited = Some(wait);
+        wait
+    }
 }
 
 /// While full batches follow each other, how often the lag is read from
@@ -258,6 +294,7 @@ impl JetStreamSource {
             end,
             assignment: None,
             lag: None,
+            settling: Settling::default(),
         })
     }
 
@@ -296,10 +333,17 @@ impl JetStreamSource {
                 // Only messages of other partitions: ask again at once.
                 continue;
             }
-            if !self.follow && self.read.read_to_end(cx.stream, self.end).await? {
-                return Ok(None);
-            }
-            if self.read.wait_first(&cx).await? > 0 {
+            let wait = if self.follow {
+                self.fetch_wait
+            } else {
+                match self.read.progress_to(cx.stream, self.end).await? {
+                    Progress::Reached => return Ok(None),
+                    Progress::AwaitingAcks => self.settling.next_wait(self.fetch_wait),
+                    Progress::Deliverable => self.fetch_wait,
+                }
+            };
+            if self.read.wait_first(wait, &cx).await? > 0 {
+                self.settling = Settling::default();
                 self.read.fetch_ready(max, &cx).await?;
                 if !self.read.pending.is_empty() {
                     return Ok(Some(std::mem::take(&mut self.read.pending)));
@@ -432,5 +476,20 @@ impl Source for JetStreamSource {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_settling_read_waits_briefly_at_first_then_doubles_up_to_the_fetch_wait() {
+        let mut settling = Settling::default();
+        let fetch_wait = Duration::from_millis(100);
+        let waits: Vec<u64> = (0..6)
+            .map(|_| settling.next_wait(fetch_wait).as_millis() as u64)
+            .collect();
+        assert_eq!(waits, [10, 20, 40, 80, 100, 100]);
     }
 }

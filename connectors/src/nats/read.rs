@@ -11,6 +11,7 @@ use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{AckKind, Message};
 use async_nats::Client;
 use futures::StreamExt;
+use std::time::Duration;
 use weir_actors::group::partition_of;
 use weir_actors::{IntoStableKey, Result};
 
@@ -34,6 +35,19 @@ pub(super) struct Reader {
     /// A request waiting for the first message to arrive, left open until
     /// it is answered or expires.
     waiting: Option<Pull>,
+}
+
+/// How far a bounded read is from its end (see [`ReadSet::progress_to`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Progress {
+    /// Every message up to the end is acknowledged or terminated.
+    Reached,
+    /// Every message up to the end was delivered; some are not
+    /// acknowledged yet: acknowledgements on their way to the server, or
+    /// messages awaiting their redelivery.
+    AwaitingAcks,
+    /// Some consumer has messages left to deliver.
+    Deliverable,
 }
 
 /// The partition a consumer reads for.
@@ -160,13 +174,12 @@ impl ReadSet {
         Ok(received)
     }
 
-    /// Waits (up to a fetch wait) for the first message to arrive on any
+    /// Waits (up to `wait`) for the first message to arrive on any
     /// consumer. How many messages were received (kept or not).
-    pub async fn wait_first(&mut self, cx: &ReadContext<'_>) -> Result<usize> {
+    pub async fn wait_first(&mut self, wait: Duration, cx: &ReadContext<'_>) -> Result<usize> {
         for reader in &mut self.readers {
             if reader.waiting.is_none() {
-                let pull =
-                    Pull::first_within(&reader.consumer, cx.fetch_wait, &reader.place).await?;
+                let pull = Pull::first_within(&reader.consumer, wait, &reader.place).await?;
                 reader.waiting = Some(pull);
             }
         }
@@ -198,17 +211,24 @@ impl ReadSet {
         }
     }
 
-    /// Whether every consumer has acknowledged (or terminated) every
-    /// message up to `end` (or has nothing left at all).
-    pub async fn read_to_end(&self, stream: &Stream, end: u64) -> Result<bool> {
+    /// How far the consumers are from `end`: whether every one has
+    /// acknowledged (or terminated) every message up to it (or has nothing
+    /// left at all), and if not, whether any still has messages to
+    /// deliver.
+    pub async fn progress_to(&self, stream: &Stream, end: u64) -> Result<Progress> {
+        let mut progress = Progress::Reached;
         for reader in &self.readers {
             let info = reader.info(stream).await?;
             let nothing_left = info.num_pending == 0 && info.num_ack_pending == 0;
-            if info.ack_floor.stream_sequence < end && !nothing_left {
-                return Ok(false);
+            if info.ack_floor.stream_sequence >= end || nothing_left {
+                continue;
             }
+            if info.num_pending > 0 {
+                return Ok(Progress::Deliverable);
+            }
+            progress = Progress::AwaitingAcks;
         }
-        Ok(true)
+        Ok(progress)
     }
 
     /// The messages not yet delivered plus those awaiting acknowledgement,
