@@ -59,10 +59,11 @@
 //! time: [`next_batch`](Source::next_batch) returns `None` once every
 //! message up to it is acknowledged or terminated (the consumer's
 //! acknowledgement floor), waiting for redeliveries that are still due.
-//! Once every message was delivered, it waits for the last
-//! acknowledgements to reach the server (they are not awaited, see above)
-//! [`SETTLING_WAIT`] at first, doubled each time, up to the fetch wait, so
-//! it ends within milliseconds of them.
+//! Once every message was delivered and only acknowledgements are
+//! outstanding (the last batch's are published without awaiting the
+//! server's answer, see above), it asks again after [`SETTLING_WAIT`],
+//! doubled each time, up to the fetch wait: it ends within milliseconds
+//! of them landing.
 //! With [`follow(true)`](JetStreamOptions::follow) it waits for new
 //! messages until the app shuts down, one pull request of
 //! [`fetch_wait`](JetStreamOptions::fetch_wait) at a time; a message
