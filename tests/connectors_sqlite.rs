@@ -878,10 +878,12 @@ async fn a_violation_in_a_later_statement_of_a_large_call_names_its_row() -> Res
     Ok(())
 }
 
+/// Names that are not identifiers are refused in both dialects (see
+/// `tests/sql_tables.rs`); SQLite also reserves the `sqlite_` prefix.
 #[tokio::test(flavor = "multi_thread")]
-async fn injection_attempts_in_table_and_column_names_are_rejected() -> Result<()> {
+async fn a_name_sqlite_reserves_is_refused_and_nothing_is_created() -> Result<()> {
     let f = fixture().await?;
-    for name in ["docs; DROP TABLE x", "a\"b", "sqlite_master", "", "x y"] {
+    for name in ["sqlite_master", "SQLITE_stat1"] {
         let name = name.to_string();
         let result = bounded(f.app.run(move |ctx| async move {
             sqlite::mount_table_target(&ctx, &db(), &name, docs_schema()?)
@@ -889,15 +891,9 @@ async fn injection_attempts_in_table_and_column_names_are_rejected() -> Result<(
                 .map(|_| ())
         }))
         .await;
-        let err = err_or(result, "a bad table name")?;
+        let err = err_or(result, "a reserved table name")?;
         assert!(err.to_string().contains("invalid table name"), "{err}");
     }
-    let bad_column = TableSchema::builder()
-        .column("id\"); DROP TABLE docs; --", ColumnType::Text)
-        .primary_key(["id\"); DROP TABLE docs; --"])
-        .build();
-    let err = err_or(bad_column, "a bad column name")?;
-    assert!(err.to_string().contains("invalid column name"), "{err}");
     let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_schema")
         .fetch_one(&f.pool)
         .await?;
