@@ -105,7 +105,7 @@ pub(super) struct ReadContext<'a> {
     pub client: &'a Client,
     pub stream: &'a Stream,
     pub mapping: &'a Mapping,
-    pub fetch_wait: std::time::Duration,
+    pub fetch_wait: Duration,
 }
 
 impl ReadSet {

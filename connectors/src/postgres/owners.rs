@@ -189,8 +189,9 @@ fn quote_registered(name: &str) -> String {
 }
 
 /// Drops every table registered to `owner`, with its registration, in
-/// one transaction; returns their names (schema-qualified). Used to remove a worker group,
-/// whose tables no member's ledger alone answers for.
+/// one transaction; returns their names (schema-qualified). Used to
+/// remove a worker group, whose tables no member's ledger alone answers
+/// for.
 ///
 /// # Errors
 /// When the database refuses a drop (nothing is dropped then).

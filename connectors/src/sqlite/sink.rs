@@ -118,11 +118,13 @@ pub(crate) async fn apply_tables(
     let registry = claims && owners::attach(&mut conn).await?;
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(begin)?;
     let database = format!("sqlite database {}", db.name);
-    for action in actions.iter().filter(|_| registry) {
-        let dropping = matches!(action, TargetAction::Delete(_));
-        let action = TableAction::of(action);
-        if let Some(claim) = &action.claim {
-            owners::settle(&mut tx, &database, &action.table, claim, dropping).await?;
+    if registry {
+        for action in &actions {
+            let dropping = matches!(action, TargetAction::Delete(_));
+            let action = TableAction::of(action);
+            if let Some(claim) = &action.claim {
+                owners::settle(&mut tx, &database, &action.table, claim, dropping).await?;
+            }
         }
     }
     for action in actions.iter().map(TableAction::of) {
