@@ -585,6 +585,23 @@ mod tests {
     }
 
     #[test]
+    fn a_declared_rows_key_from_the_tables_key_positions_is_the_rows_own_key() -> Result<()> {
+        // Key columns declared apart and out of the key's order.
+        let schema = TableSchema::builder()
+            .column("id", ColumnType::BigInt)
+            .column("body", ColumnType::Text)
+            .column("org", ColumnType::Text)
+            .primary_key(["org", "id"])
+            .build()?;
+        let table = SqTable::new("t", &schema, ManagedBy::System)?;
+        let row = crate::sql::Row {
+            values: vec![SqlValue::Int(7), text("b"), text("o")],
+        };
+        assert_eq!(table.row_key(&row.values, false), row.key(&schema));
+        Ok(())
+    }
+
+    #[test]
     fn an_upserts_key_is_the_key_of_the_delete_of_the_same_row() -> Result<()> {
         let table = keyed_by_two("t")?;
         assert_eq!(

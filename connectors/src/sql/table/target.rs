@@ -184,7 +184,7 @@ impl<D: Dialect> TableTarget<D> {
             ctx.fail_component(&err);
             err
         })?;
-        let key = converted.key(schema);
+        let key = self.table.row_key(&converted.values, false);
         declare_target_state(ctx, self.rows.target_state_exact(key, converted))
     }
 
