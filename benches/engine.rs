@@ -11,6 +11,10 @@
 //! `WEIR_BENCH_LAST_PHASE=first` stops after a phase (for profiling);
 //! `WEIR_BENCH_SHARDS=n` sets the shard count (default: cores);
 //! `WEIR_BENCH_INFLIGHT=n` sets `max_inflight_components`;
+//! `WEIR_BENCH_ALWAYS_RECONCILE=1` makes the handler one that is asked on
+//! every run (by default it says that an unchanged state needs nothing,
+//! which its `reconcile` bears out: see
+//! `TargetHandler::unchanged_needs_nothing`);
 //! `WEIR_BENCH_METRICS=1` records metrics into a Prometheus recorder (to
 //! compare with the default, where no recorder is installed);
 //! `WEIR_BENCH_METRICS=compare` runs each repeat both ways, back to back in
@@ -63,6 +67,14 @@ struct Put {
 
 struct Counting {
     sink: TargetActionSink<Put>,
+    /// What `unchanged_needs_nothing` answers.
+    unchanged_needs_nothing: bool,
+}
+
+/// Whether the handler says that an unchanged state needs nothing (unless
+/// `WEIR_BENCH_ALWAYS_RECONCILE` is set).
+fn unchanged_needs_nothing() -> bool {
+    std::env::var_os("WEIR_BENCH_ALWAYS_RECONCILE").is_none()
 }
 
 impl TargetHandler<String> for Counting {
@@ -104,6 +116,10 @@ impl TargetHandler<String> for Counting {
             tracking_record: desired,
             child_invalidation: None,
         }))
+    }
+
+    fn unchanged_needs_nothing(&self) -> bool {
+        self.unchanged_needs_nothing
     }
 }
 
@@ -173,8 +189,14 @@ async fn run_phase(
     });
     let stats = app
         .run(move |ctx| async move {
-            let provider =
-                register_root_target_states_provider(&ctx, "bench/rows", Counting { sink })?;
+            let provider = register_root_target_states_provider(
+                &ctx,
+                "bench/rows",
+                Counting {
+                    sink,
+                    unchanged_needs_nothing: unchanged_needs_nothing(),
+                },
+            )?;
             if components == 0 {
                 for i in 0..per {
                     if let Some(v) = version_of(phase, i) {

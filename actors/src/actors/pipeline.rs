@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use actix::{Actor, Addr, Arbiter, ArbiterHandle, System};
 
 use super::ledger::{LedgerActor, LedgerHandle};
-use super::reconciler::ReconcilerActor;
+use super::reconciler::{Claims, ReconcilerActor};
 pub(crate) use super::tasks::{AbortOnDrop, InFlight, Tasks};
 use crate::config::{BatchPolicy, RetryPolicy};
 use crate::error::{Error, Result};
@@ -49,6 +49,9 @@ pub(crate) struct Engine {
     pub ledger: Ledger,
     pub ledger_handle: LedgerHandle,
     pub shards: Vec<Addr<ReconcilerActor>>,
+    /// Each shard's claims: which component declared each state in the
+    /// current run (see [`Claims`]).
+    pub claims: Vec<Arc<Claims>>,
     pub sink_arbiter: ArbiterHandle,
     pub user: tokio::runtime::Handle,
     /// What runs spawned on `user`, to abort when the engine stops.
@@ -152,6 +155,8 @@ impl Engine {
         let (ledger_actor, ledger_handle) = LedgerActor::start(ledger.clone(), mirror)?;
         let (tx, rx) = std::sync::mpsc::channel::<Started>();
         let shard_count = config.shards;
+        let claims: Vec<Arc<Claims>> = (0..shard_count).map(|_| Arc::default()).collect();
+        let shard_claims = claims.clone();
         let shard_ledger = ledger.clone();
         let thread = std::thread::Builder::new()
             .name("weir-actix".into())
@@ -160,12 +165,12 @@ impl Engine {
                 sys.block_on(async move {
                     let mut arbiters = Vec::with_capacity(shard_count + 1);
                     let mut shards = Vec::with_capacity(shard_count);
-                    for i in 0..shard_count {
+                    for (i, claims) in shard_claims.into_iter().enumerate() {
                         let arbiter = Arbiter::new();
                         let ledger = shard_ledger.clone();
                         shards.push(ReconcilerActor::start_in_arbiter(
                             &arbiter.handle(),
-                            move |_| ReconcilerActor::new(i, ledger),
+                            move |_| ReconcilerActor::new(i, ledger, claims),
                         ));
                         arbiters.push(arbiter);
                     }
@@ -184,6 +189,7 @@ impl Engine {
             ledger,
             ledger_handle,
             shards,
+            claims,
             sink_arbiter,
             user,
             tasks: Tasks::default(),

@@ -5,6 +5,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use super::digest::Digest;
 use super::edit::{Encoded, EntryEdit};
 use super::record::ComponentRecord;
 use super::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
@@ -54,12 +55,53 @@ impl Ledger {
             batch: sled::Batch::default(),
         };
         for op in ops {
+            self.forget_digests(&op);
             b.touch(&op);
             b.op(op)?;
         }
         let touched = std::mem::take(&mut b.touched);
         b.finish()?;
         Ok(touched)
+    }
+}
+
+impl Ledger {
+    /// What `component` declared at its last clean commit, if the ledger
+    /// knows it (see [`digest`](super::digest)).
+    pub(crate) fn declared_digest(&self, component: &[u8]) -> Option<Digest> {
+        self.digests.get(component)
+    }
+
+    /// Records what `component` declared at the clean commit it just made
+    /// (or, having nothing to commit, found it had made).
+    pub(crate) fn record_declared_digest(&self, component: &[u8], digest: Digest) {
+        self.digests.set(component, digest);
+    }
+
+    /// Forgets the declaration digests of the components `op` may change
+    /// the entry of (all of them, for an op that reaches components it
+    /// does not name).
+    fn forget_digests(&self, op: &LedgerOp) {
+        let digests = &self.digests;
+        match op {
+            LedgerOp::Put { component, .. }
+            | LedgerOp::PutEntry { component, .. }
+            | LedgerOp::Remove { component, .. }
+            | LedgerOp::AddChildren { component, .. }
+            | LedgerOp::CountFailedRun { component }
+            | LedgerOp::SetFailure { component, .. }
+            | LedgerOp::Forget { component }
+            | LedgerOp::Restore { component, .. } => digests.forget(component),
+            LedgerOp::Fold(intent) | LedgerOp::Recover(intent) => digests.forget(&intent.component),
+            LedgerOp::RemoveComponent { component, parent } => {
+                digests.forget(component);
+                if let Some((parent, _)) = parent {
+                    digests.forget(parent);
+                }
+            }
+            LedgerOp::DropDescendants { .. } => digests.forget_all(),
+            LedgerOp::SetMemo { .. } | LedgerOp::DeleteIntents { .. } => {}
+        }
     }
 }
 

@@ -35,7 +35,9 @@
 //! component holds a state, for ownership transfer) lives in memory
 //! ([`index::OwnerIndex`]), rebuilt from the entries when the ledger opens,
 //! and `d` records which components hold states below each container, so
-//! that deleting a container drops everything below it.
+//! that deleting a container drops everything below it. What each
+//! component declared at its last clean commit is kept in memory too, as a
+//! digest, never stored ([`digest`]).
 //! Intents are the records of actions about to be applied; commit collapses
 //! them, and opening a ledger folds leftovers from a crash into the entries
 //! as possible records. They are kept out of sled, in the append-only
@@ -66,6 +68,7 @@
 //! and what lives beside the store ([`journal`], [`index`]).
 
 pub(crate) mod delta;
+pub(crate) mod digest;
 pub(crate) mod index;
 pub(crate) mod journal;
 pub(crate) mod pack;
@@ -155,6 +158,9 @@ pub(crate) struct Ledger {
     seq_file: Arc<PathBuf>,
     /// The intent journal (`weir.intents`).
     journal: Arc<std::sync::Mutex<Journal>>,
+    /// What components declared at their last clean commit (see
+    /// [`digest`]).
+    digests: Arc<digest::Digests>,
     /// The open `weir.lock`, whose lock is the App's hold on the ledger;
     /// taken (and so released) when the App stops, even while a run it
     /// left behind still holds a clone of the ledger.

@@ -120,6 +120,7 @@ impl Ledger {
             seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             seq_file: Arc::new(dir.join(SEQ_FILE)),
             journal: Arc::new(std::sync::Mutex::new(journal)),
+            digests: Arc::default(),
             lock: Arc::new(std::sync::Mutex::new(Some(lock))),
         };
         ledger.load(opening.existed, pending)?;

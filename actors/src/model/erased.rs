@@ -41,6 +41,9 @@ pub(crate) trait ErasedHandler: Send + Sync {
 
     fn attachments(&self) -> Result<Vec<(String, ChildTargetDef)>>;
 
+    /// See [`TargetHandler::unchanged_needs_nothing`](crate::TargetHandler::unchanged_needs_nothing).
+    fn unchanged_needs_nothing(&self) -> bool;
+
     /// The name of the value type, to check typed providers against it.
     fn value_type(&self) -> &'static str;
 }

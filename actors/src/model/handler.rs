@@ -13,7 +13,10 @@ use crate::error::Result;
 ///
 /// # Guarantees
 /// - `reconcile` is called once per declared target state per run, and once
-///   with `desired_target_state = None` for a state no longer declared.
+///   with `desired_target_state = None` for a state no longer declared; a
+///   handler whose [`unchanged_needs_nothing`](Self::unchanged_needs_nothing)
+///   is true is not called for the states of a component that declares
+///   exactly what its last clean commit recorded.
 /// - All calls for one target state happen on one reconciler shard, never
 ///   concurrently.
 ///
@@ -60,6 +63,28 @@ where
     /// An error fails the resolution of the provider.
     fn attachments(&self) -> Result<Vec<(String, ChildTargetDef)>> {
         Ok(Vec::new())
+    }
+
+    /// Whether a state declared again with the value of its last applied
+    /// action needs nothing from this handler: whenever `record` is the
+    /// tracking record `reconcile` returned for `value`,
+    /// `reconcile(key, Some(value), vec![record], false)` returns
+    /// `Ok(None)`.
+    ///
+    /// A handler that says so lets weir finish a component whose
+    /// declarations (keys, encoded values, providers' generations) are
+    /// exactly those of its last clean commit in this process without
+    /// reconciling them: the component then costs a digest of its
+    /// declarations and a lookup in memory, with no ledger read, no
+    /// message to the reconciler shards and no call of `reconcile`. It
+    /// applies to values declared with
+    /// [`TargetStateProvider::target_state`](crate::TargetStateProvider::target_state),
+    /// to components without containers or children; any other change
+    /// (a failed run, a state taken by another component, a container's
+    /// invalidation) makes the component reconcile as usual. The default,
+    /// `false`, calls `reconcile` for every declared state on every run.
+    fn unchanged_needs_nothing(&self) -> bool {
+        false
     }
 }
 

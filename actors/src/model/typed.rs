@@ -75,6 +75,10 @@ where
         self.handler.attachments()
     }
 
+    fn unchanged_needs_nothing(&self) -> bool {
+        self.handler.unchanged_needs_nothing()
+    }
+
     fn value_type(&self) -> &'static str {
         std::any::type_name::<V>()
     }

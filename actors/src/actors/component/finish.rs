@@ -15,6 +15,7 @@ use super::records::{
     children_change, full_intent, intent_for, is_refresh, note_children_and_orphans,
     removes_children, success_records, SuccessRecords,
 };
+use super::unchanged;
 use super::waves::{reconcile_waves, Outcomes, Reconciliation};
 use super::{ComponentState, Declaration, Early, Seen};
 
@@ -22,8 +23,12 @@ use super::{ComponentState, Declaration, Early, Seen};
 pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let run = &state.run;
     let (mut decls, paths, errors, early) = take_declarations(state);
+    let digest = unchanged::digest(state, &decls, &early);
     let reconciled = match errors.first() {
         Some(first) => Err(Error::Usage(first.clone())),
+        None if digest.is_some_and(|d| unchanged::is_unchanged(state, d)) => {
+            return finish_unchanged(state, &decls).await;
+        }
         None => reconcile_waves(state, &mut decls, paths, early).await,
     };
     let mut reconciled = match reconciled {
@@ -95,8 +100,33 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         had_failure: prev_failure.is_some(),
     };
     commit_success(state, records, found).await?;
+    let pending = !orphans.is_empty() || !prev_children.is_empty();
+    unchanged::record(state, digest, pending);
     note_children_and_orphans(state, &prev_children, orphans);
     free_later(run, (decls, results));
+    Ok(())
+}
+
+/// Finishes a component found unchanged (see [`unchanged`]): it claims its
+/// states for this run, counts them unchanged, and records its memo key if
+/// it has one.
+async fn finish_unchanged(state: &ComponentState, decls: &[Declaration]) -> Result<()> {
+    let claimed = unchanged::claim(state, decls);
+    state.leave_activity();
+    if let Err(e) = claimed {
+        record_failure(state, &e).await;
+        return Err(e);
+    }
+    let run = &state.run;
+    run.counters
+        .unchanged
+        .fetch_add(decls.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    if let Some(memo) = memo_op(state, state.key.to_vec(), false, false) {
+        state
+            .committing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        run.engine.ledger_handle.commit(vec![memo]).await?;
+    }
     Ok(())
 }
 

@@ -13,7 +13,9 @@
 //! - [`finish`]: applying the actions and committing, once the code returned;
 //! - [`failed`]: what a failed component commits;
 //! - [`records`]: what the commit writes to the ledger, and the intents
-//!   written before the actions are applied.
+//!   written before the actions are applied;
+//! - [`unchanged`]: a component that declares what its last clean commit
+//!   recorded, which skips all of that.
 
 use rustc_hash::FxHashSet as HashSet;
 use std::sync::atomic::Ordering;
@@ -35,6 +37,7 @@ mod failed;
 mod finish;
 mod mount;
 mod records;
+mod unchanged;
 mod waves;
 
 pub(crate) use crate::actors::guard::guarded;

@@ -4,6 +4,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
+use super::message::ShardDecl;
 use crate::actors::guard::guarded;
 use crate::error::{Error, Result};
 use crate::ledger::record::{ComponentEntry, PrevView, StateEntry};
@@ -11,53 +12,6 @@ use crate::ledger::stored::StoredEntry;
 use crate::ledger::Ledger;
 use crate::model::erased::ErasedOutput;
 use crate::model::provider::{ChildGeneration, ProviderCore};
-use crate::model::ComponentPath;
-
-use super::message::{ReconcileBatch, ShardDecl};
-
-/// The paths declared on a shard in one run.
-pub(super) struct RunDeclared {
-    /// Each path, with the position in `components` of the component
-    /// that declared it (not a clone of its path, whose reference count
-    /// every shard would bump for every state).
-    pub(super) paths: HashMap<Arc<[u8]>, usize>,
-    /// The components that declared paths here, each once.
-    components: Vec<ComponentPath>,
-    /// Their positions, by component key.
-    by_key: HashMap<Arc<[u8]>, usize>,
-}
-
-impl RunDeclared {
-    /// The position of the component `msg` comes from, added if new.
-    pub(super) fn component(&mut self, msg: &ReconcileBatch) -> usize {
-        if let Some(&i) = self.by_key.get(&msg.component) {
-            return i;
-        }
-        let i = self.components.len();
-        self.components.push(msg.component_path.clone());
-        self.by_key.insert(Arc::clone(&msg.component), i);
-        i
-    }
-
-    /// The path of the component at position `i`.
-    pub(super) fn path_of(&self, i: usize) -> ComponentPath {
-        self.components.get(i).cloned().unwrap_or_default()
-    }
-}
-
-/// The paths declared in `run_id` so far; a new run's map is sized for
-/// `expected` paths.
-pub(super) fn declared_in(
-    declared: &mut HashMap<u64, RunDeclared>,
-    expected: usize,
-    run_id: u64,
-) -> &mut RunDeclared {
-    declared.entry(run_id).or_insert_with(|| RunDeclared {
-        paths: HashMap::with_capacity_and_hasher(expected, Default::default()),
-        components: Vec::new(),
-        by_key: HashMap::default(),
-    })
-}
 
 /// The number of states in a component's entry.
 pub(super) fn state_count(entry: &Option<StoredEntry>) -> usize {

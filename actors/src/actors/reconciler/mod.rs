@@ -13,18 +13,20 @@
 //! declares in it.
 //!
 //! This file holds the actor and its handlers; [`message`] the messages,
-//! [`lookup`] the search for a state's previous records, and [`cursor`]
-//! the cursor that finds declarations in a sorted entry.
+//! [`claims`] which component declared each state in a run (shared with
+//! components found unchanged, which claim their states without a
+//! message), [`lookup`] the search for a state's previous records, and
+//! [`cursor`] the cursor that finds declarations in a sorted entry.
 
+mod claims;
 mod cursor;
 mod lookup;
 mod message;
+pub(crate) use claims::Claims;
 pub(crate) use message::Declaration;
 
 use cursor::Cursor;
-use lookup::{
-    declared_in, effective_prev, lookup_elsewhere, reconcile_declared, state_count, RunDeclared,
-};
+use lookup::{effective_prev, lookup_elsewhere, reconcile_declared, state_count};
 pub(crate) use message::{
     Chunk, EarlyGate, EndRun, FilterOrphans, Found, Orphan, OrphanOutcome, ReconcileBatch,
     ReconcileOrphans, ShardBatch, ShardReply,
@@ -32,7 +34,6 @@ pub(crate) use message::{
 use message::{Outcome, ShardDecl};
 
 use rustc_hash::FxHashMap as HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -65,10 +66,7 @@ pub(crate) struct ReconcilerActor {
     metrics: Option<crate::metrics::ShardMetrics>,
     ledger: Ledger,
     /// Per run: each declared path and the component that declared it.
-    declared: HashMap<u64, RunDeclared>,
-    /// How many paths the last run that ended declared here: a new run's
-    /// map starts that large instead of growing (and rehashing) to it.
-    last_declared: usize,
+    claims: Arc<Claims>,
     /// The entries of components reconciled in several messages, by
     /// component, with the run they were read in.
     entries: HashMap<Arc<[u8]>, KeptEntry>,
@@ -94,13 +92,12 @@ type KeptEntry = (u64, Arc<Option<StoredEntry>>);
 const MAX_CACHED_STATES: usize = 1 << 20;
 
 impl ReconcilerActor {
-    pub(crate) fn new(index: usize, ledger: Ledger) -> Self {
+    pub(crate) fn new(index: usize, ledger: Ledger, claims: Arc<Claims>) -> Self {
         Self {
             label: index.to_string(),
             metrics: None,
             ledger,
-            declared: HashMap::default(),
-            last_declared: 0,
+            claims,
             entries: HashMap::default(),
             cached_states: 0,
             pending: HashMap::default(),
@@ -189,7 +186,7 @@ impl ReconcilerActor {
     fn reconcile_states(
         &mut self,
         msg: &ReconcileBatch,
-        decls: Vec<ShardDecl>,
+        mut decls: Vec<ShardDecl>,
         own: Option<&StoredEntry>,
     ) -> ShardReply {
         let own_states: &[StoredState] = own.map_or(&[], |o| &o.states);
@@ -201,8 +198,6 @@ impl ReconcilerActor {
                 Err(e) => return ShardReply::failed(e),
             }
         }
-        let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
-        let me = declared_now.component(msg);
         // States sent in chunks while the component's code runs are claimed
         // only once it reaches its commit (its last message): a component
         // whose code then fails claims nothing, as if it had sent nothing.
@@ -214,7 +209,7 @@ impl ReconcilerActor {
         if own_states.is_empty() {
             reply.outcomes.reserve_exact(decls.len());
         }
-        let mut pending = Vec::with_capacity(if claim_later { decls.len() } else { 0 });
+        let mut pending = self.claim_batch(msg, &mut decls, &mut reply, claim_later);
         let mut others: HashMap<Arc<[u8]>, Option<ComponentEntry>> = HashMap::default();
         // Where the next declaration's state is looked for first: states
         // are sorted by path, and declarations often come in that order.
@@ -224,16 +219,6 @@ impl ReconcilerActor {
                 reply.outcomes.push(no_provider(msg, &d));
                 continue;
             };
-            if let Some(first) = claim(declared_now, me, &d, claim_later) {
-                reply.duplicates.push((d.idx, declared_now.path_of(first)));
-                continue;
-            }
-            if claim_later {
-                pending.push(Claim {
-                    path: Arc::clone(&d.path),
-                    idx: d.idx,
-                });
-            }
             let outcome = match cursor.find(own_states, |s| s.path(base).cmp(d.path.as_ref())) {
                 Ok(i) => {
                     let Some(state) = own_states.get(i) else {
@@ -276,21 +261,56 @@ impl ReconcilerActor {
             .get_mut(&msg.run_id)
             .and_then(|by_component| by_component.remove(&msg.component))
             .unwrap_or_default();
-        let declared_now = declared_in(&mut self.declared, self.last_declared, msg.run_id);
-        let me = declared_now.component(msg);
-        let mut duplicates = Vec::new();
-        for claim in claims {
-            match declared_now.paths.entry(claim.path) {
-                Entry::Occupied(first) => duplicates.push((claim.idx, *first.get())),
-                Entry::Vacant(slot) => {
-                    slot.insert(me);
-                }
-            }
-        }
-        duplicates
+        let mut locked = self.claims.lock();
+        let declared_now = locked.run(msg.run_id);
+        let me = declared_now.component(&msg.component, &msg.component_path);
+        claims
             .into_iter()
-            .map(|(idx, first)| (idx, declared_now.path_of(first)))
+            .filter_map(|claim| {
+                let first = declared_now.claim(me, &claim.path)?;
+                Some((claim.idx, declared_now.path_of(first)))
+            })
             .collect()
+    }
+
+    /// Claims the paths of a batch's declarations (or, for a chunk, checks
+    /// them and keeps them to claim at the commit, returned): a declaration
+    /// whose state another component declared first in this run is taken
+    /// out of `decls` and answered as a duplicate. A declaration naming no
+    /// provider of its batch claims nothing (it fails).
+    fn claim_batch(
+        &self,
+        msg: &ReconcileBatch,
+        decls: &mut Vec<ShardDecl>,
+        reply: &mut ShardReply,
+        claim_later: bool,
+    ) -> Vec<Claim> {
+        let mut pending = Vec::with_capacity(if claim_later { decls.len() } else { 0 });
+        let mut locked = self.claims.lock();
+        let declared_now = locked.run(msg.run_id);
+        let me = declared_now.component(&msg.component, &msg.component_path);
+        decls.retain(|d| {
+            if msg.providers.get(d.provider).is_none() {
+                return true;
+            }
+            let first = if claim_later {
+                declared_now.claimed(&d.path)
+            } else {
+                declared_now.claim(me, &d.path)
+            };
+            if let Some(first) = first {
+                reply.duplicates.push((d.idx, declared_now.path_of(first)));
+                return false;
+            }
+            if claim_later {
+                pending.push(Claim {
+                    path: Arc::clone(&d.path),
+                    idx: d.idx,
+                });
+            }
+            true
+        });
+        pending
     }
 }
 
@@ -304,22 +324,6 @@ fn no_provider(msg: &ReconcileBatch, d: &ShardDecl) -> Outcome {
             "declaration {} of component {} names no provider of its batch",
             d.idx, msg.component_path
         ))),
-    }
-}
-
-/// Notes that component `me` declares `d`'s state in this run (now, or at
-/// its commit when `claim_later`); the position of the component that
-/// declared it first, if another did.
-fn claim(declared: &mut RunDeclared, me: usize, d: &ShardDecl, claim_later: bool) -> Option<usize> {
-    if claim_later {
-        return declared.paths.get(&d.path).copied();
-    }
-    match declared.paths.entry(Arc::clone(&d.path)) {
-        Entry::Occupied(first) => Some(*first.get()),
-        Entry::Vacant(slot) => {
-            slot.insert(me);
-            None
-        }
     }
 }
 
@@ -404,12 +408,14 @@ impl Handler<FilterOrphans> for ReconcilerActor {
     type Result = ();
 
     fn handle(&mut self, msg: FilterOrphans, _ctx: &mut Context<Self>) {
-        let declared = self.declared.get(&msg.run_id);
+        let locked = self.claims.lock();
+        let declared = locked.get(msg.run_id);
         let kept = msg
             .orphans
             .into_iter()
-            .filter(|o| declared.is_none_or(|d| !d.paths.contains_key(o.entry.path.as_slice())))
+            .filter(|o| declared.is_none_or(|d| d.claimed(o.entry.path.as_slice()).is_none()))
             .collect();
+        drop(locked);
         let _ = msg.reply.send(kept);
     }
 }
@@ -454,9 +460,7 @@ impl Handler<EndRun> for ReconcilerActor {
     type Result = ();
 
     fn handle(&mut self, msg: EndRun, _ctx: &mut Context<Self>) {
-        if let Some(declared) = self.declared.remove(&msg.run_id) {
-            self.last_declared = declared.paths.len();
-        }
+        self.claims.lock().end(msg.run_id);
         self.pending.remove(&msg.run_id);
         // An App's runs follow one another: whatever is kept is this run's.
         self.entries.clear();

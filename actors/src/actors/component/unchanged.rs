@@ -1,0 +1,141 @@
+//! A component found unchanged: it declares exactly what its last clean
+//! commit recorded, so it has nothing to reconcile, apply or commit.
+//!
+//! Most components of a re-run are such. On the full path each still sends
+//! its declarations to their shards, which read its entry from the ledger,
+//! ask each state's handler, and answer that nothing needs doing. Here a
+//! component instead computes a digest of its declarations (the component
+//! key, and each state's path, encoded value and provider generation) and
+//! compares it with the digest the ledger keeps in memory of its last clean
+//! commit (see [`digest`](crate::ledger::digest)). On a match it only
+//! claims its states in the shards' claims, so that another component
+//! declaring one of them in the same run still meets a duplicate
+//! declaration, and counts them unchanged.
+//!
+//! What a match proves: the ledger's entry of the component is what its
+//! last clean commit left (any other change to it forgot the digest), and
+//! that commit recorded the outcome of the same declarations under the same
+//! provider generations. The handlers were then asked about these values
+//! and their records were brought in line. Asked again with the records
+//! they produced, a handler whose
+//! [`unchanged_needs_nothing`](crate::TargetHandler::unchanged_needs_nothing)
+//! is true has nothing to do, by its own word; any other handler is asked
+//! on every run (what it does with an unchanged value is its own affair:
+//! it may, say, check the records it is given), so its states never take
+//! this path.
+//!
+//! What a component must be for the digest to be kept or used (else it
+//! takes the full path, which is always correct):
+//! - every handler of its states says an unchanged state needs nothing;
+//! - every value declared encoded ([`TargetStateProvider::target_state`](crate::TargetStateProvider::target_state)):
+//!   an exact value ([`target_state_exact`](crate::TargetStateProvider::target_state_exact))
+//!   has no bytes to digest;
+//! - no container among its states (a container's refresh action reaches
+//!   its sink on every run that returns one), and every provider resolved;
+//! - no children, mounted now or recorded: unmounted children are deleted
+//!   through the component's commit;
+//! - no declarations sent to the shards while its code ran, no preview
+//!   run, no worker group (a member's ledger is also written from its
+//!   partitions' changelogs).
+//!
+//! The digest is recorded only after a commit that left nothing pending:
+//! no state it no longer declares (deleted at the end of the run), no
+//! child no longer mounted, no failure.
+
+use crate::actors::reconciler::shard_of;
+use crate::error::{Error, Result};
+use crate::ledger::digest::Digest;
+use crate::model::erased::DeclaredValue;
+use crate::sync::lock;
+
+use super::{ComponentState, Declaration, Early};
+
+/// The digest of a component's declarations, or `None` when the component
+/// is not one whose declarations can be found unchanged (see the module
+/// docs).
+pub(super) fn digest(
+    state: &ComponentState,
+    decls: &[Declaration],
+    early: &Early,
+) -> Option<Digest> {
+    let run = &state.run;
+    if run.preview || run.group.is_some() || early.seen > 0 || has_children(state) {
+        return None;
+    }
+    let mut hasher = blake3::Hasher::new();
+    framed(&mut hasher, &state.key);
+    for d in decls {
+        let DeclaredValue::Encoded(value) = &d.value else {
+            return None;
+        };
+        if d.child.is_some() {
+            return None;
+        }
+        let resolved = d.provider.resolved.get()?;
+        if !resolved.handler.unchanged_needs_nothing() {
+            return None;
+        }
+        let generation = resolved.generation;
+        hasher.update(&generation.current.to_le_bytes());
+        hasher.update(&generation.destructive_floor.to_le_bytes());
+        framed(&mut hasher, &d.path);
+        framed(&mut hasher, value);
+    }
+    let hash = hasher.finalize();
+    let (first, _) = hash.as_bytes().split_first_chunk::<16>()?;
+    Some(Digest::from_le_bytes(*first))
+}
+
+/// Hashes `bytes` after their length, so that no two lists of byte
+/// strings hash the same bytes.
+fn framed(hasher: &mut blake3::Hasher, bytes: &[u8]) {
+    hasher.update(&(bytes.len() as u64).to_le_bytes());
+    hasher.update(bytes);
+}
+
+/// Whether the component mounted children in this run.
+fn has_children(state: &ComponentState) -> bool {
+    !lock(&state.children).keys.is_empty()
+}
+
+/// Whether the ledger's digest of the component's last clean commit is
+/// `digest`.
+pub(super) fn is_unchanged(state: &ComponentState, digest: Digest) -> bool {
+    state.run.engine.ledger.declared_digest(&state.key) == Some(digest)
+}
+
+/// Claims the component's states in the shards' claims of this run; a
+/// state another component declared first is a duplicate declaration.
+pub(super) fn claim(state: &ComponentState, decls: &[Declaration]) -> Result<()> {
+    let run = &state.run;
+    let claims = &run.engine.claims;
+    for d in decls {
+        let Some(shard) = claims.get(shard_of(&d.path, claims.len())) else {
+            continue;
+        };
+        let mut locked = shard.lock();
+        let declared = locked.run(run.id);
+        let me = declared.component(&state.key, &state.path);
+        if let Some(first) = declared.claim(me, &d.path) {
+            return Err(Error::DuplicateDeclaration {
+                provider: d.provider.path.name.to_string(),
+                key: d.key.clone(),
+                first_by: Some(declared.path_of(first)),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Records the digest of a component that committed with nothing left
+/// pending: no state it no longer declares, no child it no longer mounts
+/// (`pending`).
+pub(super) fn record(state: &ComponentState, digest: Option<Digest>, pending: bool) {
+    if let (Some(digest), false) = (digest, pending) {
+        state
+            .run
+            .engine
+            .ledger
+            .record_declared_digest(&state.key, digest);
+    }
+}
