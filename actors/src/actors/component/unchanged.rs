@@ -82,7 +82,7 @@ pub(super) fn digest(
         framed(&mut hasher, value);
     }
     let hash = hasher.finalize();
-    let (first, _) = hash.as_bytes().split_first_chunk::<16>()?;
+    let (first, _) = hash.as_bytes().split_first_chunk::<8>()?;
     Some(Digest::from_le_bytes(*first))
 }
 
