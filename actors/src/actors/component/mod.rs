@@ -185,10 +185,6 @@ pub(crate) struct ComponentState {
 const SIZE_HINT_FROM: usize = 1024;
 
 impl ComponentState {
-    /// In a worker group, whether this is the root component: its
-    /// children span members, so its child list is not recorded (each
-    /// member finds the children of the partitions it holds in its
-    /// ledger).
     /// Whether a child with this key is in the run's scope: always, but
     /// for the root's children in a scoped run.
     pub(crate) fn child_in_scope(&self, key: &StableKey) -> bool {
@@ -202,6 +198,10 @@ impl ComponentState {
         matches!(self.run.engine.ledger.memo(&child), Ok(Some(stored)) if stored.as_ref() == memo)
     }
 
+    /// In a worker group, whether this is the root component: its
+    /// children span members, so its child list is not recorded (each
+    /// member finds the children of the partitions it holds in its
+    /// ledger).
     pub(crate) fn is_group_root(&self) -> bool {
         self.run.group.is_some() && self.path.segments().is_empty()
     }
