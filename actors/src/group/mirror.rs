@@ -66,29 +66,12 @@ pub(crate) fn partitions_of(ops: &[LedgerOp], member: &Member) -> Vec<PartitionI
     let partitions = member.partitions().unwrap_or(1);
     let mut out: Vec<PartitionId> = ops
         .iter()
-        .filter_map(op_component)
+        .filter_map(LedgerOp::component)
         .map(|c| component_partition(c, partitions))
         .collect();
     out.sort_unstable();
     out.dedup();
     out
-}
-
-fn op_component(op: &LedgerOp) -> Option<&[u8]> {
-    Some(match op {
-        LedgerOp::Put { component, .. }
-        | LedgerOp::PutEntry { component, .. }
-        | LedgerOp::Remove { component, .. }
-        | LedgerOp::AddChildren { component, .. }
-        | LedgerOp::CountFailedRun { component }
-        | LedgerOp::SetFailure { component, .. }
-        | LedgerOp::SetMemo { component, .. }
-        | LedgerOp::RemoveComponent { component, .. }
-        | LedgerOp::Forget { component }
-        | LedgerOp::Restore { component, .. } => component,
-        LedgerOp::Fold(intent) | LedgerOp::Recover(intent) => &intent.component,
-        LedgerOp::DropDescendants { .. } | LedgerOp::DeleteIntents { .. } => return None,
-    })
 }
 
 /// An intents message of a group, answered locally: its reply channel, the

@@ -82,25 +82,15 @@ impl Ledger {
     /// the entry of (all of them, for an op that reaches components it
     /// does not name).
     fn forget_digests(&self, op: &LedgerOp) {
-        let digests = &self.digests;
         match op {
-            LedgerOp::Put { component, .. }
-            | LedgerOp::PutEntry { component, .. }
-            | LedgerOp::Remove { component, .. }
-            | LedgerOp::AddChildren { component, .. }
-            | LedgerOp::CountFailedRun { component }
-            | LedgerOp::SetFailure { component, .. }
-            | LedgerOp::Forget { component }
-            | LedgerOp::Restore { component, .. } => digests.forget(component),
-            LedgerOp::Fold(intent) | LedgerOp::Recover(intent) => digests.forget(&intent.component),
-            LedgerOp::RemoveComponent { component, parent } => {
-                digests.forget(component);
-                if let Some((parent, _)) = parent {
-                    digests.forget(parent);
+            LedgerOp::DropDescendants { .. } => self.digests.forget_all(),
+            // A memo key is not the entry.
+            LedgerOp::SetMemo { .. } => {}
+            _ => {
+                for component in op.component().into_iter().chain(op.parent()) {
+                    self.digests.forget(component);
                 }
             }
-            LedgerOp::DropDescendants { .. } => digests.forget_all(),
-            LedgerOp::SetMemo { .. } | LedgerOp::DeleteIntents { .. } => {}
         }
     }
 }
@@ -154,24 +144,11 @@ impl BatchBuilder<'_> {
         if !self.note {
             return;
         }
-        let component = match op {
-            LedgerOp::Put { component, .. }
-            | LedgerOp::PutEntry { component, .. }
-            | LedgerOp::Remove { component, .. }
-            | LedgerOp::AddChildren { component, .. }
-            | LedgerOp::CountFailedRun { component }
-            | LedgerOp::SetFailure { component, .. }
-            | LedgerOp::SetMemo { component, .. }
-            | LedgerOp::Forget { component }
-            | LedgerOp::Restore { component, .. } => component.as_slice(),
-            LedgerOp::Fold(intent) | LedgerOp::Recover(intent) => intent.component.as_slice(),
-            LedgerOp::RemoveComponent { component, parent } => {
-                if let Some((parent, _)) = parent {
-                    self.touched.insert(parent.clone());
-                }
-                component.as_slice()
-            }
-            LedgerOp::DropDescendants { .. } | LedgerOp::DeleteIntents { .. } => return,
+        if let Some(parent) = op.parent() {
+            self.touched.insert(parent.to_vec());
+        }
+        let Some(component) = op.component() else {
+            return;
         };
         if !self.touched.contains(component) {
             self.touched.insert(component.to_vec());

@@ -185,6 +185,39 @@ pub(crate) enum LedgerOp {
     },
 }
 
+impl LedgerOp {
+    /// The component the op names, if it names one (dropping what is
+    /// below a container reaches components it does not name).
+    pub(crate) fn component(&self) -> Option<&[u8]> {
+        Some(match self {
+            LedgerOp::Put { component, .. }
+            | LedgerOp::PutEntry { component, .. }
+            | LedgerOp::Remove { component, .. }
+            | LedgerOp::AddChildren { component, .. }
+            | LedgerOp::CountFailedRun { component }
+            | LedgerOp::SetFailure { component, .. }
+            | LedgerOp::SetMemo { component, .. }
+            | LedgerOp::RemoveComponent { component, .. }
+            | LedgerOp::Forget { component }
+            | LedgerOp::Restore { component, .. } => component,
+            LedgerOp::Fold(intent) | LedgerOp::Recover(intent) => &intent.component,
+            LedgerOp::DropDescendants { .. } | LedgerOp::DeleteIntents { .. } => return None,
+        })
+    }
+
+    /// The parent whose child list the op changes besides its component's
+    /// (removing a component drops it from its parent's list).
+    pub(crate) fn parent(&self) -> Option<&[u8]> {
+        match self {
+            LedgerOp::RemoveComponent {
+                parent: Some((parent, _)),
+                ..
+            } => Some(parent),
+            _ => None,
+        }
+    }
+}
+
 /// Everything the ledger keeps for one component: its entry (states and
 /// failure), its children, its memo key and its failed-run count.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::actors::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{Error, Result};
+use crate::ledger::digest::Digest;
 use crate::ledger::record::{LedgerOp, StateEntry};
 use crate::model::sink::EncodedAction;
 use crate::model::StableKey;
@@ -81,6 +82,20 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         run.engine.ledger_handle.commit(ops).await?;
         return Err(err);
     }
+    commit_applied(state, decls, reconciled, records, digest).await
+}
+
+/// Commits a component whose actions all landed (`records`, if worked out
+/// while the last wave applied): its records, then what the end of the run
+/// deletes; records the digest of its declarations when nothing is left
+/// pending (see [`unchanged`]).
+async fn commit_applied(
+    state: &ComponentState,
+    decls: Vec<Declaration>,
+    reconciled: Reconciliation,
+    records: Option<Result<SuccessRecords>>,
+    digest: Option<Digest>,
+) -> Result<()> {
     let records = match records {
         Some(r) => r?,
         None => success_records(state, &decls, &reconciled.results, reconciled.fresh)?,
@@ -103,7 +118,7 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let pending = !orphans.is_empty() || !prev_children.is_empty();
     unchanged::record(state, digest, pending);
     note_children_and_orphans(state, &prev_children, orphans);
-    free_later(run, (decls, results));
+    free_later(&state.run, (decls, results));
     Ok(())
 }
 
