@@ -536,6 +536,51 @@ async fn check_fence_in_a_users_transaction_refuses_a_stale_epoch_and_accepts_th
 
 /// A writer's transaction holding the fence of `partition` under `epoch`,
 /// with a row of `table` written in it, uncommitted; and its backend's id.
+#[tokio::test]
+async fn a_member_waits_for_the_groups_lock_at_most_half_the_lease_ttl_while_a_paused_one_holds_it(
+) -> Result<()> {
+    let Some(pool) = server().await? else {
+        return Ok(());
+    };
+    let coordinator = PostgresCoordinator::new(pool.clone());
+    let group = unique("lock_waits");
+    join(&coordinator, &group, "a", 2, SHORT_TTL).await?;
+    // A member paused inside one of the group's transactions: it holds
+    // the group's row, and sends nothing more.
+    let mut paused = pool.acquire().await?.detach();
+    sqlx::query("BEGIN").execute(&mut paused).await?;
+    sqlx::query("SELECT 1 FROM weir.worker_group WHERE group_name = $1 FOR NO KEY UPDATE")
+        .bind(&group)
+        .execute(&mut paused)
+        .await?;
+    for what in ["assign", "leave"] {
+        let started = std::time::Instant::now();
+        let waited = async {
+            match what {
+                "assign" => coordinator.assign(&group, "a").await.map(|_| ()),
+                _ => coordinator.leave(&group, "a").await,
+            }
+        };
+        let outcome = tokio::time::timeout(Duration::from_secs(30), waited)
+            .await
+            .map_err(|_| {
+                Error::msg(format!(
+                    "{what} still waits for the group's lock after 30 s"
+                ))
+            })?;
+        assert!(outcome.is_err(), "{what} went through a locked row");
+        assert!(
+            started.elapsed() < SHORT_TTL,
+            "{what} gave up after {:?}",
+            started.elapsed()
+        );
+    }
+    sqlx::Connection::close(paused).await?;
+    coordinator.leave(&group, "a").await?;
+    assert!(coordinator.status(&group).await?.members.is_empty());
+    coordinator.drop_group(&group).await
+}
+
 async fn hold_fence(
     pool: &PgPool,
     group: &str,

@@ -9,6 +9,8 @@ use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 use weir_actors::group::Epoch;
 use weir_actors::{Error, Fence, PartitionId, Result};
 
+use super::settings::set_writer_timeouts;
+
 /// The design's fence query, for every `(partition, epoch)` at once: the
 /// pairs whose epoch is current and that no takeover announced a newer
 /// epoch for. Their fence rows are locked `FOR SHARE` until the end of the
@@ -93,22 +95,6 @@ pub(super) async fn stale_partitions(
     stale.sort_unstable();
     stale.dedup();
     Ok(stale)
-}
-
-/// Sets the writer timeouts of the transaction (`SET LOCAL`) to half the
-/// lease TTL, so that a member paused inside it holds its fence rows for
-/// a bounded time only.
-async fn set_writer_timeouts(conn: &mut PgConnection, ttl: Duration) -> Result<()> {
-    let ms = (ttl / 2).as_millis().max(1).to_string();
-    sqlx::query(
-        "SELECT set_config('lock_timeout', $1, true),
-                set_config('statement_timeout', $1, true),
-                set_config('idle_in_transaction_session_timeout', $1, true)",
-    )
-    .bind(ms)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
 }
 
 /// Begins a transaction of the coordinator's that writes for
