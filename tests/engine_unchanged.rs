@@ -30,34 +30,10 @@ fn plan(components: &[(&str, &[(&str, &str)])]) -> Plan {
         .collect()
 }
 
-/// The test's row handler, saying that an unchanged state needs nothing
-/// (it returns `None` for a value equal to its only record).
-#[derive(Clone)]
-struct Skipping(RowHandler);
-
-impl TargetHandler<String> for Skipping {
-    type TrackingRecord = String;
-    type Action = RowAction;
-
-    fn reconcile(
-        &self,
-        key: StableKey,
-        desired: Option<String>,
-        prev: Vec<String>,
-        prev_may_be_missing: bool,
-    ) -> Result<Option<TargetReconcileOutput<RowAction, String>>> {
-        self.0.reconcile(key, desired, prev, prev_may_be_missing)
-    }
-
-    fn unchanged_needs_nothing(&self) -> bool {
-        true
-    }
-}
-
 /// One run: the root mounts one component per entry of `plan`, each
 /// declaring its rows through one provider.
 async fn sync(app: &App, handler: &RowHandler, plan: &Plan) -> Result<UpdateStats> {
-    sync_with(app, Skipping(handler.clone()), plan).await
+    sync_with(app, handler.clone().saying_unchanged_needs_nothing(), plan).await
 }
 
 /// [`sync`] with any row handler.
@@ -269,8 +245,11 @@ async fn a_component_found_unchanged_records_its_new_memo_key_and_is_skipped_by_
     let memo_sync = |version: u32| {
         let (handler, runs) = (handler.clone(), Arc::clone(&runs));
         app.run(move |ctx| async move {
-            let rows =
-                register_root_target_states_provider::<String, _>(&ctx, ROWS, Skipping(handler))?;
+            let rows = register_root_target_states_provider::<String, _>(
+                &ctx,
+                ROWS,
+                handler.saying_unchanged_needs_nothing(),
+            )?;
             ctx.mount_each_memo(
                 vec!["a".to_string()],
                 |k| k.clone(),

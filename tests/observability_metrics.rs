@@ -95,6 +95,26 @@ async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()
     )
     .await?;
 
+    // A component declaring what it declared before, through a handler
+    // whose unchanged states need nothing: counted as unchanged.
+    let skipping = Rig::new().handler().saying_unchanged_needs_nothing();
+    for _ in 0..2 {
+        let skipping = skipping.clone();
+        app.run(move |ctx| async move {
+            let rows = register_root_target_states_provider(&ctx, "test/row", skipping)?;
+            ctx.mount_each(
+                vec!["u"],
+                |k| k.to_string(),
+                move |ctx, k| {
+                    let rows = rows.clone();
+                    async move { declare_target_state(&ctx, rows.target_state(k, "v".to_string())) }
+                },
+            )
+            .await
+        })
+        .await?;
+    }
+
     // A source consumed: its metrics (lag included: this one knows it).
     let mut source = OneMessage(true);
     let rows = Rig::new().handler();
@@ -181,6 +201,21 @@ async fn every_catalogue_metric_is_emitted_and_nothing_outside_it() -> Result<()
             && k.key().labels().any(|l| l.value() == "memoized")
     });
     assert!(memoized, "a memoized component is counted by outcome");
+    let unchanged: u64 = snapshot
+        .iter()
+        .filter(|(k, _, _, _)| {
+            k.key().name() == weir::metrics::COMPONENT_RUNS
+                && k.key().labels().any(|l| l.value() == "unchanged")
+        })
+        .map(|(_, _, _, v)| match v {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(
+        unchanged, 1,
+        "the second run's component is counted unchanged"
+    );
     Ok(())
 }
 

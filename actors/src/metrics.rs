@@ -24,8 +24,11 @@ use crate::error::{Error, Result};
 pub const UPDATE_RUNS: &str = "weir_update_runs_total";
 /// How long update runs take.
 pub const UPDATE_DURATION: &str = "weir_update_duration_seconds";
-/// Components run, by `outcome` (`succeeded`, `failed`, or `memoized` for
-/// a component skipped because its memo key was unchanged).
+/// Components run, by `outcome` (`succeeded`, `failed`, `memoized` for a
+/// component skipped because its memo key was unchanged, or `unchanged`
+/// for one that succeeded declaring exactly what its last clean commit
+/// recorded, with nothing reconciled: see
+/// [`TargetHandler::unchanged_needs_nothing`](crate::TargetHandler::unchanged_needs_nothing)).
 pub const COMPONENT_RUNS: &str = "weir_component_runs_total";
 /// Change batches that woke live mode ([`App::watch`](crate::App::watch)).
 pub const LIVE_CHANGES: &str = "weir_live_changes_total";
@@ -205,7 +208,7 @@ pub const CATALOGUE: &[(&str, MetricKind, Unit, &str)] = &[
         COMPONENT_RUNS,
         MetricKind::Counter,
         Unit::Count,
-        "Components run, by outcome (succeeded, failed, memoized).",
+        "Components run, by outcome (succeeded, failed, memoized, unchanged).",
     ),
     (
         LIVE_CHANGES,
@@ -471,6 +474,9 @@ pub(crate) struct RunMetrics {
     pub components_ok: metrics::Counter,
     pub components_failed: metrics::Counter,
     pub components_memoized: metrics::Counter,
+    /// Components that succeeded with nothing to reconcile (see
+    /// `actors::component::unchanged`).
+    pub components_unchanged: metrics::Counter,
     pub inflight: metrics::Gauge,
     pub declarations: metrics::Counter,
     /// Per shard: batches sent and not handled yet.
@@ -483,6 +489,7 @@ impl RunMetrics {
             components_ok: metrics::counter!(COMPONENT_RUNS, "outcome" => "succeeded"),
             components_failed: metrics::counter!(COMPONENT_RUNS, "outcome" => "failed"),
             components_memoized: metrics::counter!(COMPONENT_RUNS, "outcome" => "memoized"),
+            components_unchanged: metrics::counter!(COMPONENT_RUNS, "outcome" => "unchanged"),
             inflight: metrics::gauge!(COMPONENTS_INFLIGHT),
             declarations: metrics::counter!(DECLARATIONS),
             queue_depth: (0..shards)

@@ -41,6 +41,8 @@ pub struct RowHandler {
     pub sink: TargetActionSink<RowAction>,
     pub reconcile_calls: Arc<AtomicUsize>,
     pub seen: Option<Arc<Mutex<Vec<Seen>>>>,
+    /// What `unchanged_needs_nothing` answers (false unless set).
+    pub unchanged_needs_nothing: bool,
 }
 
 impl RowHandler {
@@ -49,6 +51,17 @@ impl RowHandler {
             sink,
             reconcile_calls: Arc::new(AtomicUsize::new(0)),
             seen: None,
+            unchanged_needs_nothing: false,
+        }
+    }
+
+    /// The same handler, saying that an unchanged state needs nothing (its
+    /// `reconcile` returns `None` for a value equal to its only record), so
+    /// that components declaring what they declared before skip it.
+    pub fn saying_unchanged_needs_nothing(self) -> Self {
+        Self {
+            unchanged_needs_nothing: true,
+            ..self
         }
     }
 
@@ -154,6 +167,9 @@ impl TargetHandler<String> for RowHandler {
                 }))
             }
         }
+    }
+    fn unchanged_needs_nothing(&self) -> bool {
+        self.unchanged_needs_nothing
     }
 }
 

@@ -136,6 +136,9 @@ async fn finish_unchanged(state: &ComponentState, decls: &[Declaration]) -> Resu
     run.counters
         .unchanged
         .fetch_add(decls.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    state
+        .found_unchanged
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     if let Some(memo) = memo_op(state, state.key.to_vec(), false, false) {
         state
             .committing

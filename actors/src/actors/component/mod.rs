@@ -178,6 +178,9 @@ pub(crate) struct ComponentState {
     /// cancelled after that has committed (the ledger writes what it was
     /// sent).
     committing: std::sync::atomic::AtomicBool,
+    /// Set when it finished as found unchanged (see [`unchanged`]), for
+    /// the outcome it is counted under.
+    found_unchanged: std::sync::atomic::AtomicBool,
 }
 
 /// The declarations from which a component's count is kept for its next
@@ -236,6 +239,7 @@ impl ComponentState {
             declared_last,
             active: std::sync::atomic::AtomicBool::new(false),
             committing: std::sync::atomic::AtomicBool::new(false),
+            found_unchanged: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -57,7 +57,15 @@ where
     guard.disarm();
     end_component(&state);
     if result.is_ok() {
-        run.metrics.components_ok.increment(1);
+        let outcome = if state
+            .found_unchanged
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            &run.metrics.components_unchanged
+        } else {
+            &run.metrics.components_ok
+        };
+        outcome.increment(1);
     } else {
         run.metrics.components_failed.increment(1);
     }
