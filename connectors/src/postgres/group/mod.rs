@@ -88,9 +88,9 @@ type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 ///   lock (assignments, joins, releases, leaves), set `lock_timeout`,
 ///   `statement_timeout` and `idle_in_transaction_session_timeout` to half
 ///   the lease TTL (`SET LOCAL`): a member paused inside one has its
-///   session ended by the server within half the TTL, and the others give
-///   up waiting for it as soon, so that none waits on a paused member for
-///   longer than that. [`check_fence`] leaves the caller's connection
+///   connection ended by the server within half the TTL, and the others
+///   give up waiting for it as soon, so that none waits on a paused member
+///   for longer than that. [`check_fence`] leaves the caller's connection
 ///   settings alone.
 /// - **Assignment** (see `assign`): the quotas are over the data
 ///   partitions; the root partition goes with them to one member.

@@ -39,9 +39,9 @@ pub(super) fn no_group(group: &str) -> Error {
 /// The transaction first gets the writer timeouts (see
 /// [`set_writer_timeouts`]) for the group's lease TTL, read without the
 /// lock: a member paused while it holds the lock (stopped, or cut off
-/// from the database) has its session ended by the server within half the
-/// TTL, and a member waiting for the lock gives up after as long, with an
-/// error, rather than waiting for as long as the other stays paused.
+/// from the database) has its connection ended by the server within half
+/// the TTL, and a member waiting for the lock gives up after as long, with
+/// an error, rather than waiting for as long as the other stays paused.
 pub(super) async fn lock_group(conn: &mut PgConnection, group: &str) -> Result<Option<Settings>> {
     let ttl_ms: Option<i64> =
         sqlx::query_scalar("SELECT lease_ttl_ms FROM weir.worker_group WHERE group_name = $1")
