@@ -534,8 +534,6 @@ async fn check_fence_in_a_users_transaction_refuses_a_stale_epoch_and_accepts_th
     coordinator.drop_group(&group).await
 }
 
-/// A writer's transaction holding the fence of `partition` under `epoch`,
-/// with a row of `table` written in it, uncommitted; and its backend's id.
 #[tokio::test]
 async fn a_member_waits_for_the_groups_lock_at_most_half_the_lease_ttl_while_a_paused_one_holds_it(
 ) -> Result<()> {
@@ -581,6 +579,8 @@ async fn a_member_waits_for_the_groups_lock_at_most_half_the_lease_ttl_while_a_p
     coordinator.drop_group(&group).await
 }
 
+/// A writer's transaction holding the fence of `partition` under `epoch`,
+/// with a row of `table` written in it, uncommitted; and its backend's id.
 async fn hold_fence(
     pool: &PgPool,
     group: &str,

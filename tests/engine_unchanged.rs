@@ -4,7 +4,7 @@
 //! sinks and commit. Each test here would catch that path skipping too
 //! much: a change it misses, a failure it forgets, a state another
 //! component took, a duplicate declaration it hides, a handler that did
-//! not opt in.
+//! not opt in, a container's child handler rebuilt with other rules.
 
 // Test support code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -274,5 +274,122 @@ async fn a_component_found_unchanged_records_its_new_memo_key_and_is_skipped_by_
     memo_sync(2).await?;
     assert_eq!(*runs.lock().unwrap(), 2);
     assert_eq!(rig.store.snapshot(), map(&[("a", "v")]));
+    Ok(())
+}
+
+/// Rows whose record is `<schema>:<value>`: a child handler built for one
+/// schema by its table's sink. It says that an unchanged state needs
+/// nothing, which holds for one schema.
+#[derive(Clone)]
+struct SchemaRows {
+    schema: String,
+    written: Arc<Mutex<Vec<String>>>,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct Written(String);
+
+impl TargetHandler<String> for SchemaRows {
+    type TrackingRecord = String;
+    type Action = Written;
+
+    fn reconcile(
+        &self,
+        _key: StableKey,
+        desired: Option<String>,
+        prev: Vec<String>,
+        missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<Written, String>>> {
+        let Some(value) = desired else {
+            return Ok(None);
+        };
+        let record = format!("{}:{value}", self.schema);
+        if !missing && prev == [record.clone()] {
+            return Ok(None);
+        }
+        let written = Arc::clone(&self.written);
+        Ok(Some(TargetReconcileOutput {
+            action: TargetAction::Update(Written(record.clone())),
+            sink: TargetActionSink::from_async_fn(move |actions: Vec<TargetAction<Written>>| {
+                let written = Arc::clone(&written);
+                async move {
+                    for action in actions {
+                        written.lock().unwrap().push(action.into_inner().0);
+                    }
+                    Ok(())
+                }
+            }),
+            tracking_record: Some(record),
+            child_invalidation: None,
+        }))
+    }
+
+    fn unchanged_needs_nothing(&self) -> bool {
+        true
+    }
+}
+
+/// Tables whose record is their schema; an added column changes it
+/// without invalidating the rows.
+struct Tables {
+    written: Arc<Mutex<Vec<String>>>,
+}
+
+impl TargetHandler<String> for Tables {
+    type TrackingRecord = String;
+    type Action = Written;
+
+    fn reconcile(
+        &self,
+        _key: StableKey,
+        desired: Option<String>,
+        _prev: Vec<String>,
+        _missing: bool,
+    ) -> Result<Option<TargetReconcileOutput<Written, String>>> {
+        let Some(schema) = desired else {
+            return Ok(None);
+        };
+        let written = Arc::clone(&self.written);
+        Ok(Some(TargetReconcileOutput {
+            action: TargetAction::Update(Written(schema.clone())),
+            sink: TargetActionSink::from_async_fn_with_child_handler(
+                |_: Vec<TargetAction<Written>>| async { Ok(()) },
+                move |table: &Written| {
+                    Ok(ChildTargetDef::new::<String, _>(SchemaRows {
+                        schema: table.0.clone(),
+                        written: Arc::clone(&written),
+                    }))
+                },
+            ),
+            tracking_record: Some(schema),
+            child_invalidation: None,
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_containers_rows_are_reconciled_after_a_change_of_it_that_keeps_their_generation(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let written = Arc::new(Mutex::new(Vec::new()));
+    for schema in ["s1", "s1", "s2"] {
+        let tables = Tables {
+            written: Arc::clone(&written),
+        };
+        let schema = schema.to_string();
+        app.run(move |ctx| async move {
+            let t = register_root_target_states_provider::<String, _>(&ctx, "test/tables", tables)?;
+            let rows: TargetStateProvider<String> =
+                mount_target(&ctx, t.target_state("t", schema)).await?;
+            ctx.mount("a", move |ctx| async move {
+                declare_target_state(&ctx, rows.target_state("k", "v".to_string()))
+            })
+            .await
+        })
+        .await?;
+    }
+    // The row handler built for s2 judges the row's s1 record: rewritten.
+    assert_eq!(*written.lock().unwrap(), ["s1:v", "s2:v"]);
     Ok(())
 }

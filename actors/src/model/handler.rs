@@ -72,17 +72,24 @@ where
     /// `Ok(None)`.
     ///
     /// A handler that says so lets weir finish a component whose
-    /// declarations (keys, encoded values, providers' generations) are
-    /// exactly those of its last clean commit in this process without
-    /// reconciling them: the component then costs a digest of its
-    /// declarations and a lookup in memory, with no ledger read, no
-    /// message to the reconciler shards and no call of `reconcile`. It
-    /// applies to values declared with
+    /// declarations (keys, encoded values) are exactly those of its last
+    /// clean commit in this process without reconciling them: the
+    /// component then costs a digest of its declarations and a lookup in
+    /// memory, with no ledger read, no message to the reconciler shards and
+    /// no call of `reconcile`. It applies to the states of root providers
+    /// ([`register_root_target_states_provider`](crate::register_root_target_states_provider)),
+    /// declared with
     /// [`TargetStateProvider::target_state`](crate::TargetStateProvider::target_state),
-    /// to components without containers or children; any other change
-    /// (a failed run, a state taken by another component, a container's
-    /// invalidation) makes the component reconcile as usual. The default,
-    /// `false`, calls `reconcile` for every declared state on every run.
+    /// by components without containers or children; any other change to
+    /// the component's records (a failed run, a state taken by another
+    /// component) makes it reconcile as usual. The default, `false`, calls
+    /// `reconcile` for every declared state on every run.
+    ///
+    /// The promise covers every handler registered under the provider's
+    /// name while the process runs: a handler whose answer depends on
+    /// settings that can change between runs (a record that includes a
+    /// configured format, say) must not make it, or its states keep the
+    /// records of the old settings until their values change.
     fn unchanged_needs_nothing(&self) -> bool {
         false
     }

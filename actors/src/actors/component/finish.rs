@@ -1,5 +1,6 @@
 //! What a component does once its code returns: reconcile, apply, commit.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::actors::sink::{PlannedAction, SinkGroups, UnitWaiter};
@@ -135,14 +136,10 @@ async fn finish_unchanged(state: &ComponentState, decls: &[Declaration]) -> Resu
     let run = &state.run;
     run.counters
         .unchanged
-        .fetch_add(decls.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    state
-        .found_unchanged
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+        .fetch_add(decls.len() as u64, Ordering::Relaxed);
+    state.found_unchanged.store(true, Ordering::Relaxed);
     if let Some(memo) = memo_op(state, state.key.to_vec(), false, false) {
-        state
-            .committing
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        state.committing.store(true, Ordering::SeqCst);
         run.engine.ledger_handle.commit(vec![memo]).await?;
     }
     Ok(())
@@ -214,10 +211,9 @@ async fn commit_success(
         unchanged,
         actions,
     } = records;
-    run.counters.unchanged.fetch_add(
-        unchanged + reconciled.unchanged,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    run.counters
+        .unchanged
+        .fetch_add(unchanged + reconciled.unchanged, Ordering::Relaxed);
     for (kind, n) in actions {
         run.counters.count_action(kind, n);
     }
@@ -239,9 +235,7 @@ async fn commit_success(
     let memo = memo_after_success(state, reconciled.orphans, prev_children, !ops.is_empty());
     ops.extend(memo);
     if !ops.is_empty() {
-        state
-            .committing
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        state.committing.store(true, Ordering::SeqCst);
         run.engine.ledger_handle.commit(ops).await?;
     }
     Ok(())

@@ -26,7 +26,11 @@
 //!
 //! What a component must be for the digest to be kept or used (else it
 //! takes the full path, which is always correct):
-//! - every handler of its states says an unchanged state needs nothing;
+//! - every handler of its states says an unchanged state needs nothing,
+//!   and is a root provider's: a container's child handler is built from
+//!   the container's action in each run, and may judge the same records
+//!   differently after a change that leaves the generation alone (a
+//!   column added, say), as may an attachment's;
 //! - every value declared encoded ([`TargetStateProvider::target_state`](crate::TargetStateProvider::target_state)):
 //!   an exact value ([`target_state_exact`](crate::TargetStateProvider::target_state_exact))
 //!   has no bytes to digest;
@@ -46,6 +50,7 @@ use crate::actors::reconciler::shard_of;
 use crate::error::{Error, Result};
 use crate::ledger::digest::Digest;
 use crate::model::erased::DeclaredValue;
+use crate::model::provider::ProviderPath;
 use crate::sync::lock;
 
 use super::{ComponentState, Declaration, Early};
@@ -72,7 +77,7 @@ pub(super) fn digest(
             return None;
         }
         let resolved = d.provider.resolved.get()?;
-        if !resolved.handler.unchanged_needs_nothing() {
+        if !is_root(&d.provider.path) || !resolved.handler.unchanged_needs_nothing() {
             return None;
         }
         let generation = resolved.generation;
@@ -84,6 +89,15 @@ pub(super) fn digest(
     let hash = hasher.finalize();
     let (first, _) = hash.as_bytes().split_first_chunk::<8>()?;
     Some(Digest::from_le_bytes(*first))
+}
+
+/// Whether a provider is a root provider: its handler is the one the
+/// user registered. A container's child provider gets a handler built
+/// from the container's action in each run, and an attachment one its
+/// handler gives: either may judge the same records differently from one
+/// run to the next, which only asking it would show.
+fn is_root(path: &ProviderPath) -> bool {
+    path.container.is_none() && path.name == path.root
 }
 
 /// Hashes `bytes` after their length, so that no two lists of byte
@@ -105,33 +119,42 @@ pub(super) fn is_unchanged(state: &ComponentState, digest: Digest) -> bool {
 }
 
 /// Claims the component's states in the shards' claims of this run; a
-/// state another component declared first is a duplicate declaration.
+/// state another component declared first is a duplicate declaration (the
+/// first one found is returned, once every other state is claimed, as the
+/// shards do on the full path).
 pub(super) fn claim(state: &ComponentState, decls: &[Declaration]) -> Result<()> {
     let run = &state.run;
     let claims = &run.engine.claims;
+    let mut duplicate = None;
     for d in decls {
         let Some(shard) = claims.get(shard_of(&d.path, claims.len())) else {
-            continue;
+            return Err(Error::msg(format!(
+                "component {}: no shard claims the state {} of {}",
+                state.path, d.key, d.provider.path.name
+            )));
         };
         let mut locked = shard.lock();
         let declared = locked.run(run.id);
         let me = declared.component(&state.key, &state.path);
         if let Some(first) = declared.claim(me, &d.path) {
-            return Err(Error::DuplicateDeclaration {
+            duplicate.get_or_insert_with(|| Error::DuplicateDeclaration {
                 provider: d.provider.path.name.to_string(),
                 key: d.key.clone(),
                 first_by: Some(declared.path_of(first)),
             });
         }
     }
-    Ok(())
+    duplicate.map_or(Ok(()), Err)
 }
 
 /// Records the digest of a component that committed with nothing left
 /// pending: no state it no longer declares, no child it no longer mounts
 /// (`pending`).
 pub(super) fn record(state: &ComponentState, digest: Option<Digest>, pending: bool) {
-    if let (Some(digest), false) = (digest, pending) {
+    if pending {
+        return;
+    }
+    if let Some(digest) = digest {
         state
             .run
             .engine

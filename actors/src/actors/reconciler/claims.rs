@@ -39,7 +39,7 @@ pub(crate) struct RunDeclared {
     /// Each path, with the position in `components` of the component
     /// that declared it (not a clone of its path, whose reference count
     /// every shard would bump for every state).
-    pub(crate) paths: HashMap<Arc<[u8]>, usize>,
+    paths: HashMap<Arc<[u8]>, usize>,
     /// The components that declared paths here, each once.
     components: Vec<ComponentPath>,
     /// Their positions, by component key.
