@@ -22,6 +22,7 @@
 //! components whose keys hash alike never match each other's.
 
 use rustc_hash::FxHashMap as HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::model::keycode;
@@ -42,6 +43,10 @@ const PARTS: usize = 16;
 #[derive(Default)]
 pub(crate) struct Digests {
     parts: [Mutex<HashMap<u64, Digest>>; PARTS],
+    /// Whether a digest was ever recorded: until then, forgetting one (for
+    /// every op the ledger thread applies) costs a load, not a hash and a
+    /// lock. Never reset, so that no digest recorded meanwhile is missed.
+    recorded: AtomicBool,
 }
 
 impl Digests {
@@ -57,12 +62,16 @@ impl Digests {
 
     /// Records `digest` for `component`.
     pub(crate) fn set(&self, component: &[u8], digest: Digest) {
+        self.recorded.store(true, Ordering::SeqCst);
         let hash = keycode::stable_hash(component);
         lock(self.part(hash)).insert(hash, digest);
     }
 
     /// Forgets the digest of `component`.
     pub(crate) fn forget(&self, component: &[u8]) {
+        if !self.recorded.load(Ordering::SeqCst) {
+            return;
+        }
         let hash = keycode::stable_hash(component);
         let mut part = lock(self.part(hash));
         if !part.is_empty() {
@@ -85,6 +94,7 @@ mod tests {
     #[test]
     fn a_digest_is_found_for_its_component_until_forgotten() {
         let digests = Digests::default();
+        digests.forget(b"a");
         digests.set(b"a", 7);
         digests.set(b"b", 8);
         assert_eq!(digests.get(b"a"), Some(7));

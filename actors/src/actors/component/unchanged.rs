@@ -5,7 +5,7 @@
 //! its declarations to their shards, which read its entry from the ledger,
 //! ask each state's handler, and answer that nothing needs doing. Here a
 //! component instead computes a digest of its declarations (the component
-//! key, and each state's path, encoded value and provider generation) and
+//! key, and each state's path and encoded value) and
 //! compares it with the digest the ledger keeps in memory of its last clean
 //! commit (see [`digest`](crate::ledger::digest)). On a match it only
 //! claims its states in the shards' claims, so that another component
@@ -14,8 +14,7 @@
 //!
 //! What a match proves: the ledger's entry of the component is what its
 //! last clean commit left (any other change to it forgot the digest), and
-//! that commit recorded the outcome of the same declarations under the same
-//! provider generations. The handlers were then asked about these values
+//! that commit recorded the outcome of the same declarations. The handlers were then asked about these values
 //! and their records were brought in line. Asked again with the records
 //! they produced, a handler whose
 //! [`unchanged_needs_nothing`](crate::TargetHandler::unchanged_needs_nothing)
@@ -80,9 +79,6 @@ pub(super) fn digest(
         if !is_root(&d.provider.path) || !resolved.handler.unchanged_needs_nothing() {
             return None;
         }
-        let generation = resolved.generation;
-        hasher.update(&generation.current.to_le_bytes());
-        hasher.update(&generation.destructive_floor.to_le_bytes());
         framed(&mut hasher, &d.path);
         framed(&mut hasher, value);
     }
