@@ -127,7 +127,7 @@ async fn every_key_lands_with_its_latest_payload_and_every_message_is_acknowledg
 /// with a fetch wait of 30 s, the read ends within seconds.
 #[tokio::test]
 async fn a_bounded_read_ends_once_its_last_acknowledgements_land_not_a_fetch_wait_later() {
-    use weir::source::{Batch, Outcome, Settled, Source};
+    use weir::source::{Batch, Source};
     let s = TestStream::new("settling").await;
     for i in 0..20 {
         s.publish(&format!("k{i}"), &format!("v{i}")).await;
@@ -144,14 +144,7 @@ async fn a_bounded_read_ends_once_its_last_acknowledgements_land_not_a_fetch_wai
     let started = Instant::now();
     let ack_later = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let settled = held
-            .into_iter()
-            .map(|c| Settled {
-                ack: c.ack,
-                outcome: Outcome::Ack,
-            })
-            .collect();
-        holder.settle(settled).await.unwrap();
+        holder.settle(all_acknowledged(held)).await.unwrap();
     };
     let (next, ()) = tokio::join!(bounded.next_batch(100), ack_later);
 
@@ -625,20 +618,26 @@ where
 /// Takes the next batch of at most `max` changes and acknowledges them
 /// all; how many it held.
 async fn take_and_ack(source: &mut JetStreamSource, max: usize) -> usize {
-    use weir::source::{Batch, Outcome, Settled, Source};
+    use weir::source::{Batch, Source};
     let Some(Batch::Changes(changes)) = source.next_batch(max).await.unwrap() else {
         panic!("expected a batch of changes");
     };
     let n = changes.len();
-    let settled = changes
-        .into_iter()
-        .map(|c| Settled {
-            ack: c.ack,
-            outcome: Outcome::Ack,
-        })
-        .collect();
-    source.settle(settled).await.unwrap();
+    source.settle(all_acknowledged(changes)).await.unwrap();
     n
+}
+
+/// Each change's handle, settled as acknowledged.
+fn all_acknowledged<P, A>(
+    changes: Vec<weir::source::Change<P, A>>,
+) -> Vec<weir::source::Settled<A>> {
+    changes
+        .into_iter()
+        .map(|c| weir::source::Settled {
+            ack: c.ack,
+            outcome: weir::source::Outcome::Ack,
+        })
+        .collect()
 }
 
 #[tokio::test]
