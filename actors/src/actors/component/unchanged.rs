@@ -66,25 +66,35 @@ pub(super) fn digest(
     if run.preview || run.group.is_some() || early.seen > 0 || has_children(state) {
         return None;
     }
+    // Most components are not eligible (their handlers ask on every run):
+    // they are turned away before anything is hashed.
+    if !decls.iter().all(eligible) {
+        return None;
+    }
     let mut hasher = blake3::Hasher::new();
     framed(&mut hasher, &state.key);
     for d in decls {
-        let DeclaredValue::Encoded(value) = &d.value else {
-            return None;
-        };
-        if d.child.is_some() {
-            return None;
+        if let DeclaredValue::Encoded(value) = &d.value {
+            framed(&mut hasher, &d.path);
+            framed(&mut hasher, value);
         }
-        let resolved = d.provider.resolved.get()?;
-        if !is_root(&d.provider.path) || !resolved.handler.unchanged_needs_nothing() {
-            return None;
-        }
-        framed(&mut hasher, &d.path);
-        framed(&mut hasher, value);
     }
     let hash = hasher.finalize();
     let (first, _) = hash.as_bytes().split_first_chunk::<8>()?;
     Some(Digest::from_le_bytes(*first))
+}
+
+/// Whether a declaration can be found unchanged: an encoded value, not a
+/// container, of a root provider whose handler says that an unchanged
+/// state needs nothing.
+fn eligible(d: &Declaration) -> bool {
+    matches!(d.value, DeclaredValue::Encoded(_))
+        && d.child.is_none()
+        && is_root(&d.provider.path)
+        && d.provider
+            .resolved
+            .get()
+            .is_some_and(|r| r.handler.unchanged_needs_nothing())
 }
 
 /// Whether a provider is a root provider: its handler is the one the
