@@ -5,7 +5,6 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::digest::Digest;
 use super::edit::{Encoded, EntryEdit};
 use super::record::ComponentRecord;
 use super::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
@@ -62,36 +61,6 @@ impl Ledger {
         let touched = std::mem::take(&mut b.touched);
         b.finish()?;
         Ok(touched)
-    }
-}
-
-impl Ledger {
-    /// What `component` declared at its last clean commit, if the ledger
-    /// knows it (see [`digest`](super::digest)).
-    pub(crate) fn declared_digest(&self, component: &[u8]) -> Option<Digest> {
-        self.digests.get(component)
-    }
-
-    /// Records what `component` declared at the clean commit it just made
-    /// (or, having nothing to commit, found it had made).
-    pub(crate) fn record_declared_digest(&self, component: &[u8], digest: Digest) {
-        self.digests.set(component, digest);
-    }
-
-    /// Forgets the declaration digests of the components `op` may change
-    /// the entry of (all of them, for an op that reaches components it
-    /// does not name).
-    fn forget_digests(&self, op: &LedgerOp) {
-        match op {
-            LedgerOp::DropDescendants { .. } => self.digests.forget_all(),
-            // A memo key is not the entry.
-            LedgerOp::SetMemo { .. } => {}
-            _ => {
-                for component in op.component().into_iter().chain(op.parent()) {
-                    self.digests.forget(component);
-                }
-            }
-        }
     }
 }
 

@@ -25,6 +25,8 @@ use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use super::record::LedgerOp;
+use super::Ledger;
 use crate::model::keycode;
 use crate::sync::lock;
 
@@ -83,6 +85,36 @@ impl Digests {
     pub(crate) fn forget_all(&self) {
         for part in &self.parts {
             lock(part).clear();
+        }
+    }
+}
+
+impl Ledger {
+    /// What `component` declared at its last clean commit, if the ledger
+    /// knows it (see the module docs).
+    pub(crate) fn declared_digest(&self, component: &[u8]) -> Option<Digest> {
+        self.digests.get(component)
+    }
+
+    /// Records what `component` declared at the clean commit it just made
+    /// (or, having nothing to commit, found it had made).
+    pub(crate) fn record_declared_digest(&self, component: &[u8], digest: Digest) {
+        self.digests.set(component, digest);
+    }
+
+    /// Forgets the declaration digests of the components `op` may change
+    /// the entry of (all of them, for an op that reaches components it
+    /// does not name).
+    pub(super) fn forget_digests(&self, op: &LedgerOp) {
+        match op {
+            LedgerOp::DropDescendants { .. } => self.digests.forget_all(),
+            // A memo key is not the entry.
+            LedgerOp::SetMemo { .. } => {}
+            _ => {
+                for component in op.component().into_iter().chain(op.parent()) {
+                    self.digests.forget(component);
+                }
+            }
         }
     }
 }
