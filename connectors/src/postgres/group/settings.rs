@@ -16,14 +16,9 @@ impl Settings {
     pub(super) fn from_row((partitions, ttl_ms): (i32, i64)) -> Self {
         Self {
             partitions: u32::try_from(partitions).unwrap_or(0),
-            lease_ttl: lease_ttl(ttl_ms),
+            lease_ttl: Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
         }
     }
-}
-
-/// A stored lease TTL (ms) as a duration.
-fn lease_ttl(ttl_ms: i64) -> Duration {
-    Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0))
 }
 
 /// The error of a group that does not exist.
@@ -33,25 +28,39 @@ pub(super) fn no_group(group: &str) -> Error {
     ))
 }
 
+/// The writer timeouts, each set (`SET LOCAL`) to the text `ms` of the
+/// query it is selected from.
+macro_rules! set_timeouts_to_ms {
+    () => {
+        "set_config('lock_timeout', ms, true),
+         set_config('statement_timeout', ms, true),
+         set_config('idle_in_transaction_session_timeout', ms, true)"
+    };
+}
+
 /// Locks the group's row (`FOR NO KEY UPDATE`: assignments, joins,
 /// releases and leaves of a group take turns) and reads its settings.
 ///
 /// The transaction first gets the writer timeouts (see
-/// [`set_writer_timeouts`]) for the group's lease TTL, read without the
-/// lock: a member paused while it holds the lock (stopped, or cut off
-/// from the database) has its connection ended by the server within half
-/// the TTL, and a member waiting for the lock gives up after as long, with
-/// an error, rather than waiting for as long as the other stays paused.
+/// [`set_writer_timeouts`]) for the group's lease TTL, in the query that
+/// reads it without the lock: a member paused while it holds the lock
+/// (stopped, or cut off from the database) has its connection ended by the
+/// server within half the TTL, and a member waiting for the lock gives up
+/// after as long, with an error, rather than waiting for as long as the
+/// other stays paused.
 pub(super) async fn lock_group(conn: &mut PgConnection, group: &str) -> Result<Option<Settings>> {
-    let ttl_ms: Option<i64> =
-        sqlx::query_scalar("SELECT lease_ttl_ms FROM weir.worker_group WHERE group_name = $1")
-            .bind(group)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let Some(ttl_ms) = ttl_ms else {
+    let exists = sqlx::query(concat!(
+        "SELECT ",
+        set_timeouts_to_ms!(),
+        " FROM (SELECT GREATEST(lease_ttl_ms / 2, 1)::text AS ms
+                  FROM weir.worker_group WHERE group_name = $1) AS ttl"
+    ))
+    .bind(group)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if exists.is_none() {
         return Ok(None);
-    };
-    set_writer_timeouts(conn, lease_ttl(ttl_ms)).await?;
+    }
     let row: Option<(i32, i64)> = sqlx::query_as(
         "SELECT partitions, lease_ttl_ms FROM weir.worker_group
           WHERE group_name = $1 FOR NO KEY UPDATE",
@@ -68,11 +77,11 @@ pub(super) async fn lock_group(conn: &mut PgConnection, group: &str) -> Result<O
 /// it holds the rows it locked for a bounded time only.
 pub(super) async fn set_writer_timeouts(conn: &mut PgConnection, ttl: Duration) -> Result<()> {
     let ms = (ttl / 2).as_millis().max(1).to_string();
-    sqlx::query(
-        "SELECT set_config('lock_timeout', $1, true),
-                set_config('statement_timeout', $1, true),
-                set_config('idle_in_transaction_session_timeout', $1, true)",
-    )
+    sqlx::query(concat!(
+        "SELECT ",
+        set_timeouts_to_ms!(),
+        " FROM (SELECT $1::text AS ms) AS ttl"
+    ))
     .bind(ms)
     .execute(&mut *conn)
     .await?;
