@@ -613,6 +613,95 @@ async fn a_database_deleted_between_syncs_is_filled_again_by_the_next_sync() -> 
     Ok(())
 }
 
+/// Rewrites a ledger the command wrote as a build of format 2 stored
+/// it: SQLite's tables provider under its former name (as long as the new
+/// one, so every encoded length stays right), and the format version 2.
+/// Its memo keys go: format 2 hashed the former name into them, so none
+/// matches after the upgrade. Returns how many keys and values held the
+/// name.
+fn as_written_by_format_2(ledger: &Path) -> usize {
+    const NOW: &[u8] = b"weir.sqlite.table/weir-sqlite";
+    const BEFORE: &[u8] = b"weir.sqlite/weir-sqlite/table";
+    let db = sled::open(ledger.join("sled")).unwrap();
+    let rename = |bytes: &[u8]| -> Option<Vec<u8>> {
+        let at = bytes.windows(NOW.len()).position(|w| w == NOW)?;
+        let mut out = bytes.to_vec();
+        let mut from = at;
+        while let Some(i) = out[from..].windows(NOW.len()).position(|w| w == NOW) {
+            out[from + i..from + i + NOW.len()].copy_from_slice(BEFORE);
+            from += i + NOW.len();
+        }
+        Some(out)
+    };
+    let mut renamed = 0;
+    for name in db.tree_names() {
+        let tree = db.open_tree(name).unwrap();
+        let all: Vec<_> = tree.iter().map(Result::unwrap).collect();
+        for (k, v) in all {
+            let (new_k, new_v) = (rename(&k), rename(&v));
+            if new_k.is_none() && new_v.is_none() {
+                continue;
+            }
+            renamed += 1;
+            tree.remove(&k).unwrap();
+            tree.insert(
+                new_k.unwrap_or_else(|| k.to_vec()),
+                new_v.unwrap_or_else(|| v.to_vec()),
+            )
+            .unwrap();
+        }
+    }
+    for memo in db.scan_prefix(b"o").keys() {
+        db.remove(memo.unwrap()).unwrap();
+    }
+    db.insert(b"mformat", &2u32.to_be_bytes()).unwrap();
+    db.flush().unwrap();
+    renamed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_of_the_format_before_the_sqlite_tables_provider_was_renamed_keeps_every_table_and_row(
+) -> TestResult {
+    let env = setup(6);
+    ok(&env.sync(&[]));
+    let renamed = as_written_by_format_2(&env.ledger);
+    assert!(
+        renamed >= 3,
+        "the tables, the component they are mounted in and the rows name the provider: {renamed}"
+    );
+
+    // Every file runs again (its memo key changed with the name) and
+    // finds its rows as they are. Had the stored names stayed, every table
+    // and row would be deleted and created again.
+    let out = ok(&env.sync(&[]));
+    assert!(out.contains("0 unchanged files skipped"), "{out}");
+    assert!(out.contains("0 created, 0 updated, 0 deleted"), "{out}");
+    let out = ok(&env.sync(&[]));
+    assert!(out.contains("8 unchanged files skipped"), "{out}");
+    let tracked = ok(&env.inspect());
+    assert!(tracked.contains("format version 3"), "{tracked}");
+    assert!(
+        tracked.contains("weir.sqlite.table/weir-sqlite/[\"weir-sqlite\",\"documents\"]")
+            && !tracked.contains("weir.sqlite/weir-sqlite/table"),
+        "{tracked}"
+    );
+    let pool = env.pool().await;
+    assert_eq!(
+        documents_sqlite(&pool).await,
+        expected_documents(&env.tree, &[])
+    );
+
+    std::fs::write(env.path("dir0/sub0/file0.md"), "rewritten\n")?;
+    std::fs::remove_file(env.path("dir1/sub1/file1.md"))?;
+    let out = ok(&env.sync(&[]));
+    assert!(out.contains("6 unchanged files skipped"), "{out}");
+    let docs = documents_sqlite(&pool).await;
+    assert_eq!(docs, expected_documents(&env.tree, &[]));
+    check_chunks(&docs, &texts(chunks_sqlite(&pool).await));
+    pool.close().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_dropped_by_hand_in_postgres_stops_the_sync_with_what_to_do_and_drop_then_sync_rebuild_it(
 ) -> TestResult {

@@ -80,6 +80,7 @@ pub(crate) mod stored;
 mod batch;
 mod edit;
 mod open;
+mod upgrade;
 
 use stored::StoredEntry;
 
@@ -98,11 +99,9 @@ use journal::Journal;
 use record::{ComponentEntry, Intent};
 
 /// The ledger format this build reads and writes.
-pub(crate) const FORMAT_VERSION: u32 = 2;
-/// The earlier format this build also reads: it is version 2 without deltas
-/// or the second tree, and is marked version 2 when opened (for good:
-/// builds that read only version 1 refuse it from then on).
-const FORMAT_WITHOUT_DELTAS: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The earliest format this build opens (and upgrades: see [`upgrade`]).
+const FORMAT_OLDEST: u32 = 1;
 /// The default sled page cache size: 64 MiB.
 pub const DEFAULT_LEDGER_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 

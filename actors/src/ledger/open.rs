@@ -12,8 +12,8 @@ use super::index::OwnerIndex;
 use super::journal::{Journal, JournalError};
 use super::record::{Intent, LedgerOp};
 use super::{
-    key, pack, Layout, Ledger, ENTRIES_TREE, FORMAT_KEY, FORMAT_VERSION, FORMAT_WITHOUT_DELTAS,
-    ID_KEY, P_CHILDREN, P_COMPONENT, P_DELTA, P_INTENT, P_PACK, SEQ_FILE, SEQ_KEY,
+    key, pack, Layout, Ledger, ENTRIES_TREE, FORMAT_KEY, FORMAT_OLDEST, FORMAT_VERSION, ID_KEY,
+    P_CHILDREN, P_COMPONENT, P_DELTA, P_INTENT, P_PACK, SEQ_FILE, SEQ_KEY,
 };
 use crate::error::{Error, Result};
 
@@ -42,6 +42,15 @@ fn storage(e: sled::Error, dir: &str) -> Error {
         sled::Error::Io(e) => named_io(e, dir),
         other => Error::Storage(other),
     }
+}
+
+/// `result`, its i/o and sled errors naming the ledger at `dir`.
+fn named<T>(dir: &str, result: Result<T>) -> Result<T> {
+    result.map_err(|e| match e {
+        Error::Io(e) => named_io(e, dir),
+        Error::Storage(e) => storage(e, dir),
+        other => other,
+    })
 }
 
 /// The file whose lock is an App's hold on the ledger.
@@ -130,24 +139,22 @@ impl Ledger {
     /// Checks an opened store and loads what lives in memory: the format,
     /// the commit count, the identity, the packs, the layout and the owner
     /// index; then folds the intents a crash left (`pending`, from the
-    /// journal).
+    /// journal), and upgrades a ledger of an earlier format.
     fn load(&self, existed: bool, pending: Vec<Intent>) -> Result<()> {
         let flushed_seq = self.read_seq_file();
-        let named = |result: Result<()>| {
-            result.map_err(|e| match e {
-                Error::Io(e) => named_io(e, &self.dir),
-                Error::Storage(e) => storage(e, &self.dir),
-                other => other,
-            })
-        };
-        named(self.check_format(existed, flushed_seq.is_some_and(|n| n > 0)))?;
+        let dir = &*self.dir;
+        let format = named(
+            dir,
+            self.check_format(existed, flushed_seq.is_some_and(|n| n > 0)),
+        )?;
         // Its write of `weir.seq` names the ledger already.
         self.check_seq(flushed_seq)?;
-        named(self.ensure_id())?;
-        named(self.load_packs())?;
-        named(self.load_layout())?;
-        named(self.build_index())?;
-        named(self.recover(pending))
+        named(dir, self.ensure_id())?;
+        named(dir, self.load_packs())?;
+        named(dir, self.load_layout())?;
+        named(dir, self.build_index())?;
+        named(dir, self.recover(pending))?;
+        named(dir, self.upgrade(format))
     }
 
     /// The commit count in `weir.seq`; `None` when there is none (a new
@@ -196,7 +203,11 @@ impl Ledger {
         Ok(())
     }
 
-    fn check_format(&self, existed: bool, was_written: bool) -> Result<()> {
+    /// Checks the format version of the store, or marks a new one with
+    /// this build's; returns the version found (that of a new store is
+    /// this build's), which [`upgrade`](Ledger::upgrade) brings to this
+    /// build's once the ledger is loaded.
+    fn check_format(&self, existed: bool, was_written: bool) -> Result<u32> {
         match self.tree.get(FORMAT_KEY)? {
             Some(v) => {
                 let raw: [u8; 4] = v
@@ -204,20 +215,14 @@ impl Ledger {
                     .try_into()
                     .map_err(|_| self.corrupt("format version is not 4 bytes"))?;
                 let found = u32::from_be_bytes(raw);
-                if found == FORMAT_WITHOUT_DELTAS {
-                    self.tree
-                        .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
-                    self.tree.flush()?;
-                    return Ok(());
-                }
-                if found != FORMAT_VERSION {
+                if !(FORMAT_OLDEST..=FORMAT_VERSION).contains(&found) {
                     return Err(Error::LedgerVersion {
                         path: self.dir.to_string(),
                         found,
                         supported: FORMAT_VERSION,
                     });
                 }
-                Ok(())
+                Ok(found)
             }
             None if existed && !self.tree.is_empty() => {
                 Err(self.corrupt("the format version is missing"))
@@ -229,7 +234,7 @@ impl Ledger {
                 self.tree
                     .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
                 self.tree.flush()?;
-                Ok(())
+                Ok(FORMAT_VERSION)
             }
         }
     }

@@ -435,9 +435,7 @@ fn a_ledger_of_the_format_before_deltas_opens_with_its_entries_and_is_marked_cur
     let dir = tempfile::tempdir()?;
     let ledger = reopened(dir.path(), |ledger| {
         ledger.apply(vec![fresh("c", "p")])?;
-        ledger
-            .tree
-            .insert(FORMAT_KEY, &FORMAT_WITHOUT_DELTAS.to_be_bytes())?;
+        ledger.tree.insert(FORMAT_KEY, &1u32.to_be_bytes())?;
         ledger.flush()
     })?;
     assert!(state_of(&ledger, "c", "p").is_some());

@@ -187,6 +187,20 @@ pub(crate) fn decode_segments(bytes: &[u8]) -> Option<Vec<Segment>> {
     Some(out)
 }
 
+/// The name of the root provider a state or provider path starts with,
+/// and the bytes after it; `None` when it does not start with one.
+pub(crate) fn split_root_provider(path: &[u8]) -> Option<(Arc<str>, &[u8])> {
+    let mut reader = Reader {
+        bytes: path,
+        pos: 0,
+    };
+    if reader.byte()? != TAG_PROVIDER {
+        return None;
+    }
+    let name = reader.string()?;
+    Some((name, path.get(reader.pos..)?))
+}
+
 /// Splits an encoded state path into its provider path and its key.
 pub(crate) fn split_state_path(bytes: &[u8]) -> Option<(&[u8], StableKey)> {
     let mut reader = Reader { bytes, pos: 0 };

@@ -21,10 +21,6 @@ impl Dialect for Postgres {
     const ROW_SINK_CONCURRENT_CALLS: usize = ROW_SINK_CONCURRENT_CALLS;
     const CHECKS_FENCE: bool = true;
 
-    fn tables_provider_name(db: &str) -> String {
-        format!("weir.postgres.table/{db}")
-    }
-
     fn check_table(table: &str, schema: &TableSchema) -> Result<()> {
         types::validate_schema(table, schema)
     }

@@ -36,8 +36,12 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     const CHECKS_FENCE: bool;
 
     /// The name of the provider of the tables of the database provided
-    /// under the context key named `db`.
-    fn tables_provider_name(db: &str) -> String;
+    /// under the context key named `db`: `weir.<dialect>.table/<db>`.
+    /// Ledgers store it in the path of every table and row they track, so
+    /// another name needs an upgrade of the ledger's format.
+    fn tables_provider_name(db: &str) -> String {
+        format!("weir.{}.table/{db}", Self::NAME)
+    }
 
     /// The name a table is keyed under: the engine's own identity of the
     /// name (SQLite ignores the case of names: it keys them in lower case).

@@ -1,0 +1,484 @@
+//! Upgrades of the stored form of a ledger written by an earlier build.
+//!
+//! A ledger records its format version (`mformat`). A build opens every
+//! format it knows, upgrades it in place, and only then marks the ledger
+//! with its own version; from then on, builds that do not know that
+//! version refuse the ledger, naming the version they read.
+//!
+//! | from | to | what changes in the store |
+//! |------|----|---------------------------|
+//! | 1    | 2  | nothing: deltas and the tree of large values appear as commits write them |
+//! | 2    | 3  | SQLite's tables providers are renamed (below) |
+//!
+//! # Format 3: one name for the tables providers of SQL databases
+//!
+//! The SQL table target names the root provider of a database's tables
+//! `weir.<dialect>.table/<db>`. Ledgers written before format 3 hold
+//! SQLite's under another form, `weir.sqlite/<db>/table`. A ledger keeps
+//! a root provider's name in two places:
+//! - as the first segment of the path of every state below it (so in
+//!   component entries, their deltas and packs, and the `d` keys of the
+//!   containers below it);
+//! - as the second item of the key `[@target, name, key]` of each
+//!   component `mount_target` mounts one of its containers in (so in that
+//!   component's keys, and in its parent's child list).
+//!
+//! Were a name to change without its records, a run would find every
+//! table and row of that database undeclared, delete them, and create
+//! them again. So the upgrade reads the whole record of every component,
+//! renames both forms, and replaces each component whose record changed
+//! (forgotten under its old key, restored under its new one: the ops that
+//! worker groups restore partitions with) in one commit; then it deletes
+//! the `d` keys that still name an old path or component.
+//!
+//! The ledger keeps its old version until all of that is durable, and an
+//! upgrade finds nothing to rename in what it already renamed (no new name
+//! has the old form): after a crash at any point, the next opening runs
+//! the same upgrade and finishes it. The intents a crash left are folded
+//! before the upgrade, under the names they were journaled with.
+//!
+//! The engine names no connector anywhere else. It does here because the
+//! stored names are data it wrote, and only it can rewrite them before
+//! anything reads them.
+
+use std::sync::Arc;
+
+use serde_bytes::ByteBuf;
+
+use super::record::{ComponentRecord, LedgerOp};
+use super::{split_container_key, Ledger, FORMAT_KEY, FORMAT_VERSION, P_CONTAINER};
+use crate::error::Result;
+use crate::model::keycode;
+use crate::model::path::TARGET_SYMBOL;
+use crate::model::StableKey;
+
+/// The first format that names SQLite's tables providers
+/// `weir.sqlite.table/<db>`.
+const FORMAT_UNIFIED_TABLE_PROVIDERS: u32 = 3;
+
+impl Ledger {
+    /// Upgrades a ledger of format `found` to this build's, then marks it
+    /// with this build's version.
+    pub(super) fn upgrade(&self, found: u32) -> Result<()> {
+        if found >= FORMAT_VERSION {
+            return Ok(());
+        }
+        if found < FORMAT_UNIFIED_TABLE_PROVIDERS {
+            self.rename_table_providers()?;
+        }
+        self.tree
+            .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
+        self.tree.flush()?;
+        Ok(())
+    }
+
+    /// Renames SQLite's tables providers in every component's record, and
+    /// drops the container keys that name the old form.
+    fn rename_table_providers(&self) -> Result<()> {
+        let mut ops = Vec::new();
+        for component in self.component_keys(|_| true)? {
+            let Some(mut record) = self.record_of(&component)? else {
+                continue;
+            };
+            let renamed = renamed_component(&component);
+            if !rename_in_record(&mut record) && renamed.is_none() {
+                continue;
+            }
+            let target = match renamed {
+                Some(new) => {
+                    ops.push(LedgerOp::Forget { component });
+                    new
+                }
+                None => component,
+            };
+            ops.push(LedgerOp::Restore {
+                component: target,
+                record: Box::new(record),
+            });
+        }
+        if !ops.is_empty() {
+            self.apply(ops)?;
+        }
+        self.drop_renamed_container_keys()?;
+        self.tree.flush()?;
+        Ok(())
+    }
+
+    /// Deletes the `d` keys whose container or component has an old name
+    /// (restoring the component wrote them under the new one).
+    fn drop_renamed_container_keys(&self) -> Result<()> {
+        let mut stale = sled::Batch::default();
+        let mut any = false;
+        for k in self.tree.scan_prefix([P_CONTAINER]).keys() {
+            let k = k?;
+            let renamed =
+                k.get(1..)
+                    .and_then(split_container_key)
+                    .is_some_and(|(container, component)| {
+                        renamed_path(container).is_some() || renamed_component(component).is_some()
+                    });
+            if renamed {
+                stale.remove(k);
+                any = true;
+            }
+        }
+        if any {
+            self.tree.apply_batch(stale)?;
+        }
+        Ok(())
+    }
+}
+
+/// The format-3 name of a root provider that format 2 named otherwise:
+/// `weir.sqlite/<db>/table` becomes `weir.sqlite.table/<db>`.
+fn renamed_provider(name: &str) -> Option<String> {
+    let db = name.strip_prefix("weir.sqlite/")?.strip_suffix("/table")?;
+    Some(format!("weir.sqlite.table/{db}"))
+}
+
+/// A state or provider path under a renamed root provider, renamed.
+fn renamed_path(path: &[u8]) -> Option<Vec<u8>> {
+    let (name, rest) = keycode::split_root_provider(path)?;
+    let new = renamed_provider(&name)?;
+    let mut out = Vec::with_capacity(path.len() + 1);
+    keycode::put_name(&mut out, keycode::TAG_PROVIDER, &new);
+    out.extend_from_slice(rest);
+    Some(out)
+}
+
+/// The key of a component `mount_target` mounted a container of a
+/// renamed root provider in, renamed.
+fn renamed_key(key: &StableKey) -> Option<StableKey> {
+    let StableKey::Array(items) = key else {
+        return None;
+    };
+    let [StableKey::Symbol(symbol), StableKey::Str(name), inner] = &items[..] else {
+        return None;
+    };
+    if &**symbol != TARGET_SYMBOL {
+        return None;
+    }
+    let new = renamed_provider(name)?;
+    Some(StableKey::Array(Arc::from([
+        StableKey::Symbol(Arc::clone(symbol)),
+        StableKey::Str(Arc::from(new)),
+        inner.clone(),
+    ])))
+}
+
+/// An encoded component path with a renamed segment, renamed.
+fn renamed_component(component: &[u8]) -> Option<Vec<u8>> {
+    let segments = keycode::decode_component(component)?;
+    let mut changed = false;
+    let renamed: Vec<StableKey> = segments
+        .into_iter()
+        .map(|segment| match renamed_key(&segment) {
+            Some(new) => {
+                changed = true;
+                new
+            }
+            None => segment,
+        })
+        .collect();
+    changed.then(|| keycode::component_key(&renamed))
+}
+
+/// Renames the paths of a record's states (keeping them sorted by path)
+/// and the keys of its children; whether anything changed.
+fn rename_in_record(record: &mut ComponentRecord) -> bool {
+    let mut changed = false;
+    for state in &mut record.entry.states {
+        if let Some(path) = renamed_path(&state.path) {
+            state.path = ByteBuf::from(path);
+            changed = true;
+        }
+    }
+    if changed {
+        record.entry.states.sort_by(|a, b| a.path.cmp(&b.path));
+    }
+    for child in &mut record.children {
+        if let Some(key) = renamed_key(child) {
+            *child = key;
+            changed = true;
+        }
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::buf;
+    use crate::ledger::record::StateEntry;
+    use crate::Result;
+
+    fn path(provider: &str, keys: &[&str]) -> Vec<u8> {
+        let mut out = Vec::new();
+        keycode::put_name(&mut out, keycode::TAG_PROVIDER, provider);
+        for k in keys {
+            keycode::put_key(&mut out, &StableKey::Str(Arc::from(*k)));
+        }
+        out
+    }
+
+    fn str_key(s: &str) -> StableKey {
+        StableKey::Str(Arc::from(s))
+    }
+
+    fn mount_key(provider: &str) -> StableKey {
+        StableKey::Array(Arc::from([
+            StableKey::Symbol(Arc::from(TARGET_SYMBOL)),
+            str_key(provider),
+            StableKey::Array(Arc::from([str_key("db"), str_key("docs")])),
+        ]))
+    }
+
+    #[test]
+    fn only_sqlites_former_tables_provider_names_are_renamed() {
+        assert_eq!(
+            renamed_provider("weir.sqlite/db/table").as_deref(),
+            Some("weir.sqlite.table/db")
+        );
+        assert_eq!(
+            renamed_provider("weir.sqlite/a/b/table").as_deref(),
+            Some("weir.sqlite.table/a/b")
+        );
+        for kept in [
+            "weir.sqlite.table/db",
+            "weir.postgres.table/db",
+            "weir.sqlite/table",
+            "weir.sqlite/db/tables",
+            "mine/table",
+        ] {
+            assert_eq!(renamed_provider(kept), None, "{kept}");
+        }
+    }
+
+    #[test]
+    fn a_renamed_path_keeps_everything_after_its_root_provider() {
+        let old = path("weir.sqlite/db/table", &["docs", "row\0key"]);
+        assert_eq!(
+            renamed_path(&old),
+            Some(path("weir.sqlite.table/db", &["docs", "row\0key"]))
+        );
+        assert_eq!(renamed_path(&path("weir.postgres.table/db", &["t"])), None);
+        assert_eq!(renamed_path(b"\x30not a path\0"), None);
+    }
+
+    #[test]
+    fn a_component_mounted_for_a_renamed_provider_is_renamed_at_any_depth() {
+        let old = keycode::component_key(&[str_key("file"), mount_key("weir.sqlite/db/table")]);
+        assert_eq!(
+            renamed_component(&old),
+            Some(keycode::component_key(&[
+                str_key("file"),
+                mount_key("weir.sqlite.table/db")
+            ]))
+        );
+        let other = keycode::component_key(&[str_key("file"), mount_key("weir.postgres.table/db")]);
+        assert_eq!(renamed_component(&other), None);
+        assert_eq!(renamed_component(&keycode::component_key(&[])), None);
+    }
+
+    #[test]
+    fn a_record_with_renamed_paths_keeps_its_states_sorted_and_renames_its_children() {
+        let state = |p: Vec<u8>| StateEntry {
+            path: buf(&p),
+            records: vec![buf(b"r")],
+            ..StateEntry::default()
+        };
+        // The old name sorts before "weir.sqlite.zzz", the new one after.
+        let mut record = ComponentRecord {
+            entry: super::super::record::ComponentEntry {
+                states: vec![
+                    state(path("weir.sqlite/db/table", &["docs"])),
+                    state(path("weir.sqlite.tablf", &["x"])),
+                ],
+                failure: None,
+            },
+            children: vec![mount_key("weir.sqlite/db/table"), str_key("other")],
+            memo: None,
+            failed_runs: 0,
+        };
+        assert!(rename_in_record(&mut record));
+        let paths: Vec<&[u8]> = record.entry.states.iter().map(|s| &s.path[..]).collect();
+        let mut sorted = paths.clone();
+        sorted.sort();
+        assert_eq!(paths, sorted);
+        assert!(paths.contains(&&path("weir.sqlite.table/db", &["docs"])[..]));
+        assert_eq!(
+            record.children,
+            vec![mount_key("weir.sqlite.table/db"), str_key("other")]
+        );
+        assert!(
+            !rename_in_record(&mut record),
+            "renaming twice changes nothing"
+        );
+    }
+
+    /// The keys of a ledger's container index, as (container, component).
+    fn container_keys(ledger: &Ledger) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for k in ledger.tree.scan_prefix([P_CONTAINER]).keys() {
+            let k = k?;
+            if let Some((container, component)) = k.get(1..).and_then(split_container_key) {
+                out.push((container.to_vec(), component.to_vec()));
+            }
+        }
+        Ok(out)
+    }
+
+    fn mark_format(ledger: &Ledger, version: u32) -> Result<()> {
+        ledger.tree.insert(FORMAT_KEY, &version.to_be_bytes())?;
+        ledger.flush()
+    }
+
+    /// A ledger as format 2 wrote a SQLite table synced from one file: the
+    /// root lists the file's component and the one `mount_target` mounted
+    /// the table in, which holds the table (with a memo key); the file's
+    /// component holds a row below the table.
+    fn format_2_ledger(dir: &std::path::Path, old: &str) -> Result<()> {
+        let ledger = Ledger::open(dir, 1 << 20)?;
+        let table = path(old, &["docs"]);
+        let mut row = table.clone();
+        keycode::put_key(&mut row, &str_key("a"));
+        let entry = |p: &[u8]| StateEntry {
+            path: buf(p),
+            records: vec![buf(b"r")],
+            ..StateEntry::default()
+        };
+        let root = keycode::component_key(&[]);
+        let mount = keycode::component_key(&[mount_key(old)]);
+        let file = keycode::component_key(&[str_key("a.txt")]);
+        ledger.apply(vec![
+            LedgerOp::AddChildren {
+                component: root,
+                children: vec![mount_key(old), str_key("a.txt")],
+            },
+            LedgerOp::Put {
+                component: mount.clone(),
+                entry: entry(&table),
+                index_owner: true,
+                container: None,
+            },
+            LedgerOp::SetMemo {
+                component: mount,
+                memo: Some(b"m".to_vec()),
+            },
+            LedgerOp::Put {
+                component: file,
+                entry: entry(&row),
+                index_owner: true,
+                container: Some(table),
+            },
+        ])?;
+        mark_format(&ledger, 2)
+    }
+
+    #[test]
+    fn a_format_2_ledger_opens_with_sqlites_tables_provider_renamed_everywhere() -> Result<()> {
+        let (old, new) = ("weir.sqlite/db/table", "weir.sqlite.table/db");
+        let dir = tempfile::tempdir()?;
+        format_2_ledger(dir.path(), old)?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+
+        let (old_table, new_table) = (path(old, &["docs"]), path(new, &["docs"]));
+        let mut new_row = new_table.clone();
+        keycode::put_key(&mut new_row, &str_key("a"));
+        let (old_mount, new_mount) = (
+            keycode::component_key(&[mount_key(old)]),
+            keycode::component_key(&[mount_key(new)]),
+        );
+        let file = keycode::component_key(&[str_key("a.txt")]);
+        assert!(
+            ledger.record_of(&old_mount)?.is_none(),
+            "nothing left under the old key"
+        );
+        let mount = ledger
+            .record_of(&new_mount)?
+            .ok_or_else(|| crate::Error::msg("the mount component moved"))?;
+        let table_paths: Vec<&[u8]> = mount.entry.states.iter().map(|s| &s.path[..]).collect();
+        assert_eq!(table_paths, vec![&new_table[..]]);
+        assert_eq!(mount.memo.map(|m| m.into_vec()), Some(b"m".to_vec()));
+        let rows = ledger
+            .component(&file)?
+            .ok_or_else(|| crate::Error::msg("the file's entry"))?;
+        assert_eq!(rows.states.len(), 1);
+        assert_eq!(&rows.states[0].path[..], &new_row[..]);
+        assert_eq!(
+            ledger.children(&keycode::component_key(&[]))?,
+            vec![mount_key(new), str_key("a.txt")]
+        );
+        assert_eq!(ledger.owner_candidates(&new_table).len(), 1);
+        assert!(ledger.owner_candidates(&old_table).is_empty());
+        assert_eq!(
+            container_keys(&ledger)?,
+            vec![(new_table.clone(), file.clone())]
+        );
+        assert_eq!(
+            ledger.tree.get(FORMAT_KEY)?.as_deref(),
+            Some(&FORMAT_VERSION.to_be_bytes()[..])
+        );
+
+        // The renamed container index still finds the row.
+        ledger.apply(vec![LedgerOp::DropDescendants { path: new_table }])?;
+        assert!(ledger.component(&file)?.is_none_or(|e| e.states.is_empty()));
+        Ok(())
+    }
+
+    #[test]
+    fn an_upgrade_cut_short_is_finished_when_the_ledger_opens_again() -> Result<()> {
+        let (old, new) = ("weir.sqlite/db/table", "weir.sqlite.table/db");
+        let dir = tempfile::tempdir()?;
+        format_2_ledger(dir.path(), old)?;
+        let file = keycode::component_key(&[str_key("a.txt")]);
+        let records_after_upgrade = {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            // As if it crashed after the renaming commit, before the old
+            // container keys were deleted and the version written.
+            ledger.tree.insert(
+                super::super::container_key(&path(old, &["docs"]), &file),
+                &[][..],
+            )?;
+            mark_format(&ledger, 2)?;
+            ledger.component_keys(|_| true)?
+        };
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        assert_eq!(ledger.component_keys(|_| true)?, records_after_upgrade);
+        assert_eq!(container_keys(&ledger)?, vec![(path(new, &["docs"]), file)]);
+        assert_eq!(
+            ledger.tree.get(FORMAT_KEY)?.as_deref(),
+            Some(&FORMAT_VERSION.to_be_bytes()[..])
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_format_3_ledger_keeps_a_root_provider_named_like_sqlites_former_name() -> Result<()> {
+        let old = "weir.sqlite/db/table";
+        let dir = tempfile::tempdir()?;
+        format_2_ledger(dir.path(), old)?;
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            // A provider an app names so today, in a ledger already upgraded.
+            ledger.apply(vec![LedgerOp::Put {
+                component: keycode::component_key(&[mount_key(old)]),
+                entry: StateEntry {
+                    path: buf(&path(old, &["mine"])),
+                    records: vec![buf(b"r")],
+                    ..StateEntry::default()
+                },
+                index_owner: true,
+                container: None,
+            }])?;
+            ledger.flush()?;
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        assert_eq!(
+            ledger.owner_candidates(&path(old, &["mine"])).len(),
+            1,
+            "only an earlier format is renamed"
+        );
+        Ok(())
+    }
+}
