@@ -27,14 +27,17 @@
 //! table and row of that database undeclared, delete them, and create
 //! them again. So the upgrade reads the whole record of every component,
 //! renames both forms, and replaces each component whose record changed
-//! (forgotten under its old key, restored under its new one: the ops that
-//! worker groups restore partitions with) in one commit; then it deletes
-//! the `d` keys that still name an old path or component.
+//! (forgotten under its old key, restored under its new one, in one
+//! commit: the ops that worker groups restore partitions with), a few
+//! thousand components a commit; then it deletes the `d` keys that still
+//! name an old path or component.
 //!
 //! The ledger keeps its old version until all of that is durable, and an
 //! upgrade finds nothing to rename in what it already renamed (no new name
 //! has the old form): after a crash at any point, the next opening runs
-//! the same upgrade and finishes it. The intents a crash left are folded
+//! the same upgrade and finishes it before anything reads the ledger (a
+//! parent's child list renamed by one commit and its child's record by
+//! the next are never seen apart). The intents a crash left are folded
 //! before the upgrade, under the names they were journaled with.
 //!
 //! The engine names no connector anywhere else. It does here because the
@@ -56,6 +59,11 @@ use crate::model::StableKey;
 /// `weir.sqlite.table/<db>`.
 const FORMAT_UNIFIED_TABLE_PROVIDERS: u32 = 3;
 
+/// How many components' records one commit of the upgrade renames: each
+/// commit holds them in memory, so a ledger of millions of components is
+/// renamed a part at a time.
+const RENAMED_PER_COMMIT: usize = 4096;
+
 impl Ledger {
     /// Upgrades a ledger of format `found` to this build's, then marks it
     /// with this build's version.
@@ -75,33 +83,46 @@ impl Ledger {
     /// Renames SQLite's tables providers in every component's record, and
     /// drops the container keys that name the old form.
     fn rename_table_providers(&self) -> Result<()> {
-        let mut ops = Vec::new();
-        for component in self.component_keys(|_| true)? {
-            let Some(mut record) = self.record_of(&component)? else {
-                continue;
-            };
-            let renamed = renamed_component(&component);
-            if !rename_in_record(&mut record) && renamed.is_none() {
-                continue;
+        for components in self.component_keys(|_| true)?.chunks(RENAMED_PER_COMMIT) {
+            let mut ops = Vec::new();
+            for component in components {
+                ops.extend(self.renaming_ops(component)?);
             }
-            let target = match renamed {
-                Some(new) => {
-                    ops.push(LedgerOp::Forget { component });
-                    new
-                }
-                None => component,
-            };
-            ops.push(LedgerOp::Restore {
-                component: target,
-                record: Box::new(record),
-            });
-        }
-        if !ops.is_empty() {
-            self.apply(ops)?;
+            if !ops.is_empty() {
+                self.apply(ops)?;
+            }
         }
         self.drop_renamed_container_keys()?;
         self.tree.flush()?;
         Ok(())
+    }
+
+    /// The ops that rename what `component`'s record names (nothing when
+    /// it names no renamed provider): the record restored under its
+    /// component's new key (and forgotten under the old one), or in place.
+    fn renaming_ops(&self, component: &[u8]) -> Result<Vec<LedgerOp>> {
+        let Some(mut record) = self.record_of(component)? else {
+            return Ok(Vec::new());
+        };
+        let renamed = renamed_component(component);
+        if !rename_in_record(&mut record) && renamed.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut ops = Vec::with_capacity(2);
+        let target = match renamed {
+            Some(new) => {
+                ops.push(LedgerOp::Forget {
+                    component: component.to_vec(),
+                });
+                new
+            }
+            None => component.to_vec(),
+        };
+        ops.push(LedgerOp::Restore {
+            component: target,
+            record: Box::new(record),
+        });
+        Ok(ops)
     }
 
     /// Deletes the `d` keys whose container or component has an old name
@@ -479,6 +500,49 @@ mod tests {
             1,
             "only an earlier format is renamed"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_ledger_of_more_components_than_one_commit_renames_is_renamed_whole() -> Result<()> {
+        let (old, new) = ("weir.sqlite/db/table", "weir.sqlite.table/db");
+        let dir = tempfile::tempdir()?;
+        let files = RENAMED_PER_COMMIT + 10;
+        let row = |provider: &str, i: usize| {
+            let mut p = path(provider, &["docs"]);
+            keycode::put_key(&mut p, &StableKey::Int(i as i64));
+            p
+        };
+        let file = |i: usize| keycode::component_key(&[StableKey::Int(i as i64)]);
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            let ops = (0..files)
+                .map(|i| LedgerOp::Put {
+                    component: file(i),
+                    entry: StateEntry {
+                        path: buf(&row(old, i)),
+                        records: vec![buf(b"r")],
+                        ..StateEntry::default()
+                    },
+                    index_owner: true,
+                    container: Some(path(old, &["docs"])),
+                })
+                .collect();
+            ledger.apply(ops)?;
+            mark_format(&ledger, 2)?;
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        for i in [0, RENAMED_PER_COMMIT - 1, RENAMED_PER_COMMIT, files - 1] {
+            let entry = ledger
+                .component(&file(i))?
+                .ok_or_else(|| crate::Error::msg(format!("file {i}")))?;
+            assert_eq!(&entry.states[0].path[..], &row(new, i)[..], "file {i}");
+            assert!(ledger.owner_candidates(&row(old, i)).is_empty());
+        }
+        assert_eq!(container_keys(&ledger)?.len(), files);
+        assert!(container_keys(&ledger)?
+            .iter()
+            .all(|(container, _)| *container == path(new, &["docs"])));
         Ok(())
     }
 }
