@@ -11,6 +11,7 @@
 //! | `m`    | `format`                        | the format version, u32 BE     |
 //! | `m`    | `seq`                           | the number of commits, u64 BE  |
 //! | `m`    | `id`                            | the ledger's identity, a UUID  |
+//! | `m`    | `upgrade`                       | while an upgrade is under way, the format it started from, u32 BE (see [`upgrade`]) |
 //! | `c`    | encoded component path          | [`ComponentEntry`]: its states |
 //! | `e`    | encoded component path          | changes to its `c` value (see [`delta`]) |
 //! | `h`    | encoded component path          | its child component keys       |
@@ -118,6 +119,8 @@ const P_INTENT: u8 = b'i';
 const P_MEMO: u8 = b'o';
 const P_FAILED_RUNS: u8 = b'f';
 const FORMAT_KEY: &[u8] = b"mformat";
+/// The format an upgrade under way started from (see [`upgrade`]).
+const UPGRADE_KEY: &[u8] = b"mupgrade";
 /// This ledger's identity: a random UUID given when it is created (or
 /// first opened by a build that gives one), which names it as the owner of
 /// the tables it creates.

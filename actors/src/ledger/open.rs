@@ -13,7 +13,7 @@ use super::journal::{Journal, JournalError};
 use super::record::{Intent, LedgerOp};
 use super::{
     key, pack, Layout, Ledger, ENTRIES_TREE, FORMAT_KEY, FORMAT_OLDEST, FORMAT_VERSION, ID_KEY,
-    P_CHILDREN, P_COMPONENT, P_DELTA, P_INTENT, P_PACK, SEQ_FILE, SEQ_KEY,
+    P_CHILDREN, P_COMPONENT, P_DELTA, P_INTENT, P_PACK, SEQ_FILE, SEQ_KEY, UPGRADE_KEY,
 };
 use crate::error::{Error, Result};
 
@@ -204,39 +204,61 @@ impl Ledger {
     }
 
     /// Checks the format version of the store, or marks a new one with
-    /// this build's; returns the version found (that of a new store is
-    /// this build's), which [`upgrade`](Ledger::upgrade) brings to this
-    /// build's once the ledger is loaded.
-    fn check_format(&self, existed: bool, was_written: bool) -> Result<u32> {
-        match self.tree.get(FORMAT_KEY)? {
-            Some(v) => {
-                let raw: [u8; 4] = v
-                    .as_ref()
-                    .try_into()
-                    .map_err(|_| self.corrupt("format version is not 4 bytes"))?;
-                let found = u32::from_be_bytes(raw);
-                if !(FORMAT_OLDEST..=FORMAT_VERSION).contains(&found) {
-                    return Err(Error::LedgerVersion {
-                        path: self.dir.to_string(),
-                        found,
-                        supported: FORMAT_VERSION,
-                    });
-                }
-                Ok(found)
+    /// this build's; returns the version to upgrade from (this build's
+    /// when there is nothing to upgrade), which
+    /// [`upgrade`](Ledger::upgrade) brings to this build's once the ledger
+    /// is loaded.
+    ///
+    /// A ledger of an earlier version is marked with this build's at once,
+    /// with the version it had under `UPGRADE_KEY`, before anything is
+    /// written to it: from then on, builds that read only the earlier
+    /// version refuse it, and a crash before the upgrade ends leaves the
+    /// marker that resumes it.
+    pub(super) fn check_format(&self, existed: bool, was_written: bool) -> Result<u32> {
+        let Some(found) = self.stored_version(FORMAT_KEY)? else {
+            if existed && !self.tree.is_empty() {
+                return Err(self.corrupt("the format version is missing"));
             }
-            None if existed && !self.tree.is_empty() => {
-                Err(self.corrupt("the format version is missing"))
+            if was_written {
+                return Err(self.corrupt(format!(
+                    "its store is empty or unreadable, but it had been written ({SEQ_FILE} counts commits)"
+                )));
             }
-            None if was_written => Err(self.corrupt(format!(
-                "its store is empty or unreadable, but it had been written ({SEQ_FILE} counts commits)"
-            ))),
-            None => {
-                self.tree
-                    .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
-                self.tree.flush()?;
-                Ok(FORMAT_VERSION)
-            }
+            self.tree
+                .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
+            self.tree.flush()?;
+            return Ok(FORMAT_VERSION);
+        };
+        if !(FORMAT_OLDEST..=FORMAT_VERSION).contains(&found) {
+            return Err(Error::LedgerVersion {
+                path: self.dir.to_string(),
+                found,
+                supported: FORMAT_VERSION,
+            });
         }
+        if found == FORMAT_VERSION {
+            return Ok(self.stored_version(UPGRADE_KEY)?.unwrap_or(FORMAT_VERSION));
+        }
+        let mut mark = sled::Batch::default();
+        mark.insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes());
+        mark.insert(UPGRADE_KEY, &found.to_be_bytes());
+        self.tree.apply_batch(mark)?;
+        self.tree.flush()?;
+        Ok(found)
+    }
+
+    /// A version stored under `key` (u32 BE), if there is one.
+    fn stored_version(&self, key: &[u8]) -> Result<Option<u32>> {
+        let Some(v) = self.tree.get(key)? else {
+            return Ok(None);
+        };
+        let raw: [u8; 4] = v.as_ref().try_into().map_err(|_| {
+            self.corrupt(format!(
+                "{} is not 4 bytes",
+                String::from_utf8_lossy(key.get(1..).unwrap_or_default())
+            ))
+        })?;
+        Ok(Some(u32::from_be_bytes(raw)))
     }
 
     /// Finds the live members of every pack: those with no key of their

@@ -1,9 +1,12 @@
 //! Upgrades of the stored form of a ledger written by an earlier build.
 //!
 //! A ledger records its format version (`mformat`). A build opens every
-//! format it knows, upgrades it in place, and only then marks the ledger
-//! with its own version; from then on, builds that do not know that
-//! version refuse the ledger, naming the version they read.
+//! format it knows and, before it writes anything, marks the ledger with
+//! its own version and the version it found (`mupgrade`); it then
+//! upgrades the ledger in place and clears `mupgrade`. Builds that do not
+//! know the new version refuse the ledger from the start, naming the
+//! version they read, so none ever reads a ledger half upgraded; a build
+//! that finds `mupgrade` (the upgrade was cut short) resumes it.
 //!
 //! | from | to | what changes in the store |
 //! |------|----|---------------------------|
@@ -32,12 +35,17 @@
 //! thousand components a commit; then it deletes the `d` keys that still
 //! name an old path or component.
 //!
-//! The ledger keeps its old version until all of that is durable, and an
-//! upgrade finds nothing to rename in what it already renamed (no new name
-//! has the old form): after a crash at any point, the next opening runs
-//! the same upgrade and finishes it before anything reads the ledger (a
-//! parent's child list renamed by one commit and its child's record by
-//! the next are never seen apart). The intents a crash left are folded
+//! An upgrade finds nothing to rename in what it already renamed (no new
+//! name has the old form): after a crash at any point, the next opening
+//! runs the same upgrade and finishes it before anything reads the ledger
+//! (a parent's child list renamed by one commit and its child's record by
+//! the next are never seen apart).
+//!
+//! A component whose new key already has a record (a provider an app
+//! named in the new form itself) is merged into it rather than replacing
+//! it: the states of both, a state held under both names with the records
+//! of both as possible records, possibly missing, so that its next run
+//! judges every form it may be in; the children of both; no memo key. The intents a crash left are folded
 //! before the upgrade, under the names they were journaled with.
 //!
 //! The engine names no connector anywhere else. It does here because the
@@ -48,8 +56,8 @@ use std::sync::Arc;
 
 use serde_bytes::ByteBuf;
 
-use super::record::{ComponentRecord, LedgerOp};
-use super::{split_container_key, Ledger, FORMAT_KEY, FORMAT_VERSION, P_CONTAINER};
+use super::record::{ComponentRecord, LedgerOp, StateEntry};
+use super::{split_container_key, Ledger, FORMAT_VERSION, P_CONTAINER, UPGRADE_KEY};
 use crate::error::Result;
 use crate::model::keycode;
 use crate::model::path::TARGET_SYMBOL;
@@ -65,17 +73,17 @@ const FORMAT_UNIFIED_TABLE_PROVIDERS: u32 = 3;
 const RENAMED_PER_COMMIT: usize = 4096;
 
 impl Ledger {
-    /// Upgrades a ledger of format `found` to this build's, then marks it
-    /// with this build's version.
-    pub(super) fn upgrade(&self, found: u32) -> Result<()> {
-        if found >= FORMAT_VERSION {
+    /// Upgrades a ledger of format `from` (already marked with this
+    /// build's version, see `check_format`) to this build's, then clears
+    /// the mark of the upgrade under way.
+    pub(super) fn upgrade(&self, from: u32) -> Result<()> {
+        if from >= FORMAT_VERSION {
             return Ok(());
         }
-        if found < FORMAT_UNIFIED_TABLE_PROVIDERS {
+        if from < FORMAT_UNIFIED_TABLE_PROVIDERS {
             self.rename_table_providers()?;
         }
-        self.tree
-            .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes())?;
+        self.tree.remove(UPGRADE_KEY)?;
         self.tree.flush()?;
         Ok(())
     }
@@ -83,46 +91,54 @@ impl Ledger {
     /// Renames SQLite's tables providers in every component's record, and
     /// drops the container keys that name the old form.
     fn rename_table_providers(&self) -> Result<()> {
-        for components in self.component_keys(|_| true)?.chunks(RENAMED_PER_COMMIT) {
-            let mut ops = Vec::new();
-            for component in components {
-                ops.extend(self.renaming_ops(component)?);
+        let mut ops = Vec::new();
+        let mut renamed = 0;
+        for component in self.component_keys(|_| true)? {
+            let Some(mut record) = self.record_of(&component)? else {
+                continue;
+            };
+            let new_key = renamed_component(&component);
+            if !rename_in_record(&mut record) && new_key.is_none() {
+                continue;
             }
-            if !ops.is_empty() {
-                self.apply(ops)?;
+            match new_key {
+                None => ops.push(LedgerOp::Restore {
+                    component,
+                    record: Box::new(record),
+                }),
+                Some(new_key) => {
+                    // What the new key holds is read from the store: what
+                    // was renamed so far is committed first.
+                    self.apply_renamed(&mut ops)?;
+                    if let Some(mut held) = self.record_of(&new_key)? {
+                        rename_in_record(&mut held);
+                        merge_records(&mut held, record);
+                        record = held;
+                    }
+                    ops.push(LedgerOp::Forget { component });
+                    ops.push(LedgerOp::Restore {
+                        component: new_key,
+                        record: Box::new(record),
+                    });
+                }
+            }
+            renamed += 1;
+            if renamed % RENAMED_PER_COMMIT == 0 {
+                self.apply_renamed(&mut ops)?;
             }
         }
+        self.apply_renamed(&mut ops)?;
         self.drop_renamed_container_keys()?;
         self.tree.flush()?;
         Ok(())
     }
 
-    /// The ops that rename what `component`'s record names (nothing when
-    /// it names no renamed provider): the record restored under its
-    /// component's new key (and forgotten under the old one), or in place.
-    fn renaming_ops(&self, component: &[u8]) -> Result<Vec<LedgerOp>> {
-        let Some(mut record) = self.record_of(component)? else {
-            return Ok(Vec::new());
-        };
-        let renamed = renamed_component(component);
-        if !rename_in_record(&mut record) && renamed.is_none() {
-            return Ok(Vec::new());
+    /// Commits the renaming ops gathered so far.
+    fn apply_renamed(&self, ops: &mut Vec<LedgerOp>) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
         }
-        let mut ops = Vec::with_capacity(2);
-        let target = match renamed {
-            Some(new) => {
-                ops.push(LedgerOp::Forget {
-                    component: component.to_vec(),
-                });
-                new
-            }
-            None => component.to_vec(),
-        };
-        ops.push(LedgerOp::Restore {
-            component: target,
-            record: Box::new(record),
-        });
-        Ok(ops)
+        self.apply(std::mem::take(ops))
     }
 
     /// Deletes the `d` keys whose container or component has an old name
@@ -204,8 +220,9 @@ fn renamed_component(component: &[u8]) -> Option<Vec<u8>> {
     changed.then(|| keycode::component_key(&renamed))
 }
 
-/// Renames the paths of a record's states (keeping them sorted by path)
-/// and the keys of its children; whether anything changed.
+/// Renames the paths of a record's states (keeping them sorted by path,
+/// and a state held under both names once) and the keys of its children;
+/// whether anything changed.
 fn rename_in_record(record: &mut ComponentRecord) -> bool {
     let mut changed = false;
     for state in &mut record.entry.states {
@@ -215,7 +232,7 @@ fn rename_in_record(record: &mut ComponentRecord) -> bool {
         }
     }
     if changed {
-        record.entry.states.sort_by(|a, b| a.path.cmp(&b.path));
+        fold_same_paths(&mut record.entry.states);
     }
     for child in &mut record.children {
         if let Some(key) = renamed_key(child) {
@@ -226,11 +243,54 @@ fn rename_in_record(record: &mut ComponentRecord) -> bool {
     changed
 }
 
+/// Sorts states by path, and folds those with one path into one whose
+/// records are all of theirs, possibly missing (the state may be in any
+/// of those forms, or none), under the older of their generations.
+fn fold_same_paths(states: &mut Vec<StateEntry>) {
+    states.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut folded: Vec<StateEntry> = Vec::with_capacity(states.len());
+    for state in states.drain(..) {
+        match folded.last_mut() {
+            Some(last) if last.path == state.path => {
+                for record in state.records {
+                    if !last.records.contains(&record) {
+                        last.records.push(record);
+                    }
+                }
+                last.may_be_missing = true;
+                last.gen = last.gen.min(state.gen);
+                last.child_gen = last.child_gen.or(state.child_gen);
+            }
+            _ => folded.push(state),
+        }
+    }
+    *states = folded;
+}
+
+/// Merges `from` (a record renamed to a key that holds one) into `into`
+/// (see the module docs).
+fn merge_records(into: &mut ComponentRecord, from: ComponentRecord) {
+    into.entry.states.extend(from.entry.states);
+    fold_same_paths(&mut into.entry.states);
+    if into.entry.failure.is_none() {
+        into.entry.failure = from.entry.failure;
+    }
+    let known: std::collections::HashSet<StableKey> = into.children.iter().cloned().collect();
+    into.children.extend(
+        from.children
+            .into_iter()
+            .filter(|child| !known.contains(child)),
+    );
+    into.memo = None;
+    into.failed_runs = into.failed_runs.max(from.failed_runs);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ledger::buf;
-    use crate::ledger::record::StateEntry;
+    use crate::ledger::record::{ComponentEntry, Intent};
+    use crate::ledger::FORMAT_KEY;
     use crate::Result;
 
     fn path(provider: &str, keys: &[&str]) -> Vec<u8> {
@@ -452,24 +512,62 @@ mod tests {
         let (old, new) = ("weir.sqlite/db/table", "weir.sqlite.table/db");
         let dir = tempfile::tempdir()?;
         format_2_ledger(dir.path(), old)?;
-        let file = keycode::component_key(&[str_key("a.txt")]);
-        let records_after_upgrade = {
+        {
+            // As a crash leaves it right after the ledger was marked.
             let ledger = Ledger::open(dir.path(), 1 << 20)?;
-            // As if it crashed after the renaming commit, before the old
-            // container keys were deleted and the version written.
+            mark_format(&ledger, 2)?;
+            ledger.tree.insert(UPGRADE_KEY, &2u32.to_be_bytes())?;
+            mark_format(&ledger, FORMAT_VERSION)?;
             ledger.tree.insert(
-                super::super::container_key(&path(old, &["docs"]), &file),
+                super::super::container_key(
+                    &path(old, &["docs"]),
+                    &keycode::component_key(&[str_key("x")]),
+                ),
                 &[][..],
             )?;
-            mark_format(&ledger, 2)?;
-            ledger.component_keys(|_| true)?
-        };
+            ledger.flush()?;
+        }
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
-        assert_eq!(ledger.component_keys(|_| true)?, records_after_upgrade);
+        let file = keycode::component_key(&[str_key("a.txt")]);
         assert_eq!(container_keys(&ledger)?, vec![(path(new, &["docs"]), file)]);
+        assert!(
+            ledger.tree.get(UPGRADE_KEY)?.is_none(),
+            "the upgrade is over"
+        );
         assert_eq!(
             ledger.tree.get(FORMAT_KEY)?.as_deref(),
             Some(&FORMAT_VERSION.to_be_bytes()[..])
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_ledger_is_marked_with_the_new_format_and_the_upgrade_under_way_before_it_is_renamed(
+    ) -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        format_2_ledger(dir.path(), "weir.sqlite/db/table")?;
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        // Opened again, as the renaming would see it mid-way.
+        assert_eq!(ledger.check_format(true, true)?, FORMAT_VERSION);
+        mark_format(&ledger, 2)?;
+        assert_eq!(
+            ledger.check_format(true, true)?,
+            2,
+            "the version to upgrade from"
+        );
+        assert_eq!(
+            ledger.tree.get(FORMAT_KEY)?.as_deref(),
+            Some(&FORMAT_VERSION.to_be_bytes()[..]),
+            "marked with this build's version at once"
+        );
+        assert_eq!(
+            ledger.tree.get(UPGRADE_KEY)?.as_deref(),
+            Some(&2u32.to_be_bytes()[..])
+        );
+        assert_eq!(
+            ledger.check_format(true, true)?,
+            2,
+            "an upgrade cut short resumes"
         );
         Ok(())
     }
@@ -543,6 +641,251 @@ mod tests {
         assert!(container_keys(&ledger)?
             .iter()
             .all(|(container, _)| *container == path(new, &["docs"])));
+        Ok(())
+    }
+
+    /// The key of a table `docs` of the database `db`, as the SQL target
+    /// keys it.
+    fn table_key() -> StableKey {
+        StableKey::Array(Arc::from([str_key("db"), str_key("docs")]))
+    }
+
+    fn table_path(provider: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        keycode::put_name(&mut out, keycode::TAG_PROVIDER, provider);
+        keycode::put_key(&mut out, &table_key());
+        out
+    }
+
+    fn row_path(provider: &str, i: i64) -> Vec<u8> {
+        let mut out = table_path(provider);
+        keycode::put_key(&mut out, &StableKey::Int(i));
+        out
+    }
+
+    fn mount_of(provider: &str) -> Vec<u8> {
+        keycode::component_key(&[StableKey::Array(Arc::from([
+            StableKey::Symbol(Arc::from(TARGET_SYMBOL)),
+            str_key(provider),
+            table_key(),
+        ]))])
+    }
+
+    fn file_of(i: i64) -> Vec<u8> {
+        keycode::component_key(&[StableKey::Int(i)])
+    }
+
+    fn held(path: Vec<u8>, record: &[u8]) -> StateEntry {
+        StateEntry {
+            path: buf(&path),
+            records: vec![buf(record)],
+            ..StateEntry::default()
+        }
+    }
+
+    /// A new component's whole entry, as a first commit writes it (packed
+    /// with the others of its commit when there are enough).
+    fn put_entry(
+        component: Vec<u8>,
+        states: Vec<StateEntry>,
+        containers: Vec<Vec<u8>>,
+    ) -> Result<LedgerOp> {
+        let indexed = states
+            .iter()
+            .map(|s| Arc::from(s.path.as_slice()))
+            .collect();
+        let encoded = rmp_serde::to_vec(&ComponentEntry {
+            states,
+            failure: None,
+        })?;
+        Ok(LedgerOp::PutEntry {
+            component,
+            encoded: encoded.into(),
+            indexed,
+            containers,
+        })
+    }
+
+    const OLD: &str = "weir.sqlite/db/table";
+    const NEW: &str = "weir.sqlite.table/db";
+
+    #[test]
+    fn packed_entries_are_renamed_and_stay_renamed_once_their_packs_are_collected() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            let mut ops = vec![put_entry(
+                mount_of(OLD),
+                vec![held(table_path(OLD), b"t")],
+                vec![],
+            )?];
+            for i in 0..6 {
+                ops.push(put_entry(
+                    file_of(i),
+                    vec![held(row_path(OLD, i), b"r")],
+                    vec![table_path(OLD)],
+                )?);
+            }
+            ledger.apply(ops)?;
+            assert!(ledger.pack_of(&mount_of(OLD)).is_some(), "packed");
+            mark_format(&ledger, 2)?;
+        }
+        for _ in 0..2 {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            assert!(ledger.record_of(&mount_of(OLD))?.is_none());
+            assert!(ledger.record_of(&mount_of(NEW))?.is_some());
+            for i in 0..6 {
+                let paths: Vec<Vec<u8>> = ledger
+                    .component(&file_of(i))?
+                    .map(|e| e.states.into_iter().map(|s| s.path.into_vec()).collect())
+                    .unwrap_or_default();
+                assert_eq!(paths, vec![row_path(NEW, i)], "file {i}");
+            }
+            assert_eq!(ledger.counts()?.0, 7, "seven components, no more");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn large_entries_with_deltas_and_a_child_of_a_renamed_component_are_renamed() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let large = vec![b'x'; 2000];
+        let rows = 60;
+        let child = |provider: &str| {
+            let mut segments = keycode::decode_component(&mount_of(provider)).unwrap_or_default();
+            segments.push(str_key("x"));
+            keycode::component_key(&segments)
+        };
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            ledger.apply(vec![put_entry(
+                mount_of(OLD),
+                vec![held(table_path(OLD), b"t")],
+                vec![],
+            )?])?;
+            for (i, component) in [file_of(0), child(OLD)].into_iter().enumerate() {
+                let first = i as i64 * 1000;
+                let states = (0..rows)
+                    .map(|j| held(row_path(OLD, first + j), &large))
+                    .collect();
+                ledger.apply(vec![put_entry(
+                    component.clone(),
+                    states,
+                    vec![table_path(OLD)],
+                )?])?;
+                ledger.apply(vec![LedgerOp::Put {
+                    component: component.clone(),
+                    entry: held(row_path(OLD, first + 999), b"d"),
+                    index_owner: true,
+                    container: Some(table_path(OLD)),
+                }])?;
+                assert!(ledger.layout().deltas.contains(&component), "a delta");
+                assert!(ledger.layout().large.contains(&component), "a large entry");
+            }
+            ledger.apply(vec![LedgerOp::AddChildren {
+                component: mount_of(OLD),
+                children: vec![str_key("x")],
+            }])?;
+            mark_format(&ledger, 2)?;
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        for component in [file_of(0), child(NEW)] {
+            let states = ledger
+                .component(&component)?
+                .map(|e| e.states)
+                .unwrap_or_default();
+            assert_eq!(states.len(), rows as usize + 1);
+            assert!(states.iter().all(|s| s.path.starts_with(&table_path(NEW))));
+        }
+        assert!(ledger.record_of(&child(OLD))?.is_none());
+        assert_eq!(ledger.children(&mount_of(NEW))?, vec![str_key("x")]);
+        assert!(ledger.children(&mount_of(OLD))?.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn intents_a_crash_left_under_the_former_name_are_folded_then_renamed() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            ledger.apply(vec![put_entry(
+                mount_of(OLD),
+                vec![held(table_path(OLD), b"t")],
+                vec![],
+            )?])?;
+            mark_format(&ledger, 2)?;
+            ledger.put_intents(
+                1,
+                &[Intent {
+                    component: buf(&file_of(7)),
+                    path: buf(&row_path(OLD, 7)),
+                    record: Some(buf(b"r")),
+                    gen: 0,
+                    child_gen: None,
+                    container: Some(buf(&table_path(OLD))),
+                }],
+            )?;
+            ledger.sync_intents()?;
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        let states = ledger
+            .component(&file_of(7))?
+            .map(|e| e.states)
+            .unwrap_or_default();
+        assert_eq!(states.len(), 1);
+        assert_eq!(&states[0].path[..], &row_path(NEW, 7)[..]);
+        assert!(states[0].may_be_missing, "folded as a possible record");
+        assert_eq!(
+            container_keys(&ledger)?,
+            vec![(table_path(NEW), file_of(7))]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_component_renamed_to_a_key_that_holds_a_record_is_merged_into_it() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let other = path(NEW, &["other"]);
+        {
+            let ledger = Ledger::open(dir.path(), 1 << 20)?;
+            ledger.apply(vec![
+                put_entry(mount_of(OLD), vec![held(table_path(OLD), b"t-old")], vec![])?,
+                put_entry(
+                    mount_of(NEW),
+                    vec![held(other.clone(), b"only-new")],
+                    vec![],
+                )?,
+                put_entry(
+                    file_of(0),
+                    vec![
+                        held(row_path(OLD, 0), b"r-old"),
+                        held(row_path(NEW, 0), b"r-new"),
+                    ],
+                    vec![table_path(OLD), table_path(NEW)],
+                )?,
+            ])?;
+            mark_format(&ledger, 2)?;
+        }
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        let mount = ledger
+            .component(&mount_of(NEW))?
+            .map(|e| e.states)
+            .unwrap_or_default();
+        let paths: Vec<&[u8]> = mount.iter().map(|s| &s.path[..]).collect();
+        assert!(
+            paths.contains(&&table_path(NEW)[..]) && paths.contains(&&other[..]),
+            "both kept"
+        );
+        assert_eq!(ledger.owner_candidates(&other).len(), 1);
+        let rows = ledger
+            .component(&file_of(0))?
+            .map(|e| e.states)
+            .unwrap_or_default();
+        assert_eq!(rows.len(), 1, "one state under one name");
+        assert!(
+            rows[0].records.contains(&buf(b"r-old")) && rows[0].records.contains(&buf(b"r-new"))
+        );
+        assert!(rows[0].may_be_missing);
         Ok(())
     }
 }
