@@ -5,6 +5,14 @@
 //! claims a path there when its declaration is reconciled, and finds out
 //! then whether another claimed it first.
 //!
+//! Until a second component declares on a shard in a run, the one that
+//! does keeps its paths in a plain list: nothing is hashed or looked up
+//! per state, as nothing can be a duplicate of a state the same component
+//! declared (it refuses those itself). The second component turns the
+//! list into a table, and from then on every claim is looked up. One
+//! component declaring many states (a file of rows, a table's snapshot)
+//! so claims them at the cost of a list.
+//!
 //! The claims of a shard are shared rather than private to its actor: a
 //! component found unchanged (see `component::unchanged`) claims its
 //! paths itself, without a message to the shard, and learns at once
@@ -30,20 +38,88 @@ pub(crate) struct Claims {
 pub(crate) struct ClaimsByRun {
     runs: HashMap<u64, RunDeclared>,
     /// How many paths the last run that ended declared here: a new run's
-    /// map starts that large instead of growing (and rehashing) to it.
+    /// list or table starts that large instead of growing to it.
     last_declared: usize,
 }
 
 /// The paths declared on a shard in one run.
+#[derive(Default)]
 pub(crate) struct RunDeclared {
-    /// Each path, with the position in `components` of the component
-    /// that declared it (not a clone of its path, whose reference count
-    /// every shard would bump for every state).
-    paths: HashMap<Arc<[u8]>, usize>,
+    /// The paths, with the component that declared each.
+    paths: Paths,
     /// The components that declared paths here, each once.
     components: Vec<ComponentPath>,
     /// Their positions, by component key.
     by_key: HashMap<Arc<[u8]>, usize>,
+    /// How large `paths` starts.
+    expected: usize,
+}
+
+/// The paths declared on a shard in one run, with the position in
+/// [`RunDeclared::components`] of the component that declared each (not a
+/// clone of its path, whose reference count every shard would bump for
+/// every state).
+#[derive(Default)]
+struct Paths {
+    /// While a single component has declared paths here: its position,
+    /// and its paths.
+    single: Option<(usize, Vec<Arc<[u8]>>)>,
+    /// Once several have: each path, with the component that declared it.
+    table: HashMap<Arc<[u8]>, usize>,
+}
+
+impl Paths {
+    /// Claims `path` for the component at position `me`; the position of
+    /// the component that claimed it first, if another did.
+    fn claim(&mut self, me: usize, path: Arc<[u8]>, expected: usize) -> Option<usize> {
+        match &mut self.single {
+            Some((only, list)) if *only == me => {
+                list.push(path);
+                return None;
+            }
+            None if self.table.is_empty() => {
+                let mut list = Vec::with_capacity(expected);
+                list.push(path);
+                self.single = Some((me, list));
+                return None;
+            }
+            _ => {}
+        }
+        match self.table(expected).entry(path) {
+            Entry::Occupied(first) => Some(*first.get()),
+            Entry::Vacant(slot) => {
+                slot.insert(me);
+                None
+            }
+        }
+    }
+
+    /// The position of the component other than `me` (if `me` is one that
+    /// declared here) that claimed `path`, if one did.
+    fn claimed_by_other(&mut self, me: Option<usize>, path: &[u8]) -> Option<usize> {
+        match &self.single {
+            // Only `me` declared here: no other did.
+            Some((only, _)) if Some(*only) == me => return None,
+            None if self.table.is_empty() => return None,
+            _ => {}
+        }
+        let first = *self.table(0).get(path)?;
+        (Some(first) != me).then_some(first)
+    }
+
+    /// The paths as a table: made from the list when a second component
+    /// claims or asks.
+    fn table(&mut self, expected: usize) -> &mut HashMap<Arc<[u8]>, usize> {
+        if let Some((only, list)) = self.single.take() {
+            self.table.reserve(expected.max(list.len()));
+            self.table.extend(list.into_iter().map(|p| (p, only)));
+        }
+        &mut self.table
+    }
+
+    fn len(&self) -> usize {
+        self.table.len() + self.single.as_ref().map_or(0, |(_, list)| list.len())
+    }
 }
 
 impl Claims {
@@ -58,15 +134,14 @@ impl ClaimsByRun {
     pub(crate) fn run(&mut self, run_id: u64) -> &mut RunDeclared {
         let expected = self.last_declared;
         self.runs.entry(run_id).or_insert_with(|| RunDeclared {
-            paths: HashMap::with_capacity_and_hasher(expected, Default::default()),
-            components: Vec::new(),
-            by_key: HashMap::default(),
+            expected,
+            ..RunDeclared::default()
         })
     }
 
     /// The paths declared in `run_id`, if any were.
-    pub(crate) fn get(&self, run_id: u64) -> Option<&RunDeclared> {
-        self.runs.get(&run_id)
+    pub(crate) fn get_mut(&mut self, run_id: u64) -> Option<&mut RunDeclared> {
+        self.runs.get_mut(&run_id)
     }
 
     /// Forgets a run that ended.
@@ -97,18 +172,25 @@ impl RunDeclared {
     /// Claims `path` for the component at position `me`; the position of
     /// the component that claimed it first, if another did.
     pub(crate) fn claim(&mut self, me: usize, path: &Arc<[u8]>) -> Option<usize> {
-        match self.paths.entry(Arc::clone(path)) {
-            Entry::Occupied(first) => Some(*first.get()),
-            Entry::Vacant(slot) => {
-                slot.insert(me);
-                None
-            }
-        }
+        self.paths.claim(me, Arc::clone(path), self.expected)
     }
 
-    /// The position of the component that claimed `path`, if one did.
-    pub(crate) fn claimed(&self, path: &[u8]) -> Option<usize> {
-        self.paths.get(path).copied()
+    /// [`claim`](Self::claim), taking the path.
+    pub(crate) fn claim_owned(&mut self, me: usize, path: Arc<[u8]>) -> Option<usize> {
+        self.paths.claim(me, path, self.expected)
+    }
+
+    /// The position of the component other than the one at position `me`
+    /// that claimed `path`, if one did.
+    pub(crate) fn claimed_by_other(&mut self, me: usize, path: &[u8]) -> Option<usize> {
+        self.paths.claimed_by_other(Some(me), path)
+    }
+
+    /// The position of the component other than the one keyed `key` that
+    /// claimed `path`, if one did.
+    pub(crate) fn claimed_by_other_than(&mut self, key: &[u8], path: &[u8]) -> Option<usize> {
+        let me = self.by_key.get(key).copied();
+        self.paths.claimed_by_other(me, path)
     }
 }
 
@@ -136,6 +218,8 @@ mod tests {
             let other = run.component(&b, &b_path);
             let first = run.claim(other, &p);
             assert_eq!(first.map(|i| run.path_of(i)), Some(a_path.clone()));
+            assert_eq!(run.claimed_by_other(other, &p), Some(me));
+            assert_eq!(run.claimed_by_other(me, &p), None);
         }
         let mut locked = claims.lock();
         locked.end(1);
@@ -146,5 +230,32 @@ mod tests {
             None,
             "a new run starts with no claims"
         );
+    }
+
+    #[test]
+    fn paths_one_component_listed_are_found_once_a_second_component_declares() {
+        let claims = Claims::default();
+        let (a, a_path) = component("a");
+        let (b, b_path) = component("b");
+        let paths: Vec<Arc<[u8]>> = (0..100)
+            .map(|i| Arc::from(format!("p{i}").as_bytes()))
+            .collect();
+        let mut locked = claims.lock();
+        let run = locked.run(1);
+        let me = run.component(&a, &a_path);
+        for p in &paths {
+            assert_eq!(run.claim(me, p), None);
+        }
+        assert_eq!(run.claimed_by_other(me, &paths[7]), None, "its own");
+        assert_eq!(
+            run.claimed_by_other_than(b"c", &paths[7]),
+            Some(me),
+            "asked for a component that declared nothing here"
+        );
+        let other = run.component(&b, &b_path);
+        assert_eq!(run.claim(other, &paths[42]), Some(me));
+        assert_eq!(run.claim(other, &Arc::from(&b"q"[..])), None);
+        assert_eq!(run.claimed_by_other(other, &paths[0]), Some(me));
+        assert_eq!(run.claimed_by_other(me, &paths[0]), None);
     }
 }

@@ -267,7 +267,7 @@ impl ReconcilerActor {
         claims
             .into_iter()
             .filter_map(|claim| {
-                let first = declared_now.claim(me, &claim.path)?;
+                let first = declared_now.claim_owned(me, claim.path)?;
                 Some((claim.idx, declared_now.path_of(first)))
             })
             .collect()
@@ -294,7 +294,7 @@ impl ReconcilerActor {
                 return true;
             }
             let first = if claim_later {
-                declared_now.claimed(&d.path)
+                declared_now.claimed_by_other(me, &d.path)
             } else {
                 declared_now.claim(me, &d.path)
             };
@@ -408,12 +408,17 @@ impl Handler<FilterOrphans> for ReconcilerActor {
     type Result = ();
 
     fn handle(&mut self, msg: FilterOrphans, _ctx: &mut Context<Self>) {
-        let locked = self.claims.lock();
-        let declared = locked.get(msg.run_id);
+        let mut locked = self.claims.lock();
+        let mut declared = locked.get_mut(msg.run_id);
         let kept = msg
             .orphans
             .into_iter()
-            .filter(|o| declared.is_none_or(|d| d.claimed(o.entry.path.as_slice()).is_none()))
+            .filter(|o| {
+                declared.as_mut().is_none_or(|d| {
+                    d.claimed_by_other_than(&o.component, o.entry.path.as_slice())
+                        .is_none()
+                })
+            })
             .collect();
         drop(locked);
         let _ = msg.reply.send(kept);
