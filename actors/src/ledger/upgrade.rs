@@ -456,11 +456,17 @@ mod tests {
         mark_format(&ledger, 2)
     }
 
+    /// A directory holding [`format_2_ledger`]'s ledger.
+    fn format_2_dir() -> Result<tempfile::TempDir> {
+        let dir = tempfile::tempdir()?;
+        format_2_ledger(dir.path(), OLD)?;
+        Ok(dir)
+    }
+
     #[test]
     fn a_format_2_ledger_opens_with_sqlites_tables_provider_renamed_everywhere() -> Result<()> {
-        let (old, new) = ("weir.sqlite/db/table", "weir.sqlite.table/db");
-        let dir = tempfile::tempdir()?;
-        format_2_ledger(dir.path(), old)?;
+        let (old, new) = (OLD, NEW);
+        let dir = format_2_dir()?;
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
 
         let (old_table, new_table) = (path(old, &["docs"]), path(new, &["docs"]));
@@ -509,9 +515,8 @@ mod tests {
 
     #[test]
     fn an_upgrade_cut_short_is_finished_when_the_ledger_opens_again() -> Result<()> {
-        let (old, new) = ("weir.sqlite/db/table", "weir.sqlite.table/db");
-        let dir = tempfile::tempdir()?;
-        format_2_ledger(dir.path(), old)?;
+        let (old, new) = (OLD, NEW);
+        let dir = format_2_dir()?;
         {
             // As a crash leaves it right after the ledger was marked.
             let ledger = Ledger::open(dir.path(), 1 << 20)?;
@@ -544,8 +549,7 @@ mod tests {
     #[test]
     fn a_ledger_is_marked_with_the_new_format_and_the_upgrade_under_way_before_it_is_renamed(
     ) -> Result<()> {
-        let dir = tempfile::tempdir()?;
-        format_2_ledger(dir.path(), "weir.sqlite/db/table")?;
+        let dir = format_2_dir()?;
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
         // Opened again, as the renaming would see it mid-way.
         assert_eq!(ledger.check_format(true, true)?, FORMAT_VERSION);
@@ -574,9 +578,8 @@ mod tests {
 
     #[test]
     fn a_format_3_ledger_keeps_a_root_provider_named_like_sqlites_former_name() -> Result<()> {
-        let old = "weir.sqlite/db/table";
-        let dir = tempfile::tempdir()?;
-        format_2_ledger(dir.path(), old)?;
+        let old = OLD;
+        let dir = format_2_dir()?;
         {
             let ledger = Ledger::open(dir.path(), 1 << 20)?;
             // A provider an app names so today, in a ledger already upgraded.
@@ -603,7 +606,7 @@ mod tests {
 
     #[test]
     fn a_ledger_of_more_components_than_one_commit_renames_is_renamed_whole() -> Result<()> {
-        let (old, new) = ("weir.sqlite/db/table", "weir.sqlite.table/db");
+        let (old, new) = (OLD, NEW);
         let dir = tempfile::tempdir()?;
         let files = RENAMED_PER_COMMIT + 10;
         let row = |provider: &str, i: usize| {
@@ -706,6 +709,15 @@ mod tests {
         })
     }
 
+    /// A new ledger in `dir` whose component mounted for the table `docs`
+    /// holds it under the former name.
+    fn with_old_table(dir: &std::path::Path) -> Result<Ledger> {
+        let ledger = Ledger::open(dir, 1 << 20)?;
+        let table = held(table_path(OLD), b"t");
+        ledger.apply(vec![put_entry(mount_of(OLD), vec![table], vec![])?])?;
+        Ok(ledger)
+    }
+
     const OLD: &str = "weir.sqlite/db/table";
     const NEW: &str = "weir.sqlite.table/db";
 
@@ -757,12 +769,7 @@ mod tests {
             keycode::component_key(&segments)
         };
         {
-            let ledger = Ledger::open(dir.path(), 1 << 20)?;
-            ledger.apply(vec![put_entry(
-                mount_of(OLD),
-                vec![held(table_path(OLD), b"t")],
-                vec![],
-            )?])?;
+            let ledger = with_old_table(dir.path())?;
             for (i, component) in [file_of(0), child(OLD)].into_iter().enumerate() {
                 let first = i as i64 * 1000;
                 let states = (0..rows)
@@ -807,12 +814,7 @@ mod tests {
     fn intents_a_crash_left_under_the_former_name_are_folded_then_renamed() -> Result<()> {
         let dir = tempfile::tempdir()?;
         {
-            let ledger = Ledger::open(dir.path(), 1 << 20)?;
-            ledger.apply(vec![put_entry(
-                mount_of(OLD),
-                vec![held(table_path(OLD), b"t")],
-                vec![],
-            )?])?;
+            let ledger = with_old_table(dir.path())?;
             mark_format(&ledger, 2)?;
             ledger.put_intents(
                 1,
