@@ -155,7 +155,7 @@ pub struct TableTarget(target::TableTarget<Postgres>);
 
 /// The name of the provider of the tables of the database provided under
 /// the context key named `db`: the name [`App::inspect`](weir_actors::App::inspect)
-/// counts their target states under.
+/// counts their target states under: `weir.postgres.table/<db>`.
 pub fn tables_provider_name(db: &str) -> String {
     Postgres::tables_provider_name(db)
 }

@@ -164,7 +164,9 @@ pub struct TableTarget(target::TableTarget<Sqlite>);
 
 /// The name of the provider of the tables of the database provided under
 /// the context key named `db`: the name [`App::inspect`](weir_actors::App::inspect)
-/// counts their target states under.
+/// counts their target states under: `weir.sqlite.table/<db>` (ledgers
+/// of weir's format 2 and earlier named it `weir.sqlite/<db>/table`, and
+/// are renamed when they open).
 pub fn tables_provider_name(db: &str) -> String {
     Sqlite::tables_provider_name(db)
 }
