@@ -51,8 +51,6 @@ pub(crate) struct RunDeclared {
     components: Vec<ComponentPath>,
     /// Their positions, by component key.
     by_key: HashMap<Arc<[u8]>, usize>,
-    /// How large `paths` starts.
-    expected: usize,
 }
 
 /// The paths declared on a shard in one run, with the position in
@@ -66,26 +64,28 @@ struct Paths {
     single: Option<(usize, Vec<Arc<[u8]>>)>,
     /// Once several have: each path, with the component that declared it.
     table: HashMap<Arc<[u8]>, usize>,
+    /// How many paths the list or the table starts with room for.
+    expected: usize,
 }
 
 impl Paths {
     /// Claims `path` for the component at position `me`; the position of
     /// the component that claimed it first, if another did.
-    fn claim(&mut self, me: usize, path: Arc<[u8]>, expected: usize) -> Option<usize> {
+    fn claim(&mut self, me: usize, path: Arc<[u8]>) -> Option<usize> {
         match &mut self.single {
             Some((only, list)) if *only == me => {
                 list.push(path);
                 return None;
             }
             None if self.table.is_empty() => {
-                let mut list = Vec::with_capacity(expected);
+                let mut list = Vec::with_capacity(self.expected);
                 list.push(path);
                 self.single = Some((me, list));
                 return None;
             }
             _ => {}
         }
-        match self.table(expected).entry(path) {
+        match self.table().entry(path) {
             Entry::Occupied(first) => Some(*first.get()),
             Entry::Vacant(slot) => {
                 slot.insert(me);
@@ -103,15 +103,15 @@ impl Paths {
             None if self.table.is_empty() => return None,
             _ => {}
         }
-        let first = *self.table(0).get(path)?;
+        let first = *self.table().get(path)?;
         (Some(first) != me).then_some(first)
     }
 
     /// The paths as a table: made from the list when a second component
     /// claims or asks.
-    fn table(&mut self, expected: usize) -> &mut HashMap<Arc<[u8]>, usize> {
+    fn table(&mut self) -> &mut HashMap<Arc<[u8]>, usize> {
         if let Some((only, list)) = self.single.take() {
-            self.table.reserve(expected.max(list.len()));
+            self.table.reserve(self.expected.max(list.len()));
             self.table.extend(list.into_iter().map(|p| (p, only)));
         }
         &mut self.table
@@ -134,7 +134,10 @@ impl ClaimsByRun {
     pub(crate) fn run(&mut self, run_id: u64) -> &mut RunDeclared {
         let expected = self.last_declared;
         self.runs.entry(run_id).or_insert_with(|| RunDeclared {
-            expected,
+            paths: Paths {
+                expected,
+                ..Paths::default()
+            },
             ..RunDeclared::default()
         })
     }
@@ -172,12 +175,12 @@ impl RunDeclared {
     /// Claims `path` for the component at position `me`; the position of
     /// the component that claimed it first, if another did.
     pub(crate) fn claim(&mut self, me: usize, path: &Arc<[u8]>) -> Option<usize> {
-        self.paths.claim(me, Arc::clone(path), self.expected)
+        self.paths.claim(me, Arc::clone(path))
     }
 
     /// [`claim`](Self::claim), taking the path.
     pub(crate) fn claim_owned(&mut self, me: usize, path: Arc<[u8]>) -> Option<usize> {
-        self.paths.claim(me, path, self.expected)
+        self.paths.claim(me, path)
     }
 
     /// The position of the component other than the one at position `me`
