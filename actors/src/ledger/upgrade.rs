@@ -306,12 +306,23 @@ mod tests {
         StableKey::Str(Arc::from(s))
     }
 
+    /// The key of the component `mount_target` mounts the table `docs` of
+    /// the database `db` in.
     fn mount_key(provider: &str) -> StableKey {
         StableKey::Array(Arc::from([
             StableKey::Symbol(Arc::from(TARGET_SYMBOL)),
             str_key(provider),
-            StableKey::Array(Arc::from([str_key("db"), str_key("docs")])),
+            table_key(),
         ]))
+    }
+
+    /// A state at `path` with one record.
+    fn held(path: Vec<u8>, record: &[u8]) -> StateEntry {
+        StateEntry {
+            path: buf(&path),
+            records: vec![buf(record)],
+            ..StateEntry::default()
+        }
     }
 
     #[test]
@@ -363,11 +374,7 @@ mod tests {
 
     #[test]
     fn a_record_with_renamed_paths_keeps_its_states_sorted_and_renames_its_children() {
-        let state = |p: Vec<u8>| StateEntry {
-            path: buf(&p),
-            records: vec![buf(b"r")],
-            ..StateEntry::default()
-        };
+        let state = |p: Vec<u8>| held(p, b"r");
         // The old name sorts before "weir.sqlite.zzz", the new one after.
         let mut record = ComponentRecord {
             entry: super::super::record::ComponentEntry {
@@ -423,11 +430,7 @@ mod tests {
         let table = path(old, &["docs"]);
         let mut row = table.clone();
         keycode::put_key(&mut row, &str_key("a"));
-        let entry = |p: &[u8]| StateEntry {
-            path: buf(p),
-            records: vec![buf(b"r")],
-            ..StateEntry::default()
-        };
+        let entry = |p: &[u8]| held(p.to_vec(), b"r");
         let root = keycode::component_key(&[]);
         let mount = keycode::component_key(&[mount_key(old)]);
         let file = keycode::component_key(&[str_key("a.txt")]);
@@ -585,11 +588,7 @@ mod tests {
             // A provider an app names so today, in a ledger already upgraded.
             ledger.apply(vec![LedgerOp::Put {
                 component: keycode::component_key(&[mount_key(old)]),
-                entry: StateEntry {
-                    path: buf(&path(old, &["mine"])),
-                    records: vec![buf(b"r")],
-                    ..StateEntry::default()
-                },
+                entry: held(path(old, &["mine"]), b"r"),
                 index_owner: true,
                 container: None,
             }])?;
@@ -609,24 +608,16 @@ mod tests {
         let (old, new) = (OLD, NEW);
         let dir = tempfile::tempdir()?;
         let files = RENAMED_PER_COMMIT + 10;
-        let row = |provider: &str, i: usize| {
-            let mut p = path(provider, &["docs"]);
-            keycode::put_key(&mut p, &StableKey::Int(i as i64));
-            p
-        };
-        let file = |i: usize| keycode::component_key(&[StableKey::Int(i as i64)]);
+        let row = |provider: &str, i: usize| row_path(provider, i as i64);
+        let file = |i: usize| file_of(i as i64);
         {
             let ledger = Ledger::open(dir.path(), 1 << 20)?;
             let ops = (0..files)
                 .map(|i| LedgerOp::Put {
                     component: file(i),
-                    entry: StateEntry {
-                        path: buf(&row(old, i)),
-                        records: vec![buf(b"r")],
-                        ..StateEntry::default()
-                    },
+                    entry: held(row(old, i), b"r"),
                     index_owner: true,
-                    container: Some(path(old, &["docs"])),
+                    container: Some(table_path(old)),
                 })
                 .collect();
             ledger.apply(ops)?;
@@ -643,7 +634,7 @@ mod tests {
         assert_eq!(container_keys(&ledger)?.len(), files);
         assert!(container_keys(&ledger)?
             .iter()
-            .all(|(container, _)| *container == path(new, &["docs"])));
+            .all(|(container, _)| *container == table_path(new)));
         Ok(())
     }
 
@@ -667,23 +658,11 @@ mod tests {
     }
 
     fn mount_of(provider: &str) -> Vec<u8> {
-        keycode::component_key(&[StableKey::Array(Arc::from([
-            StableKey::Symbol(Arc::from(TARGET_SYMBOL)),
-            str_key(provider),
-            table_key(),
-        ]))])
+        keycode::component_key(&[mount_key(provider)])
     }
 
     fn file_of(i: i64) -> Vec<u8> {
         keycode::component_key(&[StableKey::Int(i)])
-    }
-
-    fn held(path: Vec<u8>, record: &[u8]) -> StateEntry {
-        StateEntry {
-            path: buf(&path),
-            records: vec![buf(record)],
-            ..StateEntry::default()
-        }
     }
 
     /// A new component's whole entry, as a first commit writes it (packed
