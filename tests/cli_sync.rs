@@ -623,15 +623,18 @@ fn as_written_by_format_2(ledger: &Path) -> usize {
     const NOW: &[u8] = b"weir.sqlite.table/weir-sqlite";
     const BEFORE: &[u8] = b"weir.sqlite/weir-sqlite/table";
     let db = sled::open(ledger.join("sled")).unwrap();
+    let find = |bytes: &[u8]| bytes.windows(NOW.len()).position(|w| w == NOW);
     let rename = |bytes: &[u8]| -> Option<Vec<u8>> {
-        let at = bytes.windows(NOW.len()).position(|w| w == NOW)?;
         let mut out = bytes.to_vec();
-        let mut from = at;
-        while let Some(i) = out[from..].windows(NOW.len()).position(|w| w == NOW) {
-            out[from + i..from + i + NOW.len()].copy_from_slice(BEFORE);
-            from += i + NOW.len();
+        let mut at = find(bytes)?;
+        loop {
+            out[at..at + NOW.len()].copy_from_slice(BEFORE);
+            at += NOW.len();
+            match find(&out[at..]) {
+                Some(i) => at += i,
+                None => return Some(out),
+            }
         }
-        Some(out)
     };
     let mut renamed = 0;
     for name in db.tree_names() {
