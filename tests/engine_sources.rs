@@ -32,6 +32,10 @@ struct Stream {
     settled: Vec<(u64, Outcome)>,
     fetch_size: Option<usize>,
     keep_alives: usize,
+    /// The sequences of each keep-alive call, ascending.
+    kept_alive: Vec<Vec<u64>>,
+    /// `fetch N` and `settle N` (N: the first sequence), in call order.
+    calls: Vec<String>,
 }
 
 impl Stream {
@@ -95,11 +99,15 @@ impl Source for Stream {
                 }
                 .delivered(delivered + 1)
             })
-            .collect();
+            .collect::<Vec<Change<String, (Msg, u32)>>>();
+        self.calls.push(format!("fetch {}", changes[0].ack.0 .1));
         Ok(Some(Batch::Changes(changes)))
     }
 
     async fn settle(&mut self, settled: Vec<Settled<(Msg, u32)>>) -> Result<()> {
+        if let Some(first) = settled.first() {
+            self.calls.push(format!("settle {}", first.ack.0 .1));
+        }
         for Settled { ack, outcome } in settled {
             let (msg, delivered) = ack;
             if matches!(outcome, Outcome::Retry { .. } | Outcome::Interrupted) {
@@ -113,6 +121,9 @@ impl Source for Stream {
     async fn keep_alive(&mut self, acks: &[&(Msg, u32)]) -> Result<()> {
         assert!(!acks.is_empty());
         self.keep_alives += 1;
+        let mut seqs: Vec<u64> = acks.iter().map(|(msg, _)| msg.1).collect();
+        seqs.sort_unstable();
+        self.kept_alive.push(seqs);
         Ok(())
     }
 }
@@ -123,6 +134,8 @@ struct Behaviour {
     runs: Arc<Mutex<BTreeMap<String, usize>>>,
     poison: Arc<Mutex<Vec<String>>>,
     slow: Arc<Mutex<Option<Duration>>>,
+    /// Requested by the component of key `a`.
+    shutdown: Arc<Mutex<Option<ShutdownHandle>>>,
 }
 
 impl Behaviour {
@@ -172,6 +185,11 @@ async fn row_component(
     *b.runs.lock().unwrap().entry(key.clone()).or_default() += 1;
     if b.poison.lock().unwrap().contains(&item.payload) {
         return Err(Error::msg(format!("payload {} is poison", item.payload)));
+    }
+    if key == "a" {
+        if let Some(shutdown) = b.shutdown.lock().unwrap().as_ref() {
+            shutdown.shutdown();
+        }
     }
     let slow = *b.slow.lock().unwrap();
     if let Some(d) = slow {
@@ -438,6 +456,75 @@ async fn a_slow_batch_is_kept_alive_with_the_source() -> Result<()> {
         stream.keep_alives
     );
     assert_eq!(stream.acked(), vec![1]);
+    Ok(())
+}
+
+/// A stream of `a1` and `b2`, fetched one change a batch.
+fn two_batches() -> Stream {
+    let mut stream = Stream::of(&[("a", 1, Some("a1")), ("b", 2, Some("b2"))]);
+    stream.fetch_size = Some(1);
+    stream
+}
+
+#[tokio::test]
+async fn the_next_batch_is_read_while_a_batch_runs_and_only_after_it_without_read_ahead(
+) -> Result<()> {
+    for (read_ahead, calls) in [
+        (true, ["fetch 1", "fetch 2", "settle 1", "settle 2"]),
+        (false, ["fetch 1", "settle 1", "fetch 2", "settle 2"]),
+    ] {
+        let dir = tempfile::tempdir()?;
+        let app = app(dir.path()).await?;
+        let rig = Rig::new();
+        let mut stream = two_batches();
+        let options = quick().read_ahead(read_ahead);
+        let report = consume(&app, &rig, &mut stream, options, &Behaviour::default()).await?;
+        assert_eq!(stream.calls, calls, "read ahead: {read_ahead}");
+        assert_eq!(rig.store.snapshot(), map(&[("a", "a1"), ("b", "b2")]));
+        assert_eq!((report.batches, report.acknowledged), (2, 2));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_batch_read_ahead_is_handed_back_unrun_when_the_app_shuts_down() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let rig = Rig::new();
+    let b = Behaviour::default();
+    *b.shutdown.lock().unwrap() = Some(app.shutdown_handle());
+    let mut stream = two_batches();
+    let report = consume(&app, &rig, &mut stream, quick(), &b).await?;
+    assert_eq!(stream.calls[..2], ["fetch 1", "fetch 2"]);
+    assert_eq!(b.runs_of("b"), 0);
+    assert_eq!(stream.outcomes_of(2), vec![Outcome::Interrupted]);
+    assert!(!rig.store.snapshot().contains_key("b"));
+    assert_eq!(
+        stream.pending.len() + stream.acked().len(),
+        2,
+        "nothing lost"
+    );
+    assert!(report.interrupted >= 1);
+    assert_eq!(report.received, 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_batch_read_ahead_is_kept_alive_with_the_running_one() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let rig = Rig::new();
+    let b = Behaviour::default();
+    *b.slow.lock().unwrap() = Some(Duration::from_millis(120));
+    let mut stream = two_batches();
+    let options = quick().keep_alive(Duration::from_millis(20));
+    consume(&app, &rig, &mut stream, options, &b).await?;
+    assert!(
+        stream.kept_alive.contains(&vec![1, 2]),
+        "{:?}",
+        stream.kept_alive
+    );
+    assert_eq!(stream.acked(), vec![1, 2]);
     Ok(())
 }
 

@@ -189,6 +189,36 @@ async fn an_empty_payload_or_the_delete_header_deletes_the_row() {
 }
 
 #[tokio::test]
+async fn a_message_published_after_a_consume_returns_goes_to_the_next_reader_at_once() {
+    let s = TestStream::new("released").await;
+    for k in 0..40 {
+        s.publish(&format!("k{k:02}"), "v1").await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let app = app(dir.path()).await.unwrap();
+    let rig = Rig::new();
+    // Kept after its consume returns, as an app may keep it.
+    let mut first = s.source(s.options()).await;
+    consume(&app, &mut first, &rig, quick().max_in_flight(10))
+        .await
+        .unwrap();
+    s.publish("late", "v1").await;
+    let mut next = s.source(s.options()).await;
+    let report = tokio::time::timeout(
+        Duration::from_secs(10),
+        consume(&app, &mut next, &rig, quick()),
+    )
+    .await
+    .expect("the late message waited for the acknowledgement wait (30 s): a request the first source left open took it")
+    .unwrap();
+    assert_eq!(report.acknowledged, 1);
+    assert!(rig.store.snapshot().contains_key("late"));
+    s.assert_all_settled("weir").await;
+    drop(first);
+    s.delete().await;
+}
+
+#[tokio::test]
 async fn a_poison_message_is_retried_then_released_to_the_dead_letter_subject_and_the_rest_lands() {
     let s = TestStream::new("poison").await;
     let dead = format!("dead.{}", s.name);

@@ -28,8 +28,14 @@ pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ConsumeOptions {
-    /// The most changes fetched at once, and so unacknowledged at once.
+    /// The most changes in one batch. With [`read_ahead`](Self::read_ahead)
+    /// the next batch is fetched while one runs, so up to twice as many
+    /// are unacknowledged at once; without it, this many.
     pub max_in_flight: usize,
+    /// Whether the next batch of changes is fetched while a batch runs
+    /// (default: yes), so that the source's round trips overlap the run's
+    /// work instead of following it.
+    pub read_ahead: bool,
     /// Deliveries of a change whose component fails before it is released
     /// ([`Outcome::DeadLetter`]).
     pub max_deliveries: u32,
@@ -47,6 +53,7 @@ impl Default for ConsumeOptions {
     fn default() -> Self {
         Self {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            read_ahead: true,
             max_deliveries: DEFAULT_MAX_DELIVERIES,
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(60),
@@ -60,6 +67,13 @@ impl ConsumeOptions {
     #[must_use]
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Sets [`read_ahead`](Self::read_ahead).
+    #[must_use]
+    pub fn read_ahead(mut self, on: bool) -> Self {
+        self.read_ahead = on;
         self
     }
 
@@ -204,7 +218,6 @@ impl App {
         E: FnMut(&ConsumeReport) + Send,
     {
         let f = Arc::new(f);
-        let shutdown = self.shutdown_handle();
         let name = source.name().to_string();
         let mut consumer = Consumer {
             app: self,
@@ -214,40 +227,13 @@ impl App {
             attempts: HashMap::new(),
             metrics: SourceMetrics::new(&name),
         };
-        loop {
-            if shutdown.is_requested() {
-                break;
-            }
-            if !consumer.assign(source).await? {
-                // A member holding no partition yet: wait, then try again.
-                tokio::select! {
-                    () = tokio::time::sleep(ASSIGNMENT_RETRY) => continue,
-                    () = shutdown.requested() => break,
-                }
-            }
-            let max = consumer.options.max_in_flight;
-            let next = tokio::select! {
-                next = source.next_batch(max) => next?,
-                () = shutdown.requested() => break,
-            };
-            let Some(batch) = next else { break };
-            match batch {
-                Batch::Listing(listing) => {
-                    consumer.report.listed += listing.items.len() as u64;
-                    let f = Arc::clone(&f);
-                    let report = self
-                        .run_report(move |ctx| f(ctx, SourceBatch::from(listing)))
-                        .await?;
-                    consumer.note_run(&report);
-                }
-                Batch::Changes(changes) => consumer.changes(source, changes, &f).await?,
-            }
-            consumer.report.batches += 1;
-            if let Some(lag) = source.lag().await {
-                consumer.metrics.lag(lag);
-            }
-            on_batch(&consumer.report);
-        }
+        let mut ahead: Ahead<S> = None;
+        let read = consumer
+            .read_batches(source, &f, &mut ahead, &mut on_batch)
+            .await;
+        let handed_back = consumer.hand_back(source, ahead).await;
+        source.release().await;
+        read.and(handed_back)?;
         Ok(consumer.report)
     }
 }
@@ -282,6 +268,62 @@ struct Consumer<'a> {
 const ASSIGNMENT_RETRY: Duration = Duration::from_millis(500);
 
 impl Consumer<'_> {
+    /// Runs the source's batches until it ends or a shutdown is requested;
+    /// a batch read ahead but not run is left in `ahead`.
+    async fn read_batches<S, F, Fut, E>(
+        &mut self,
+        source: &mut S,
+        f: &Arc<F>,
+        ahead: &mut Ahead<S>,
+        on_batch: &mut E,
+    ) -> Result<()>
+    where
+        S: Source,
+        F: Fn(Ctx, SourceBatch<S::Payload>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+        E: FnMut(&ConsumeReport) + Send,
+    {
+        let shutdown = self.app.shutdown_handle();
+        loop {
+            if shutdown.is_requested() {
+                return Ok(());
+            }
+            if !self.assign(source).await? {
+                self.hand_back(source, ahead.take()).await?;
+                // A member holding no partition yet: wait, then try again.
+                tokio::select! {
+                    () = tokio::time::sleep(ASSIGNMENT_RETRY) => continue,
+                    () = shutdown.requested() => return Ok(()),
+                }
+            }
+            let next = match ahead.take() {
+                Some(fetched) => fetched?,
+                None => tokio::select! {
+                    next = source.next_batch(self.options.max_in_flight) => next?,
+                    () = shutdown.requested() => return Ok(()),
+                },
+            };
+            let Some(batch) = next else { return Ok(()) };
+            match batch {
+                Batch::Listing(listing) => {
+                    self.report.listed += listing.items.len() as u64;
+                    let f = Arc::clone(f);
+                    let report = self
+                        .app
+                        .run_report(move |ctx| f(ctx, SourceBatch::from(listing)))
+                        .await?;
+                    self.note_run(&report);
+                }
+                Batch::Changes(changes) => self.changes(source, changes, f, ahead).await?,
+            }
+            self.report.batches += 1;
+            if let Some(lag) = source.lag().await {
+                self.metrics.lag(lag);
+            }
+            on_batch(&self.report);
+        }
+    }
+
     /// In a worker group, tells the source the partitions held when they
     /// changed; a member holding none runs an empty run to acquire its
     /// share first. Returns whether the member holds any (always `true`
@@ -305,12 +347,14 @@ impl Consumer<'_> {
         Ok(self.assigned.as_ref().is_some_and(|a| !a.held.is_empty()))
     }
 
-    /// Runs a batch of changes, then settles them.
+    /// Runs a batch of changes (reading the next one meanwhile, into
+    /// `ahead`), then settles them.
     async fn changes<S, F, Fut>(
         &mut self,
         source: &mut S,
         changes: Vec<Change<S::Payload, S::Ack>>,
         f: &Arc<F>,
+        ahead: &mut Ahead<S>,
     ) -> Result<()>
     where
         S: Source,
@@ -325,11 +369,82 @@ impl Consumer<'_> {
         let batch = SourceBatch::changes(prepared, Arc::clone(&seen));
         let f = Arc::clone(f);
         let in_flight: usize = latest.values().map(|l| l.acks.len()).sum();
-        self.metrics.in_flight(in_flight);
+        self.metrics.in_flight(in_flight + changes_in::<S>(ahead));
         let scoped = self.app.scoped(RunScope::keys(keys));
         let run = scoped.run_report(move |ctx| f(ctx, batch));
-        let result = keep_alive_while(source, &latest, self.options.keep_alive, run).await;
+        let t0 = Instant::now();
+        let result = self.while_running(source, &latest, ahead, run).await;
+        eprintln!("XT run {:?} ahead {}", t0.elapsed(), changes_in::<S>(ahead));
         let settled = self.outcomes(result, &seen, &mut latest)?;
+        self.metrics.in_flight(changes_in::<S>(ahead));
+        let t0 = Instant::now();
+        let r = source.settle(settled).await;
+        eprintln!("XT settle {:?}", t0.elapsed());
+        r
+    }
+
+    /// Awaits `run`, meanwhile reading the next batch into `ahead` (with
+    /// [`ConsumeOptions::read_ahead`], if it is empty) and telling the
+    /// source every [`ConsumeOptions::keep_alive`] that the changes of
+    /// both are still in progress.
+    async fn while_running<S: Source, T>(
+        &self,
+        source: &mut S,
+        latest: &HashMap<StableKey, Latest<S::Ack>>,
+        ahead: &mut Ahead<S>,
+        run: impl Future<Output = T>,
+    ) -> T {
+        tokio::pin!(run);
+        let every = self.options.keep_alive;
+        let start = Instant::now();
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        // A read ahead that finds the source done is not the end: the
+        // running batch's changes may yet be handed back for redelivery.
+        // The loop reads again once they are settled.
+        let mut ended = false;
+        loop {
+            let reading = self.options.read_ahead && ahead.is_none() && !ended;
+            // A read cut short by a tick is cancel-safe (see
+            // `Source::next_batch`): the next one goes on with it.
+            tokio::select! {
+                done = &mut run => return done,
+                _ = tick.tick() => {
+                    let acks = in_progress::<S>(latest, ahead);
+                    keep_alive(source, &acks, start).await;
+                }
+                fetched = source.next_batch(self.options.max_in_flight), if reading => {
+                    ended = matches!(fetched, Ok(None));
+                    *ahead = (!ended).then_some(fetched);
+                    eprintln!("XT fetched ahead at {:?}", start.elapsed());
+                    let running: usize = latest.values().map(|l| l.acks.len()).sum();
+                    self.metrics.in_flight(running + changes_in::<S>(ahead));
+                }
+            }
+        }
+    }
+
+    /// Hands the changes of a batch read ahead but not run back to the
+    /// source, for redelivery ([`Outcome::Interrupted`]).
+    async fn hand_back<S: Source>(&mut self, source: &mut S, ahead: Ahead<S>) -> Result<()> {
+        let Some(Ok(Some(Batch::Changes(changes)))) = ahead else {
+            return Ok(());
+        };
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.report.received += changes.len() as u64;
+        self.metrics.received(changes.len());
+        let settled: Vec<Settled<S::Ack>> = changes
+            .into_iter()
+            .map(|change| Settled {
+                ack: change.ack,
+                outcome: Outcome::Interrupted,
+            })
+            .collect();
+        for s in &settled {
+            self.report.count(&s.outcome);
+            self.metrics.settled(&s.outcome);
+        }
         self.metrics.in_flight(0);
         source.settle(settled).await
     }
@@ -484,31 +599,39 @@ fn failed_keys(
     (failed, whole)
 }
 
-/// Awaits `run`, telling the source every `every` that the batch's changes
-/// are still in progress.
-async fn keep_alive_while<S: Source, T>(
-    source: &mut S,
-    latest: &HashMap<StableKey, Latest<S::Ack>>,
-    every: Duration,
-    run: impl Future<Output = T>,
-) -> T {
-    tokio::pin!(run);
-    let start = Instant::now();
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    loop {
-        tokio::select! {
-            done = &mut run => return done,
-            _ = tick.tick() => {
-                let acks: Vec<&S::Ack> = latest.values().flat_map(|l| l.acks.iter()).collect();
-                if let Err(e) = source.keep_alive(&acks).await {
-                    tracing::warn!(
-                        source = source.name(),
-                        running_for = ?start.elapsed(),
-                        "telling the source that a batch is in progress failed: {e}"
-                    );
-                }
-            }
-        }
+/// A batch read while the last one ran: `None` when none was read.
+type Ahead<S> = Option<Result<Option<Batch<<S as Source>::Payload, <S as Source>::Ack>>>>;
+
+/// The changes of a batch read ahead.
+fn changes_in<S: Source>(ahead: &Ahead<S>) -> usize {
+    match ahead {
+        Some(Ok(Some(Batch::Changes(changes)))) => changes.len(),
+        _ => 0,
+    }
+}
+
+/// The acknowledgement handles of the running batch and of the batch
+/// read ahead.
+fn in_progress<'a, S: Source>(
+    latest: &'a HashMap<StableKey, Latest<S::Ack>>,
+    ahead: &'a Ahead<S>,
+) -> Vec<&'a S::Ack> {
+    let mut acks: Vec<&S::Ack> = latest.values().flat_map(|l| l.acks.iter()).collect();
+    if let Some(Ok(Some(Batch::Changes(changes)))) = ahead {
+        acks.extend(changes.iter().map(|c| &c.ack));
+    }
+    acks
+}
+
+/// Tells the source that these changes are still in progress; a failure
+/// is logged.
+async fn keep_alive<S: Source>(source: &mut S, acks: &[&S::Ack], start: Instant) {
+    if let Err(e) = source.keep_alive(acks).await {
+        tracing::warn!(
+            source = source.name(),
+            running_for = ?start.elapsed(),
+            "telling the source that a batch is in progress failed: {e}"
+        );
     }
 }
 

@@ -48,7 +48,11 @@
 //!   source that its changes are still in progress, so that nothing is
 //!   redelivered meanwhile.
 //! - **Bounded.** A batch holds at most [`ConsumeOptions::max_in_flight`]
-//!   changes; the next one is fetched once it is settled.
+//!   changes. The next batch is read while one runs
+//!   ([`ConsumeOptions::read_ahead`]), so that the source's round trips
+//!   overlap the run: at most two batches are unacknowledged at once. A
+//!   batch read ahead and not run (the app shuts down) is handed back for
+//!   redelivery ([`Outcome::Interrupted`]).
 //!
 //! # Writing a source
 //!
@@ -209,6 +213,15 @@ pub trait Source: Send {
     /// bounded read reached the position it started at, or a listing
     /// source in one-shot mode already gave its listing.
     ///
+    /// Must be cancel-safe: [`App::consume`](crate::App::consume) drops a
+    /// call in progress at a shutdown, and while it reads the next batch
+    /// ahead of a running one, at each
+    /// [`keep_alive`](Source::keep_alive) and once the run ends. The next
+    /// call goes on where the dropped one stopped, losing nothing it had
+    /// received. An `Ok(None)` returned while a batch runs is not taken as
+    /// the end: the source is asked again once that batch is settled (its
+    /// changes may be handed back for redelivery).
+    ///
     /// # Errors
     /// When the source cannot be read; [`App::consume`](crate::App::consume)
     /// returns the error (changes not settled are redelivered later by the
@@ -263,6 +276,16 @@ pub trait Source: Send {
     /// when it knows. The default is `None`.
     fn lag(&mut self) -> impl Future<Output = Option<u64>> + Send {
         async { None }
+    }
+
+    /// Called once [`App::consume`](crate::App::consume) returns: ends what
+    /// the source holds open for reading (such as a pull request a dropped
+    /// [`next_batch`](Source::next_batch) left waiting), handing back
+    /// what it received and did not return, so that the next reader gets
+    /// it at once. The source can be consumed again afterwards. The
+    /// default does nothing.
+    fn release(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
     }
 }
 

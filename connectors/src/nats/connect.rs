@@ -170,8 +170,9 @@ pub(super) async fn stream(context: &jetstream::Context, place: &Place) -> Resul
 }
 
 /// The most messages a consumer weir creates leaves unacknowledged: above
-/// any `ConsumeOptions::max_in_flight` in use, so that the batch size, not
-/// the server, bounds a fetch.
+/// twice the default `ConsumeOptions::max_in_flight` (a batch running and
+/// the next read ahead), so that the batch size, not the server, bounds a
+/// fetch.
 pub const MAX_ACK_PENDING: i64 = 20_000;
 
 /// The durable pull consumer: reused if it exists, created otherwise

@@ -69,8 +69,13 @@
 //! [`fetch_wait`](JetStreamOptions::fetch_wait) at a time; a message
 //! arriving meanwhile is returned at once.
 //!
-//! A batch holds at most `max_in_flight` messages, fetched once the last
-//! batch is settled: no more messages are unacknowledged at once.
+//! A batch holds at most `max_in_flight` messages; the next is fetched
+//! while one runs, so at most twice as many are unacknowledged at once
+//! (`ConsumeOptions::read_ahead`). A fetch cut short (the run ended first,
+//! or the app shuts down) keeps its pull requests in the source, read on
+//! at the next call; once `App::consume` returns, the requests still open
+//! are handed back ([`Source::release`]): what still arrives for them is
+//! negatively acknowledged at once, for the next reader.
 //! [`lag`](Source::lag) is the consumer's count of messages not yet
 //! delivered plus those awaiting acknowledgement (in a worker group,
 //! summed over the consumers read). Reading it is a request to the server
@@ -443,6 +448,9 @@ impl Source for JetStreamSource {
     }
 
     async fn settle(&mut self, settled: Vec<Settled<JetStreamAck>>) -> Result<()> {
+        // A read ahead that waited for these acknowledgements doubled its
+        // wait meanwhile: the next waits briefly again.
+        self.settling = Settling::default();
         self.settler().settle(settled).await
     }
 
@@ -459,6 +467,10 @@ impl Source for JetStreamSource {
         self.read_partitions(assignment).await?;
         self.assignment = Some(assignment.clone());
         Ok(())
+    }
+
+    async fn release(&mut self) {
+        self.read.hand_back();
     }
 
     async fn lag(&mut self) -> Option<u64> {
