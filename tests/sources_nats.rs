@@ -191,30 +191,86 @@ async fn an_empty_payload_or_the_delete_header_deletes_the_row() {
 #[tokio::test]
 async fn a_message_published_after_a_consume_returns_goes_to_the_next_reader_at_once() {
     let s = TestStream::new("released").await;
-    for k in 0..40 {
-        s.publish(&format!("k{k:02}"), "v1").await;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let app = app(dir.path()).await.unwrap();
+    s.publish("k1", "v1").await;
+    let (dir, next_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first_app = app(dir.path()).await.unwrap();
     let rig = Rig::new();
-    // Kept after its consume returns, as an app may keep it.
-    let mut first = s.source(s.options()).await;
-    consume(&app, &mut first, &rig, quick().max_in_flight(10))
-        .await
-        .unwrap();
+    // Following with a fetch wait longer than the test: the consume stops
+    // while its pull request waits, and the source is kept afterwards.
+    let following = s.options().follow(true).fetch_wait(Duration::from_secs(20));
+    let mut first = s.source(following).await;
+    let shutdown = first_app.shutdown_handle();
+    let stop_once_landed = async {
+        wait_for(|| async { rig.store.snapshot().contains_key("k1") }).await;
+        shutdown.shutdown();
+    };
+    let (report, ()) = tokio::join!(
+        consume(&first_app, &mut first, &rig, quick()),
+        stop_once_landed
+    );
+    report.unwrap();
+
     s.publish("late", "v1").await;
+    let next_app = app(next_dir.path()).await.unwrap();
     let mut next = s.source(s.options()).await;
     let report = tokio::time::timeout(
         Duration::from_secs(10),
-        consume(&app, &mut next, &rig, quick()),
+        consume(&next_app, &mut next, &rig, quick()),
     )
     .await
-    .expect("the late message waited for the acknowledgement wait (30 s): a request the first source left open took it")
+    .expect("the late message waited for the acknowledgement wait (30 s): the request the first source left open took it")
     .unwrap();
     assert_eq!(report.acknowledged, 1);
     assert!(rig.store.snapshot().contains_key("late"));
     s.assert_all_settled("weir").await;
     drop(first);
+    s.delete().await;
+}
+
+/// A read cancelled while it waited for acknowledgements (as a read ahead
+/// is, when the run before it ends) leaves a pull request open whose wait
+/// had grown to seconds; the next read, once the acknowledgements landed,
+/// ends without waiting it out.
+#[tokio::test]
+async fn a_read_cut_short_while_its_waits_grew_ends_soon_after_the_last_acknowledgements() {
+    use weir::source::{Batch, Source};
+    let s = TestStream::new("regrown").await;
+    for i in 0..20 {
+        s.publish(&format!("k{i}"), &format!("v{i}")).await;
+    }
+    let mut holder = s.source(s.options()).await;
+    let Some(Batch::Changes(held)) = holder.next_batch(100).await.unwrap() else {
+        panic!("the holder received no changes");
+    };
+    let mut bounded = s
+        .source(s.options().fetch_wait(Duration::from_secs(30)))
+        .await;
+    // Its waits double from 10 ms: cut 2.7 s in, its last (2.56 s) has
+    // about 2.4 s to go.
+    let cut = tokio::time::timeout(Duration::from_millis(2700), bounded.next_batch(100)).await;
+    assert!(
+        cut.is_err(),
+        "the read ended while no message was acknowledged"
+    );
+    bounded.settle(Vec::new()).await.unwrap();
+
+    let started = Instant::now();
+    let ack_later = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.settle(all_acknowledged(held)).await.unwrap();
+    };
+    let (next, ()) = tokio::join!(bounded.next_batch(100), ack_later);
+    let took = started.elapsed();
+
+    assert!(
+        next.unwrap().is_none(),
+        "the read found messages to deliver"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "the read took {took:?}: it waited out the request the cut read left open"
+    );
+    s.assert_all_settled("weir").await;
     s.delete().await;
 }
 

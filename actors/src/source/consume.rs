@@ -219,6 +219,7 @@ impl App {
     {
         let f = Arc::new(f);
         let name = source.name().to_string();
+        let keep_alive = keep_alive_ticks(options.keep_alive);
         let mut consumer = Consumer {
             app: self,
             assigned: None,
@@ -226,6 +227,7 @@ impl App {
             report: ConsumeReport::default(),
             attempts: HashMap::new(),
             metrics: SourceMetrics::new(&name),
+            keep_alive,
         };
         let mut ahead: Ahead<S> = None;
         let read = consumer
@@ -233,6 +235,7 @@ impl App {
             .await;
         let handed_back = consumer.hand_back(source, ahead).await;
         source.release().await;
+        consumer.metrics.in_flight(0);
         read.and(handed_back)?;
         Ok(consumer.report)
     }
@@ -261,6 +264,8 @@ struct Consumer<'a> {
     /// Deliveries counted here, for sources that do not count them.
     attempts: HashMap<(StableKey, u64), u32>,
     metrics: SourceMetrics,
+    /// When the changes in flight are next kept alive.
+    keep_alive: tokio::time::Interval,
 }
 
 /// How long a member of a worker group holding no partition waits before
@@ -372,32 +377,27 @@ impl Consumer<'_> {
         self.metrics.in_flight(in_flight + changes_in::<S>(ahead));
         let scoped = self.app.scoped(RunScope::keys(keys));
         let run = scoped.run_report(move |ctx| f(ctx, batch));
-        let t0 = Instant::now();
         let result = self.while_running(source, &latest, ahead, run).await;
-        eprintln!("XT run {:?} ahead {}", t0.elapsed(), changes_in::<S>(ahead));
         let settled = self.outcomes(result, &seen, &mut latest)?;
         self.metrics.in_flight(changes_in::<S>(ahead));
-        let t0 = Instant::now();
-        let r = source.settle(settled).await;
-        eprintln!("XT settle {:?}", t0.elapsed());
-        r
+        source.settle(settled).await
     }
 
     /// Awaits `run`, meanwhile reading the next batch into `ahead` (with
     /// [`ConsumeOptions::read_ahead`], if it is empty) and telling the
     /// source every [`ConsumeOptions::keep_alive`] that the changes of
-    /// both are still in progress.
+    /// both are still in progress. The ticks run on across batches, so a
+    /// batch read ahead is told of as often while it waits as once it
+    /// runs.
     async fn while_running<S: Source, T>(
-        &self,
+        &mut self,
         source: &mut S,
         latest: &HashMap<StableKey, Latest<S::Ack>>,
         ahead: &mut Ahead<S>,
         run: impl Future<Output = T>,
     ) -> T {
         tokio::pin!(run);
-        let every = self.options.keep_alive;
         let start = Instant::now();
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         // A read ahead that finds the source done is not the end: the
         // running batch's changes may yet be handed back for redelivery.
         // The loop reads again once they are settled.
@@ -408,14 +408,13 @@ impl Consumer<'_> {
             // `Source::next_batch`): the next one goes on with it.
             tokio::select! {
                 done = &mut run => return done,
-                _ = tick.tick() => {
+                _ = self.keep_alive.tick() => {
                     let acks = in_progress::<S>(latest, ahead);
                     keep_alive(source, &acks, start).await;
                 }
                 fetched = source.next_batch(self.options.max_in_flight), if reading => {
                     ended = matches!(fetched, Ok(None));
                     *ahead = (!ended).then_some(fetched);
-                    eprintln!("XT fetched ahead at {:?}", start.elapsed());
                     let running: usize = latest.values().map(|l| l.acks.len()).sum();
                     self.metrics.in_flight(running + changes_in::<S>(ahead));
                 }
@@ -426,8 +425,16 @@ impl Consumer<'_> {
     /// Hands the changes of a batch read ahead but not run back to the
     /// source, for redelivery ([`Outcome::Interrupted`]).
     async fn hand_back<S: Source>(&mut self, source: &mut S, ahead: Ahead<S>) -> Result<()> {
-        let Some(Ok(Some(Batch::Changes(changes)))) = ahead else {
-            return Ok(());
+        let changes = match ahead {
+            Some(Ok(Some(Batch::Changes(changes)))) => changes,
+            Some(Err(e)) => {
+                tracing::warn!(
+                    source = source.name(),
+                    "reading the next batch ahead failed, and it was not needed: {e}"
+                );
+                return Ok(());
+            }
+            _ => return Ok(()),
         };
         if changes.is_empty() {
             return Ok(());
@@ -597,6 +604,14 @@ fn failed_keys(
             Some("the consume function did not mount its batch with Ctx::mount_source".to_string());
     }
     (failed, whole)
+}
+
+/// Ticks every `every`, from `every` from now; a tick missed while no
+/// batch ran comes at once, then every `every` again.
+fn keep_alive_ticks(every: Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
 }
 
 /// A batch read while the last one ran: `None` when none was read.

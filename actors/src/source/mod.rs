@@ -52,7 +52,11 @@
 //!   ([`ConsumeOptions::read_ahead`]), so that the source's round trips
 //!   overlap the run: at most two batches are unacknowledged at once. A
 //!   batch read ahead and not run (the app shuts down) is handed back for
-//!   redelivery ([`Outcome::Interrupted`]).
+//!   redelivery ([`Outcome::Interrupted`]). Where the source counts
+//!   deliveries itself (JetStream), a delivery handed back counts towards
+//!   [`ConsumeOptions::max_deliveries`] like a failed one; turn
+//!   [`ConsumeOptions::read_ahead`] off to keep the changes of a stopping
+//!   app to the batch it runs.
 //!
 //! # Writing a source
 //!
@@ -82,10 +86,11 @@
 //! # Worker groups
 //!
 //! In a member of a [worker group](crate::group), every run is scoped to
-//! the partitions the member holds. Before each fetch, [`App::consume`](crate::App::consume)
+//! the partitions the member holds. Before each batch, [`App::consume`](crate::App::consume)
 //! tells the source which partitions those are ([`Source::assign`]); a
 //! member that holds none yet runs an empty run to acquire its share
-//! first. A change whose key is in a partition the member does not hold
+//! first. A batch read ahead was fetched with the partitions held before
+//! it. A change whose key is in a partition the member does not hold
 //! (it moved between the fetch and the run) is settled as
 //! [`Outcome::NotHeld`], without running it: handed back unacknowledged
 //! for the partition's holder.

@@ -27,6 +27,8 @@ pub(super) struct Pull {
     batch: Batch,
     received: Vec<Message>,
     deadline: tokio::time::Instant,
+    /// When the server ends the request at the latest.
+    expires: tokio::time::Instant,
     /// How long to wait before asking again after an error status.
     pause: Duration,
     /// Whether the answer has ended: nothing more arrives for it.
@@ -68,13 +70,20 @@ impl Pull {
     }
 
     fn of(batch: Batch, within: Duration, pause: Duration) -> Self {
+        let now = tokio::time::Instant::now();
         Self {
             batch,
             received: Vec::new(),
-            deadline: tokio::time::Instant::now() + within,
+            deadline: now + within,
+            expires: now + within.saturating_sub(ANSWER_GRACE),
             pause,
             done: false,
         }
+    }
+
+    /// Whether the server may keep the request open past `t`.
+    pub fn open_past(&self, t: tokio::time::Instant) -> bool {
+        !self.done && self.expires > t
     }
 
     /// Whether the answer has ended (what it received may still be

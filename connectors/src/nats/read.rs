@@ -135,7 +135,7 @@ impl ReadSet {
             if let Some(pull) = reader.ready.as_mut() {
                 let messages = pull.answer(&reader.place).await;
                 reader.ready = None;
-                received += self.accept(i, messages, cx).await;
+                received += self.accept(i, messages, cx);
             }
             let reader = &mut self.readers[i];
             if let Some(pull) = reader.waiting.as_mut() {
@@ -143,7 +143,7 @@ impl ReadSet {
                 if pull.is_done() {
                     reader.waiting = None;
                 }
-                received += self.accept(i, messages, cx).await;
+                received += self.accept(i, messages, cx);
             }
         }
         received
@@ -169,7 +169,7 @@ impl ReadSet {
             let open = reader.ready.insert(pull);
             let messages = open.answer(&reader.place).await;
             reader.ready = None;
-            received += self.accept(i, messages, cx).await;
+            received += self.accept(i, messages, cx);
         }
         Ok(received)
     }
@@ -177,7 +177,15 @@ impl ReadSet {
     /// Waits (up to `wait`) for the first message to arrive on any
     /// consumer. How many messages were received (kept or not).
     pub async fn wait_first(&mut self, wait: Duration, cx: &ReadContext<'_>) -> Result<usize> {
+        let until = tokio::time::Instant::now() + wait;
         for reader in &mut self.readers {
+            // A longer wait left open by a cancelled call (a read ahead
+            // whose waits had grown) is handed back, not waited out.
+            if reader.waiting.as_ref().is_some_and(|p| p.open_past(until)) {
+                if let Some(pull) = reader.waiting.take() {
+                    pull.hand_back();
+                }
+            }
             if reader.waiting.is_none() {
                 let pull = Pull::first_within(&reader.consumer, wait, &reader.place).await?;
                 reader.waiting = Some(pull);
@@ -204,7 +212,7 @@ impl ReadSet {
                     reader.waiting = None;
                 }
             }
-            let received = self.accept(i, messages, cx).await;
+            let received = self.accept(i, messages, cx);
             if received > 0 {
                 return Ok(received);
             }
@@ -245,7 +253,7 @@ impl ReadSet {
     /// Keeps the messages received through reader `i` that belong to its
     /// partition (all of them outside a group), and acknowledges the others
     /// at once. How many were received.
-    async fn accept(&mut self, i: usize, messages: Vec<Message>, cx: &ReadContext<'_>) -> usize {
+    fn accept(&mut self, i: usize, messages: Vec<Message>, cx: &ReadContext<'_>) -> usize {
         let received = messages.len();
         let Some(partition) = self.readers.get(i).and_then(|r| r.partition) else {
             self.pending.extend(messages);
@@ -256,8 +264,10 @@ impl ReadSet {
             .partition(|m| partition_of_message(m, cx.mapping, partition.of) == partition.number);
         self.pending.extend(mine);
         if !others.is_empty() {
-            let place = &self.readers[i].place;
-            acknowledge_others(cx.client, place, others).await;
+            let place = self.readers[i].place.clone();
+            // In a task of its own: a read cancelled meanwhile (a read
+            // ahead, a shutdown) does not cut the acknowledgements short.
+            tokio::spawn(acknowledge_others(cx.client.clone(), place, others));
         }
         received
     }
@@ -275,7 +285,8 @@ pub(super) fn partition_of_message(message: &Message, mapping: &Mapping, partiti
 /// Acknowledges messages of other partitions, awaiting the server's
 /// confirmations. A lost acknowledgement only means a redelivery, filtered
 /// again: it is logged, not returned.
-async fn acknowledge_others(client: &Client, place: &Place, messages: Vec<Message>) {
+async fn acknowledge_others(client: Client, place: Place, messages: Vec<Message>) {
+    let (client, place) = (&client, &place);
     let acks = futures::stream::iter(messages)
         .map(|m| async move {
             let Some(reply) = m.message.reply.clone() else {
