@@ -36,6 +36,8 @@ struct Stream {
     kept_alive: Vec<Vec<u64>>,
     /// `fetch N` and `settle N` (N: the first sequence), in call order.
     calls: Vec<String>,
+    /// Fetches to go before one fails.
+    fail_after: Option<usize>,
 }
 
 impl Stream {
@@ -81,6 +83,12 @@ impl Source for Stream {
     }
 
     async fn next_batch(&mut self, max: usize) -> Result<Option<Batch<String, (Msg, u32)>>> {
+        if let Some(left) = self.fail_after.as_mut() {
+            if *left == 0 {
+                return Err(Error::msg("the stream went away"));
+            }
+            *left -= 1;
+        }
         let n = max
             .min(self.fetch_size.unwrap_or(max))
             .min(self.pending.len());
@@ -506,6 +514,23 @@ async fn a_batch_read_ahead_is_handed_back_unrun_when_the_app_shuts_down() -> Re
     );
     assert!(report.interrupted >= 1);
     assert_eq!(report.received, 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_read_ahead_is_returned_once_the_running_batch_is_settled() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app(dir.path()).await?;
+    let rig = Rig::new();
+    let mut stream = two_batches();
+    stream.fail_after = Some(1);
+    let err = consume(&app, &rig, &mut stream, quick(), &Behaviour::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("the stream went away"), "{err}");
+    assert_eq!(stream.calls, ["fetch 1", "settle 1"]);
+    assert_eq!(stream.acked(), vec![1]);
+    assert_eq!(rig.store.snapshot(), map(&[("a", "a1")]));
     Ok(())
 }
 
