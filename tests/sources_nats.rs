@@ -23,11 +23,11 @@ use futures::StreamExt;
 use nats::{TestStream, NATS_URL};
 use sqlx::PgPool;
 use support::*;
-use weir::connectors::nats::{JetStreamOptions, JetStreamSource};
+use weir::connectors::nats::{JetStreamAck, JetStreamMessage, JetStreamOptions, JetStreamSource};
 use weir::connectors::postgres::PostgresCoordinator;
 use weir::group::{partition_of, Coordinator, WorkerGroup};
 use weir::prelude::*;
-use weir::source::{ConsumeOptions, ConsumeReport};
+use weir::source::{Change, ConsumeOptions, ConsumeReport};
 
 const ROWS: &str = "test/row";
 
@@ -119,16 +119,17 @@ async fn every_key_lands_with_its_latest_payload_and_every_message_is_acknowledg
     s.delete().await;
 }
 
-/// A bounded read whose messages were all delivered but not yet all
-/// acknowledged (its last acknowledgements may still be on their way to
-/// the server) ends as soon as they land, not a whole fetch wait later.
-/// Here another reader of the same consumer holds the messages and
-/// acknowledges them a moment after the bounded read started waiting;
-/// with a fetch wait of 30 s, the read ends within seconds.
-#[tokio::test]
-async fn a_bounded_read_ends_once_its_last_acknowledgements_land_not_a_fetch_wait_later() {
+/// A fresh stream of 20 messages, every one delivered to a reader (the
+/// holder, returned with them) and none acknowledged yet.
+async fn twenty_held(
+    name: &str,
+) -> (
+    TestStream,
+    JetStreamSource,
+    Vec<Change<JetStreamMessage, JetStreamAck>>,
+) {
     use weir::source::{Batch, Source};
-    let s = TestStream::new("settling").await;
+    let s = TestStream::new(name).await;
     for i in 0..20 {
         s.publish(&format!("k{i}"), &format!("v{i}")).await;
     }
@@ -137,6 +138,19 @@ async fn a_bounded_read_ends_once_its_last_acknowledgements_land_not_a_fetch_wai
         panic!("the holder received no changes");
     };
     assert_eq!(held.len(), 20);
+    (s, holder, held)
+}
+
+/// A bounded read whose messages were all delivered but not yet all
+/// acknowledged (its last acknowledgements may still be on their way to
+/// the server) ends as soon as they land, not a whole fetch wait later.
+/// Here another reader of the same consumer holds the messages and
+/// acknowledges them a moment after the bounded read started waiting;
+/// with a fetch wait of 30 s, the read ends within seconds.
+#[tokio::test]
+async fn a_bounded_read_ends_once_its_last_acknowledgements_land_not_a_fetch_wait_later() {
+    use weir::source::Source;
+    let (s, mut holder, held) = twenty_held("settling").await;
     let mut bounded = s
         .source(s.options().fetch_wait(Duration::from_secs(30)))
         .await;
@@ -233,15 +247,8 @@ async fn a_message_published_after_a_consume_returns_goes_to_the_next_reader_at_
 /// ends without waiting it out.
 #[tokio::test]
 async fn a_read_cut_short_while_its_waits_grew_ends_soon_after_the_last_acknowledgements() {
-    use weir::source::{Batch, Source};
-    let s = TestStream::new("regrown").await;
-    for i in 0..20 {
-        s.publish(&format!("k{i}"), &format!("v{i}")).await;
-    }
-    let mut holder = s.source(s.options()).await;
-    let Some(Batch::Changes(held)) = holder.next_batch(100).await.unwrap() else {
-        panic!("the holder received no changes");
-    };
+    use weir::source::Source;
+    let (s, mut holder, held) = twenty_held("regrown").await;
     let mut bounded = s
         .source(s.options().fetch_wait(Duration::from_secs(30)))
         .await;
