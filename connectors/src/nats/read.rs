@@ -267,7 +267,10 @@ impl ReadSet {
             let place = self.readers[i].place.clone();
             // In a task of its own: a read cancelled meanwhile (a read
             // ahead, a shutdown) does not cut the acknowledgements short.
-            tokio::spawn(acknowledge_others(cx.client.clone(), place, others));
+            // Outside a runtime they are left to the acknowledgement wait.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(acknowledge_others(cx.client.clone(), place, others));
+            }
         }
         received
     }
