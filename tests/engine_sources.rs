@@ -38,7 +38,15 @@ struct Stream {
     calls: Vec<String>,
     /// Fetches to go before one fails.
     fail_after: Option<usize>,
+    /// A pause in each settle, and the components' runs counted after it.
+    settle_pause: Option<(Duration, Runs)>,
+    /// For each settle: its first sequence and the runs counted after the
+    /// pause.
+    runs_at_settle: Vec<(u64, usize)>,
 }
+
+/// Runs counted by key.
+type Runs = Arc<Mutex<BTreeMap<String, usize>>>;
 
 impl Stream {
     fn of(msgs: &[(&str, u64, Option<&str>)]) -> Self {
@@ -115,6 +123,11 @@ impl Source for Stream {
     async fn settle(&mut self, settled: Vec<Settled<(Msg, u32)>>) -> Result<()> {
         if let Some(first) = settled.first() {
             self.calls.push(format!("settle {}", first.ack.0 .1));
+            if let Some((pause, runs)) = &self.settle_pause {
+                tokio::time::sleep(*pause).await;
+                let ran = runs.lock().unwrap().values().sum();
+                self.runs_at_settle.push((first.ack.0 .1, ran));
+            }
         }
         for Settled { ack, outcome } in settled {
             let (msg, delivered) = ack;
@@ -139,7 +152,7 @@ impl Source for Stream {
 /// What the components do: payloads that fail, and runs counted by key.
 #[derive(Clone, Default)]
 struct Behaviour {
-    runs: Arc<Mutex<BTreeMap<String, usize>>>,
+    runs: Runs,
     poison: Arc<Mutex<Vec<String>>>,
     slow: Arc<Mutex<Option<Duration>>>,
     /// Requested by the component of key `a`.
@@ -490,6 +503,27 @@ async fn the_next_batch_is_read_while_a_batch_runs_and_only_after_it_without_rea
         assert_eq!(stream.calls, calls, "read ahead: {read_ahead}");
         assert_eq!(rig.store.snapshot(), map(&[("a", "a1"), ("b", "b2")]));
         assert_eq!((report.batches, report.acknowledged), (2, 2));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_batch_is_settled_while_the_next_runs_and_before_it_without_read_ahead() -> Result<()> {
+    for (read_ahead, ran_by_first_settle) in [(true, 2), (false, 1)] {
+        let dir = tempfile::tempdir()?;
+        let app = app(dir.path()).await?;
+        let rig = Rig::new();
+        let b = Behaviour::default();
+        let mut stream = two_batches();
+        stream.settle_pause = Some((Duration::from_millis(300), Arc::clone(&b.runs)));
+        let options = quick().read_ahead(read_ahead);
+        consume(&app, &rig, &mut stream, options, &b).await?;
+        assert_eq!(
+            stream.runs_at_settle,
+            [(1, ran_by_first_settle), (2, 2)],
+            "read ahead: {read_ahead}"
+        );
+        assert_eq!(stream.acked(), vec![1, 2]);
     }
     Ok(())
 }

@@ -32,9 +32,10 @@ pub struct ConsumeOptions {
     /// the next batch is fetched while one runs, so up to twice as many
     /// are unacknowledged at once; without it, this many.
     pub max_in_flight: usize,
-    /// Whether the next batch of changes is fetched while a batch runs
-    /// (default: yes), so that the source's round trips overlap the run's
-    /// work instead of following it.
+    /// Whether the next batch of changes is fetched while a batch runs,
+    /// and a batch's changes are settled while the next one runs (default:
+    /// yes), so that the source's round trips overlap the runs' work
+    /// instead of following it.
     pub read_ahead: bool,
     /// Deliveries of a change whose component fails before it is released
     /// ([`Outcome::DeadLetter`]).
@@ -229,14 +230,15 @@ impl App {
             metrics: SourceMetrics::new(&name),
             keep_alive,
         };
-        let mut ahead: Ahead<S> = None;
+        let mut pipe = Pipeline::default();
         let read = consumer
-            .read_batches(source, &f, &mut ahead, &mut on_batch)
+            .read_batches(source, &f, &mut pipe, &mut on_batch)
             .await;
-        let handed_back = consumer.hand_back(source, ahead).await;
+        let settled = settle_committed(source, &mut pipe).await;
+        let handed_back = consumer.hand_back(source, pipe.ahead.take()).await;
         source.release().await;
         consumer.metrics.in_flight(0);
-        read.and(handed_back)?;
+        read.and(settled).and(handed_back)?;
         Ok(consumer.report)
     }
 }
@@ -274,12 +276,13 @@ const ASSIGNMENT_RETRY: Duration = Duration::from_millis(500);
 
 impl Consumer<'_> {
     /// Runs the source's batches until it ends or a shutdown is requested;
-    /// a batch read ahead but not run is left in `ahead`.
+    /// a batch read ahead but not run, and the outcomes of the last batch
+    /// run, are left in `pipe`.
     async fn read_batches<S, F, Fut, E>(
         &mut self,
         source: &mut S,
         f: &Arc<F>,
-        ahead: &mut Ahead<S>,
+        pipe: &mut Pipeline<S>,
         on_batch: &mut E,
     ) -> Result<()>
     where
@@ -294,23 +297,29 @@ impl Consumer<'_> {
                 return Ok(());
             }
             if !self.assign(source).await? {
-                self.hand_back(source, ahead.take()).await?;
+                settle_committed(source, pipe).await?;
+                self.hand_back(source, pipe.ahead.take()).await?;
                 // A member holding no partition yet: wait, then try again.
                 tokio::select! {
                     () = tokio::time::sleep(ASSIGNMENT_RETRY) => continue,
                     () = shutdown.requested() => return Ok(()),
                 }
             }
-            let next = match ahead.take() {
+            let next = match pipe.ahead.take() {
                 Some(fetched) => fetched?,
-                None => tokio::select! {
-                    next = source.next_batch(self.options.max_in_flight) => next?,
-                    () = shutdown.requested() => return Ok(()),
-                },
+                None => {
+                    // A bounded read may wait for these acknowledgements.
+                    settle_committed(source, pipe).await?;
+                    tokio::select! {
+                        next = source.next_batch(self.options.max_in_flight) => next?,
+                        () = shutdown.requested() => return Ok(()),
+                    }
+                }
             };
             let Some(batch) = next else { return Ok(()) };
             match batch {
                 Batch::Listing(listing) => {
+                    settle_committed(source, pipe).await?;
                     self.report.listed += listing.items.len() as u64;
                     let f = Arc::clone(f);
                     let report = self
@@ -319,7 +328,7 @@ impl Consumer<'_> {
                         .await?;
                     self.note_run(&report);
                 }
-                Batch::Changes(changes) => self.changes(source, changes, f, ahead).await?,
+                Batch::Changes(changes) => self.changes(source, changes, f, pipe).await?,
             }
             self.report.batches += 1;
             if let Some(lag) = source.lag().await {
@@ -352,14 +361,16 @@ impl Consumer<'_> {
         Ok(self.assigned.as_ref().is_some_and(|a| !a.held.is_empty()))
     }
 
-    /// Runs a batch of changes (reading the next one meanwhile, into
-    /// `ahead`), then settles them.
+    /// Runs a batch of changes, meanwhile settling the last batch's and
+    /// reading the next one (into `pipe`), then settles its own, or with
+    /// [`ConsumeOptions::read_ahead`] leaves them in `pipe` to be settled
+    /// while the next batch runs.
     async fn changes<S, F, Fut>(
         &mut self,
         source: &mut S,
         changes: Vec<Change<S::Payload, S::Ack>>,
         f: &Arc<F>,
-        ahead: &mut Ahead<S>,
+        pipe: &mut Pipeline<S>,
     ) -> Result<()>
     where
         S: Source,
@@ -374,18 +385,25 @@ impl Consumer<'_> {
         let batch = SourceBatch::changes(prepared, Arc::clone(&seen));
         let f = Arc::clone(f);
         let in_flight: usize = latest.values().map(|l| l.acks.len()).sum();
-        self.metrics.in_flight(in_flight + changes_in::<S>(ahead));
+        self.metrics.in_flight(in_flight + pipe.waiting());
         let scoped = self.app.scoped(RunScope::keys(keys));
         let run = scoped.run_report(move |ctx| f(ctx, batch));
-        let result = self.while_running(source, &latest, ahead, run).await;
+        let (result, settled_last) = self.while_running(source, &latest, pipe, run).await;
         let settled = self.outcomes(result, &seen, &mut latest)?;
-        self.metrics.in_flight(changes_in::<S>(ahead));
-        source.settle(settled).await
+        if self.options.read_ahead {
+            pipe.committed = settled;
+        } else {
+            source.settle(settled).await?;
+        }
+        self.metrics.in_flight(pipe.waiting());
+        settled_last
     }
 
-    /// Awaits `run`, meanwhile reading the next batch into `ahead` (with
-    /// [`ConsumeOptions::read_ahead`], if it is empty) and telling the
-    /// source every [`ConsumeOptions::keep_alive`] that the changes of
+    /// Awaits `run`, meanwhile settling the last batch's changes (in
+    /// `pipe`; how that went is returned with the run's result), then
+    /// reading the next batch into `pipe` (with
+    /// [`ConsumeOptions::read_ahead`], if none is read yet) and telling
+    /// the source every [`ConsumeOptions::keep_alive`] that the changes of
     /// both are still in progress. The ticks run on across batches, so a
     /// batch read ahead is told of as often while it waits as once it
     /// runs.
@@ -393,10 +411,15 @@ impl Consumer<'_> {
         &mut self,
         source: &mut S,
         latest: &HashMap<StableKey, Latest<S::Ack>>,
-        ahead: &mut Ahead<S>,
+        pipe: &mut Pipeline<S>,
         run: impl Future<Output = T>,
-    ) -> T {
+    ) -> (T, Result<()>) {
         tokio::pin!(run);
+        let (ran, settled_last) = settle_while(source, &mut pipe.committed, run.as_mut()).await;
+        if let Some(done) = ran {
+            return (done, settled_last);
+        }
+        let ahead = &mut pipe.ahead;
         let start = Instant::now();
         // A read ahead that finds the source done is not the end: the
         // running batch's changes may yet be handed back for redelivery.
@@ -407,7 +430,7 @@ impl Consumer<'_> {
             // A read cut short by a tick is cancel-safe (see
             // `Source::next_batch`): the next one goes on with it.
             tokio::select! {
-                done = &mut run => return done,
+                done = &mut run => return (done, settled_last),
                 _ = self.keep_alive.tick() => {
                     let acks = in_progress::<S>(latest, ahead);
                     keep_alive(source, &acks, start).await;
@@ -612,6 +635,61 @@ fn keep_alive_ticks(every: Duration) -> tokio::time::Interval {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks
+}
+
+/// What [`App::consume`] holds between batches: the batch read ahead, and
+/// the outcomes of the last batch run, committed and not yet told to the
+/// source.
+struct Pipeline<S: Source> {
+    ahead: Ahead<S>,
+    committed: Vec<Settled<S::Ack>>,
+}
+
+impl<S: Source> Default for Pipeline<S> {
+    fn default() -> Self {
+        Self {
+            ahead: None,
+            committed: Vec::new(),
+        }
+    }
+}
+
+impl<S: Source> Pipeline<S> {
+    /// The changes held, read ahead or to be settled.
+    fn waiting(&self) -> usize {
+        changes_in::<S>(&self.ahead) + self.committed.len()
+    }
+}
+
+/// Tells the source the outcomes of the last batch run, if not yet told.
+async fn settle_committed<S: Source>(source: &mut S, pipe: &mut Pipeline<S>) -> Result<()> {
+    let committed = std::mem::take(&mut pipe.committed);
+    if committed.is_empty() {
+        return Ok(());
+    }
+    source.settle(committed).await
+}
+
+/// Settles `committed` (taken) while `run` goes on; `run`'s result too if
+/// it finished first. The settling is never cut short.
+async fn settle_while<S: Source, T>(
+    source: &mut S,
+    committed: &mut Vec<Settled<S::Ack>>,
+    mut run: std::pin::Pin<&mut impl Future<Output = T>>,
+) -> (Option<T>, Result<()>) {
+    let committed = std::mem::take(committed);
+    if committed.is_empty() {
+        return (None, Ok(()));
+    }
+    let settle = source.settle(committed);
+    tokio::pin!(settle);
+    let mut ran = None;
+    loop {
+        tokio::select! {
+            settled = &mut settle => return (ran, settled),
+            done = &mut run, if ran.is_none() => ran = Some(done),
+        }
+    }
 }
 
 /// A batch read while the last one ran: `None` when none was read.

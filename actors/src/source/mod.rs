@@ -48,9 +48,10 @@
 //!   source that its changes are still in progress, so that nothing is
 //!   redelivered meanwhile.
 //! - **Bounded.** A batch holds at most [`ConsumeOptions::max_in_flight`]
-//!   changes. The next batch is read while one runs
+//!   changes. The next batch is read while one runs, and a batch's
+//!   changes are settled (once committed) while the next one runs
 //!   ([`ConsumeOptions::read_ahead`]), so that the source's round trips
-//!   overlap the run: at most two batches are unacknowledged at once. A
+//!   overlap the runs: at most two batches are unacknowledged at once. A
 //!   batch read ahead and not run (the app shuts down) is handed back for
 //!   redelivery ([`Outcome::Interrupted`]). Where the source counts
 //!   deliveries itself (JetStream), a delivery handed back counts towards

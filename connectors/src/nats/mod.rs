@@ -70,7 +70,8 @@
 //! arriving meanwhile is returned at once.
 //!
 //! A batch holds at most `max_in_flight` messages; the next is fetched
-//! while one runs, so at most twice as many are unacknowledged at once
+//! while one runs, and a batch is acknowledged while the next runs, so at
+//! most twice as many are unacknowledged at once
 //! (`ConsumeOptions::read_ahead`). A fetch cut short (the run ended first,
 //! or the app shuts down) keeps its pull requests in the source, read on
 //! at the next call; once `App::consume` returns, the requests still open
