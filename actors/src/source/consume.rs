@@ -306,7 +306,7 @@ impl Consumer<'_> {
                 }
             }
             let next = match pipe.ahead.take() {
-                Some(fetched) => fetched?,
+                Some(fetched) => Some(fetched?),
                 None => {
                     // A bounded read may wait for these acknowledgements.
                     settle_committed(source, pipe).await?;
@@ -384,8 +384,7 @@ impl Consumer<'_> {
         let seen = Arc::new(Mutex::new(Mounted::default()));
         let batch = SourceBatch::changes(prepared, Arc::clone(&seen));
         let f = Arc::clone(f);
-        let in_flight: usize = latest.values().map(|l| l.acks.len()).sum();
-        self.metrics.in_flight(in_flight + pipe.waiting());
+        self.metrics.in_flight(acks_in(&latest) + pipe.waiting());
         let scoped = self.app.scoped(RunScope::keys(keys));
         let run = scoped.run_report(move |ctx| f(ctx, batch));
         let (result, settled_last) = self.while_running(source, &latest, pipe, run).await;
@@ -415,11 +414,13 @@ impl Consumer<'_> {
         run: impl Future<Output = T>,
     ) -> (T, Result<()>) {
         tokio::pin!(run);
-        let (ran, settled_last) = settle_while(source, &mut pipe.committed, run.as_mut()).await;
+        let committed = std::mem::take(&mut pipe.committed);
+        let (ran, settled_last) = settle_while(source, committed, run.as_mut()).await;
         if let Some(done) = ran {
             return (done, settled_last);
         }
         let ahead = &mut pipe.ahead;
+        let running = acks_in(latest);
         let start = Instant::now();
         // A read ahead that finds the source done is not the end: the
         // running batch's changes may yet be handed back for redelivery.
@@ -436,9 +437,8 @@ impl Consumer<'_> {
                     keep_alive(source, &acks, start).await;
                 }
                 fetched = source.next_batch(self.options.max_in_flight), if reading => {
-                    ended = matches!(fetched, Ok(None));
-                    *ahead = (!ended).then_some(fetched);
-                    let running: usize = latest.values().map(|l| l.acks.len()).sum();
+                    *ahead = fetched.transpose();
+                    ended = ahead.is_none();
                     self.metrics.in_flight(running + changes_in::<S>(ahead));
                 }
             }
@@ -449,7 +449,7 @@ impl Consumer<'_> {
     /// source, for redelivery ([`Outcome::Interrupted`]).
     async fn hand_back<S: Source>(&mut self, source: &mut S, ahead: Ahead<S>) -> Result<()> {
         let changes = match ahead {
-            Some(Ok(Some(Batch::Changes(changes)))) => changes,
+            Some(Ok(Batch::Changes(changes))) => changes,
             Some(Err(e)) => {
                 tracing::warn!(
                     source = source.name(),
@@ -670,14 +670,13 @@ async fn settle_committed<S: Source>(source: &mut S, pipe: &mut Pipeline<S>) -> 
     source.settle(committed).await
 }
 
-/// Settles `committed` (taken) while `run` goes on; `run`'s result too if
-/// it finished first. The settling is never cut short.
+/// Settles `committed` while `run` goes on; `run`'s result too if it
+/// finished first. The settling is never cut short.
 async fn settle_while<S: Source, T>(
     source: &mut S,
-    committed: &mut Vec<Settled<S::Ack>>,
+    committed: Vec<Settled<S::Ack>>,
     mut run: std::pin::Pin<&mut impl Future<Output = T>>,
 ) -> (Option<T>, Result<()>) {
-    let committed = std::mem::take(committed);
     if committed.is_empty() {
         return (None, Ok(()));
     }
@@ -692,15 +691,21 @@ async fn settle_while<S: Source, T>(
     }
 }
 
-/// A batch read while the last one ran: `None` when none was read.
-type Ahead<S> = Option<Result<Option<Batch<<S as Source>::Payload, <S as Source>::Ack>>>>;
+/// A batch read while the last one ran, or the error reading it: `None`
+/// when none was read (a read that found the source done included).
+type Ahead<S> = Option<Result<Batch<<S as Source>::Payload, <S as Source>::Ack>>>;
 
 /// The changes of a batch read ahead.
 fn changes_in<S: Source>(ahead: &Ahead<S>) -> usize {
     match ahead {
-        Some(Ok(Some(Batch::Changes(changes)))) => changes.len(),
+        Some(Ok(Batch::Changes(changes))) => changes.len(),
         _ => 0,
     }
+}
+
+/// The acknowledgement handles of a running batch's changes.
+fn acks_in<A>(latest: &HashMap<StableKey, Latest<A>>) -> usize {
+    latest.values().map(|l| l.acks.len()).sum()
 }
 
 /// The acknowledgement handles of the running batch and of the batch
@@ -710,7 +715,7 @@ fn in_progress<'a, S: Source>(
     ahead: &'a Ahead<S>,
 ) -> Vec<&'a S::Ack> {
     let mut acks: Vec<&S::Ack> = latest.values().flat_map(|l| l.acks.iter()).collect();
-    if let Some(Ok(Some(Batch::Changes(changes)))) = ahead {
+    if let Some(Ok(Batch::Changes(changes))) = ahead {
         acks.extend(changes.iter().map(|c| &c.ack));
     }
     acks
