@@ -27,8 +27,6 @@ pub(super) struct Pull {
     batch: Batch,
     received: Vec<Message>,
     deadline: tokio::time::Instant,
-    /// When the server ends the request at the latest.
-    expires: tokio::time::Instant,
     /// How long to wait before asking again after an error status.
     pause: Duration,
     /// Whether the answer has ended: nothing more arrives for it.
@@ -70,20 +68,19 @@ impl Pull {
     }
 
     fn of(batch: Batch, within: Duration, pause: Duration) -> Self {
-        let now = tokio::time::Instant::now();
         Self {
             batch,
             received: Vec::new(),
-            deadline: now + within,
-            expires: now + within.saturating_sub(ANSWER_GRACE),
+            deadline: tokio::time::Instant::now() + within,
             pause,
             done: false,
         }
     }
 
-    /// Whether the server may keep the request open past `t`.
+    /// Whether the server may keep the request open past `t` (its answer
+    /// is awaited [`ANSWER_GRACE`] past its expiry).
     pub fn open_past(&self, t: tokio::time::Instant) -> bool {
-        !self.done && self.expires > t
+        !self.done && self.deadline > t + ANSWER_GRACE
     }
 
     /// Whether the answer has ended (what it received may still be
@@ -160,10 +157,7 @@ impl Pull {
         if self.done && self.received.is_empty() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
+        spawn_detached(async move {
             let Self {
                 mut batch,
                 received,
@@ -195,10 +189,7 @@ pub(super) fn hand_back_all(messages: Vec<Message>) {
     if messages.is_empty() {
         return;
     }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    runtime.spawn(async move {
+    spawn_detached(async move {
         let mut last = None;
         for message in messages {
             nak(&message).await;
@@ -206,6 +197,16 @@ pub(super) fn hand_back_all(messages: Vec<Message>) {
         }
         flush_through(last).await;
     });
+}
+
+/// Runs `work` in a task of the current runtime, so that a caller
+/// cancelled (or dropped) meanwhile does not cut it short; outside a
+/// runtime it is left undone (messages then wait for the consumer's
+/// acknowledgement wait).
+pub(super) fn spawn_detached(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        drop(runtime.spawn(work));
+    }
 }
 
 /// Flushes the connection `message` came through, so that the handed-back

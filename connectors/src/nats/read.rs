@@ -265,12 +265,9 @@ impl ReadSet {
         self.pending.extend(mine);
         if !others.is_empty() {
             let place = self.readers[i].place.clone();
-            // In a task of its own: a read cancelled meanwhile (a read
-            // ahead, a shutdown) does not cut the acknowledgements short.
-            // Outside a runtime they are left to the acknowledgement wait.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(acknowledge_others(cx.client.clone(), place, others));
-            }
+            // A read cancelled meanwhile (a read ahead, a shutdown) does
+            // not cut the acknowledgements short.
+            super::fetch::spawn_detached(acknowledge_others(cx.client.clone(), place, others));
         }
         received
     }
