@@ -141,6 +141,31 @@ async fn twenty_held(
     (s, holder, held)
 }
 
+/// A bounded reader of `s` whose fetch wait (30 s) is longer than any
+/// test should take.
+async fn long_waiting(s: &TestStream) -> JetStreamSource {
+    s.source(s.options().fetch_wait(Duration::from_secs(30)))
+        .await
+}
+
+/// Reads `bounded` while `holder` acknowledges `held` after `delay`:
+/// whether the read found the stream done, and how long it took.
+async fn read_while_acknowledged_after(
+    bounded: &mut JetStreamSource,
+    mut holder: JetStreamSource,
+    held: Vec<Change<JetStreamMessage, JetStreamAck>>,
+    delay: Duration,
+) -> (bool, Duration) {
+    use weir::source::Source;
+    let started = Instant::now();
+    let ack_later = async {
+        tokio::time::sleep(delay).await;
+        holder.settle(all_acknowledged(held)).await.unwrap();
+    };
+    let (next, ()) = tokio::join!(bounded.next_batch(100), ack_later);
+    (next.unwrap().is_none(), started.elapsed())
+}
+
 /// A bounded read whose messages were all delivered but not yet all
 /// acknowledged (its last acknowledgements may still be on their way to
 /// the server) ends as soon as they land, not a whole fetch wait later.
@@ -149,24 +174,13 @@ async fn twenty_held(
 /// with a fetch wait of 30 s, the read ends within seconds.
 #[tokio::test]
 async fn a_bounded_read_ends_once_its_last_acknowledgements_land_not_a_fetch_wait_later() {
-    use weir::source::Source;
-    let (s, mut holder, held) = twenty_held("settling").await;
-    let mut bounded = s
-        .source(s.options().fetch_wait(Duration::from_secs(30)))
-        .await;
+    let (s, holder, held) = twenty_held("settling").await;
+    let mut bounded = long_waiting(&s).await;
 
-    let started = Instant::now();
-    let ack_later = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        holder.settle(all_acknowledged(held)).await.unwrap();
-    };
-    let (next, ()) = tokio::join!(bounded.next_batch(100), ack_later);
+    let (ended, took) =
+        read_while_acknowledged_after(&mut bounded, holder, held, Duration::from_millis(300)).await;
 
-    assert!(
-        next.unwrap().is_none(),
-        "the read found messages to deliver"
-    );
-    let took = started.elapsed();
+    assert!(ended, "the read found messages to deliver");
     assert!(
         took < Duration::from_secs(10),
         "the read took {took:?}: it waited out a fetch wait after the acknowledgements landed"
@@ -248,10 +262,8 @@ async fn a_message_published_after_a_consume_returns_goes_to_the_next_reader_at_
 #[tokio::test]
 async fn a_read_cut_short_while_its_waits_grew_ends_soon_after_the_last_acknowledgements() {
     use weir::source::Source;
-    let (s, mut holder, held) = twenty_held("regrown").await;
-    let mut bounded = s
-        .source(s.options().fetch_wait(Duration::from_secs(30)))
-        .await;
+    let (s, holder, held) = twenty_held("regrown").await;
+    let mut bounded = long_waiting(&s).await;
     // Its waits double from 10 ms: cut 2.7 s in, its last (2.56 s) has
     // about 2.4 s to go.
     let cut = tokio::time::timeout(Duration::from_millis(2700), bounded.next_batch(100)).await;
@@ -261,18 +273,10 @@ async fn a_read_cut_short_while_its_waits_grew_ends_soon_after_the_last_acknowle
     );
     bounded.settle(Vec::new()).await.unwrap();
 
-    let started = Instant::now();
-    let ack_later = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        holder.settle(all_acknowledged(held)).await.unwrap();
-    };
-    let (next, ()) = tokio::join!(bounded.next_batch(100), ack_later);
-    let took = started.elapsed();
+    let (ended, took) =
+        read_while_acknowledged_after(&mut bounded, holder, held, Duration::from_millis(200)).await;
 
-    assert!(
-        next.unwrap().is_none(),
-        "the read found messages to deliver"
-    );
+    assert!(ended, "the read found messages to deliver");
     assert!(
         took < Duration::from_millis(1500),
         "the read took {took:?}: it waited out the request the cut read left open"
