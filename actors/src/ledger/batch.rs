@@ -558,8 +558,8 @@ impl BatchBuilder<'_> {
                 list.retain(|k| !gone.contains(k));
             }
         }
-        let new_pack = self.write_new_entries();
         let unpacked = self.write_edited_entries()?;
+        let new_pack = self.write_new_entries();
         self.delete_emptied_packs(&unpacked);
         self.write_child_lists()?;
         let containers = std::mem::take(&mut self.containers);
@@ -580,9 +580,10 @@ impl BatchBuilder<'_> {
         Ok(())
     }
 
-    /// Writes the entries of new components, given whole: packed together
-    /// when there are enough (large ones go to their own tree). Returns the
-    /// new pack, with its members.
+    /// Writes the entries of new components, given whole, and those of
+    /// packed components edited by the batch: packed together when there
+    /// are enough (large ones go to their own tree). Returns the new pack,
+    /// with its members.
     fn write_new_entries(&mut self) -> Option<(u64, Vec<Vec<u8>>)> {
         let raw: Vec<(Vec<u8>, Arc<[u8]>)> =
             std::mem::take(&mut self.raw_puts).into_iter().collect();
@@ -622,10 +623,12 @@ impl BatchBuilder<'_> {
         Some((id, raw.into_iter().map(|(c, _)| c).collect()))
     }
 
-    /// Writes the entries the batch edited: each gets a key of its own (a
-    /// packed one moves out of its pack), or a delta beside it; a deleted
-    /// one leaves a tombstone, so that no pack that still holds an old copy
-    /// brings it back. Returns the components that left their pack.
+    /// Writes the entries the batch edited: a packed one moves to the
+    /// batch's new pack (written by [`Self::write_new_entries`], after
+    /// this), any other gets a key of its own or a delta beside it; a
+    /// deleted one leaves a tombstone, so that no pack that still holds an
+    /// old copy brings it back. Returns the components that left their
+    /// pack.
     fn write_edited_entries(&mut self) -> Result<Vec<Vec<u8>>> {
         let mut entries = std::mem::take(&mut self.entries);
         let next_id = match self.ledger.packs.read() {
@@ -640,6 +643,11 @@ impl BatchBuilder<'_> {
             }
             let was_large = edit.own_len >= delta::MIN_OWN;
             let whole = match edit.encoded(self.ledger, !packed)? {
+                // Repacked: a key of its own would cost a sled write each.
+                Encoded::Whole(encoded) if packed && encoded.len() < delta::MIN_OWN => {
+                    self.raw_puts.insert(component.clone(), encoded.into());
+                    None
+                }
                 Encoded::Whole(encoded) => Some(encoded),
                 Encoded::Empty => Some(pack::tombstone(next_id)),
                 Encoded::Delta(delta) => {

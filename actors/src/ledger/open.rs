@@ -262,13 +262,17 @@ impl Ledger {
     }
 
     /// Finds the live members of every pack: those with no key of their
-    /// own, or only a tombstone older than the pack. Deletes packs with no
-    /// live member and tombstones that hide nothing.
+    /// own, or only a tombstone older than the pack, and no newer pack
+    /// holding them (a packed component written again moves to the newest
+    /// pack). Deletes packs with no live member and tombstones that hide
+    /// nothing.
     fn load_packs(&self) -> Result<()> {
         let mut index = pack::PackIndex::default();
         let mut contained: HashSet<Vec<u8>> = HashSet::new();
         let mut gc = sled::Batch::default();
         let mut dirty = false;
+        let mut pack_keys: Vec<(u64, sled::IVec)> = Vec::new();
+        // Packs come in ascending id: a member found again is the newer.
         for item in self.tree.scan_prefix([P_PACK]) {
             let (k, v) = item?;
             let raw: [u8; 8] = k
@@ -277,29 +281,22 @@ impl Ledger {
                 .ok_or_else(|| self.corrupt("a pack key is malformed"))?;
             let id = u64::from_be_bytes(raw);
             index.next_id = index.next_id.max(id + 1);
-            let mut live = 0;
-            let members: Vec<Vec<u8>> = pack::records(&v).map(|(c, _, _)| c.to_vec()).collect();
-            for component in &members {
-                let k = key(P_COMPONENT, component);
-                let own = match self.tree.get(&k)? {
-                    Some(v) => Some(v),
-                    None => self.entries.get(&k)?,
-                };
-                let hidden = match &own {
-                    None => false,
-                    Some(value) => pack::tombstone_generation(value).is_none_or(|t| t > id),
-                };
-                if !hidden {
-                    index.members.insert(component.clone(), id);
-                    live += 1;
+            pack_keys.push((id, k));
+            for (component, _, _) in pack::records(&v) {
+                if !self.hidden_from_pack(component, id)? {
+                    let older = index.members.insert(component.to_vec(), id);
+                    if let Some(older) = older {
+                        index.unpack_from(older);
+                    }
+                    *index.live.entry(id).or_default() += 1;
                 }
+                contained.insert(component.to_vec());
             }
-            if live == 0 {
+        }
+        for (id, k) in pack_keys {
+            if !index.live.contains_key(&id) {
                 gc.remove(k);
                 dirty = true;
-            } else {
-                index.live.insert(id, live);
-                contained.extend(members);
             }
         }
         for item in self.tree.scan_prefix([P_COMPONENT]) {
@@ -320,6 +317,17 @@ impl Ledger {
         }
         *self.packs_mut() = index;
         Ok(())
+    }
+
+    /// Whether a component's own key hides its copy in pack `id`: any
+    /// entry does, a tombstone only if it was written after the pack.
+    fn hidden_from_pack(&self, component: &[u8], id: u64) -> Result<bool> {
+        let k = key(P_COMPONENT, component);
+        let own = match self.tree.get(&k)? {
+            Some(v) => Some(v),
+            None => self.entries.get(&k)?,
+        };
+        Ok(own.is_some_and(|value| pack::tombstone_generation(&value).is_none_or(|t| t > id)))
     }
 
     /// Finds the components whose entries have a delta, those whose

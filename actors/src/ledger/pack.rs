@@ -116,6 +116,17 @@ impl PackIndex {
         }
         Some((id, empty))
     }
+
+    /// Counts one live member fewer in pack `id` (one that a newer pack
+    /// holds), forgetting the pack when none is left.
+    pub(crate) fn unpack_from(&mut self, id: u64) {
+        if let Some(live) = self.live.get_mut(&id) {
+            *live = live.saturating_sub(1);
+            if *live == 0 {
+                self.live.remove(&id);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -518,6 +518,106 @@ fn a_deleted_packed_component_does_not_come_back_and_can_be_created_again() -> R
     Ok(())
 }
 
+fn rewrite(component: &str, path: &str, record: &str) -> LedgerOp {
+    LedgerOp::Put {
+        component: component.to_string().into_bytes(),
+        entry: state(path, record),
+        index_owner: false,
+        container: None,
+    }
+}
+
+fn record_of(ledger: &Ledger, component: &str, path: &str) -> Option<Vec<u8>> {
+    let s = state_of(ledger, component, path)?;
+    s.records.first().map(|r| r.to_vec())
+}
+
+fn pack_count(ledger: &Ledger) -> usize {
+    ledger.tree.scan_prefix([P_PACK]).count()
+}
+
+#[test]
+fn packed_components_written_again_together_move_to_a_new_pack_not_to_keys_of_their_own(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(
+            (0..6)
+                .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
+                .collect(),
+        )?;
+        let first = ledger.pack_of(b"c0");
+        ledger.apply(
+            (0..5)
+                .map(|i| rewrite(&format!("c{i}"), &format!("p{i}"), "r2"))
+                .collect(),
+        )?;
+        let second = ledger.pack_of(b"c0");
+        assert!(
+            second.is_some() && second != first,
+            "c0 moved to a new pack"
+        );
+        assert_eq!(ledger.pack_of(b"c5"), first, "c5 stays in its pack");
+        assert!(
+            ledger.tree.get(key(P_COMPONENT, b"c0"))?.is_none(),
+            "c0 has no key of its own"
+        );
+        assert_eq!(record_of(ledger, "c0", "p0").as_deref(), Some(&b"r2"[..]));
+        assert_eq!(pack_count(ledger), 2);
+        ledger.flush()
+    })?;
+    for i in 0..5 {
+        assert_eq!(
+            record_of(&ledger, &format!("c{i}"), &format!("p{i}")).as_deref(),
+            Some(&b"r2"[..]),
+            "c{i} is read from the newer pack after reopening"
+        );
+    }
+    assert!(has(&ledger, "c5"));
+    assert_eq!(ledger.counts()?, (6, 6));
+    // The older pack's only live member moves out: the pack goes.
+    ledger.apply(vec![rewrite("c5", "p5", "r2")])?;
+    assert_eq!(pack_count(&ledger), 1, "the older pack held only c5");
+    assert_eq!(record_of(&ledger, "c5", "p5").as_deref(), Some(&b"r2"[..]));
+    Ok(())
+}
+
+#[test]
+fn a_pack_whose_members_all_moved_to_a_newer_one_is_collected_when_the_ledger_opens() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    {
+        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        ledger.apply(
+            (0..4)
+                .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
+                .collect(),
+        )?;
+        let first = ledger
+            .pack_of(b"c0")
+            .map(|id| key(P_PACK, &id.to_be_bytes()));
+        let old = first
+            .as_ref()
+            .and_then(|k| ledger.tree.get(k).ok().flatten());
+        ledger.apply(
+            (0..4)
+                .map(|i| rewrite(&format!("c{i}"), &format!("p{i}"), "r2"))
+                .collect(),
+        )?;
+        assert_eq!(pack_count(&ledger), 1, "the emptied pack is deleted");
+        // As left by a build that did not delete it.
+        if let (Some(k), Some(v)) = (first, old) {
+            ledger.tree.insert(k, v)?;
+        }
+        assert_eq!(pack_count(&ledger), 2);
+        ledger.flush()?;
+    }
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    assert_eq!(pack_count(&ledger), 1, "the older pack is collected");
+    assert_eq!(record_of(&ledger, "c3", "p3").as_deref(), Some(&b"r2"[..]));
+    Ok(())
+}
+
 #[test]
 fn packs_without_live_members_and_useless_tombstones_are_collected() -> Result<()> {
     let dir = tempfile::tempdir()?;
