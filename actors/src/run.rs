@@ -90,7 +90,7 @@ pub(crate) struct Run {
     /// Resolved providers by encoded path: root providers, children of
     /// containers and attachments. Orphans find their handler here.
     pub providers: Mutex<HashMap<Arc<[u8]>, Arc<ProviderCore>>>,
-    sinks: Mutex<HashMap<u64, SinkHandle>>,
+    sinks: Mutex<HashMap<u64, Arc<SinkHandle>>>,
     pub activity: Arc<Activity>,
     pub intent_ids: Arc<Mutex<Vec<u64>>>,
     pub failures: Mutex<Vec<ComponentFailure>>,
@@ -204,10 +204,11 @@ impl Run {
     }
 
     /// The sink actor of a sink identity, started on first use.
-    pub(crate) fn sink(&self, core: &Arc<SinkCore>) -> SinkHandle {
+    pub(crate) fn sink(&self, core: &Arc<SinkCore>) -> Arc<SinkHandle> {
         let mut sinks = lock(&self.sinks);
         if let Some(handle) = sinks.get(&core.id) {
-            return handle.clone();
+            // Not the handle's address: cloning one allocates.
+            return Arc::clone(handle);
         }
         let env = SinkEnv {
             ledger: self.engine.ledger_handle.clone(),
@@ -228,8 +229,8 @@ impl Run {
             SinkActor::new(core, env, for_actor)
         });
         self.activity.register(addr.clone());
-        let handle = SinkHandle { addr, queued };
-        sinks.insert(id, handle.clone());
+        let handle = Arc::new(SinkHandle { addr, queued });
+        sinks.insert(id, Arc::clone(&handle));
         handle
     }
 

@@ -451,13 +451,17 @@ impl BatchBuilder<'_> {
         let k = key(P_MEMO, component);
         match memo {
             Some(m) => {
+                self.ledger.note_memo_key();
                 self.memo_puts.insert(k.clone());
                 self.put(k, m);
             }
             // Every new component run without a memo key forgets one:
             // deleting a key that is not there would write a tombstone into
-            // the store for nothing.
-            None if self.memo_puts.contains(&k) || self.ledger.tree.contains_key(&k)? => {
+            // the store for nothing. A store that never held one is not
+            // searched.
+            None if self.memo_puts.contains(&k)
+                || (self.ledger.may_hold_memo_keys() && self.ledger.tree.contains_key(&k)?) =>
+            {
                 self.del(k)
             }
             None => {}
@@ -541,6 +545,7 @@ impl BatchBuilder<'_> {
         self.entry(&component)?.failure = entry.failure;
         self.children.insert(component.clone(), children);
         if let Some(memo) = memo {
+            self.ledger.note_memo_key();
             self.put(key(P_MEMO, &component), memo.into_vec());
         }
         if failed_runs > 0 {

@@ -163,6 +163,10 @@ pub(crate) struct Ledger {
     /// What components declared at their last clean commit (see
     /// [`digest`]).
     digests: Arc<digest::Digests>,
+    /// Whether the store may hold a memo key (`o`): false while none was
+    /// found when it opened nor written since, so that a commit forgetting
+    /// the memo key of a component run without one needs no lookup.
+    memo_keys: Arc<std::sync::atomic::AtomicBool>,
     /// The open `weir.lock`, whose lock is the App's hold on the ledger;
     /// taken (and so released) when the App stops, even while a run it
     /// left behind still holds a clone of the ledger.
@@ -443,6 +447,17 @@ impl Ledger {
     /// interrupted since.
     pub(crate) fn memo(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
         Ok(self.tree.get(key(P_MEMO, component))?)
+    }
+
+    /// Whether the store may hold a memo key (see `memo_keys`).
+    fn may_hold_memo_keys(&self) -> bool {
+        self.memo_keys.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Notes that the store may hold a memo key from now on.
+    fn note_memo_key(&self) {
+        self.memo_keys
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// How many runs in a row a component failed (0 when its last run

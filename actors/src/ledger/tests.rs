@@ -293,6 +293,32 @@ fn set_memo(component: &str, memo: &str) -> LedgerOp {
     }
 }
 
+fn forget_memo(component: &str) -> LedgerOp {
+    LedgerOp::SetMemo {
+        component: component.as_bytes().to_vec(),
+        memo: None,
+    }
+}
+
+#[test]
+fn a_memo_key_is_forgotten_by_a_later_commit_without_one_also_after_reopening() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(vec![fresh("a", "p"), fresh("b", "q"), set_memo("a", "m1")])?;
+        ledger.apply(vec![set_memo("b", "m2")])?;
+        ledger.apply(vec![forget_memo("b")])?;
+        assert!(ledger.memo(b"b")?.is_none(), "b's memo key is forgotten");
+        ledger.flush()
+    })?;
+    assert!(ledger.memo(b"a")?.is_some());
+    ledger.apply(vec![forget_memo("a")])?;
+    assert!(
+        ledger.memo(b"a")?.is_none(),
+        "a memo key found when the ledger opened is forgotten"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_folded_intent_forgets_the_memo_of_its_component_and_a_committed_one_keeps_it() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -926,13 +952,6 @@ fn an_entry_moving_into_and_out_of_the_tree_of_large_values_is_read_back_there_a
     assert_eq!(state_count(&ledger, "big")?, 3, "small, reopened");
     assert_eq!(state_count(&ledger, "other")?, 100, "large, reopened");
     Ok(())
-}
-
-fn forget_memo(component: &str) -> LedgerOp {
-    LedgerOp::SetMemo {
-        component: component.as_bytes().to_vec(),
-        memo: None,
-    }
 }
 
 #[test]
