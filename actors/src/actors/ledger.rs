@@ -327,9 +327,12 @@ fn gather(first: LedgerMsg, rx: &Receiver<LedgerMsg>) -> Vec<LedgerMsg> {
 /// commit's failing op fails only that commit. One result per commit, in
 /// order.
 ///
-/// A lone commit is applied as it is; a group's ops are copied first, to
+/// A lone commit is applied as it is. A group's ops are copied first, to
 /// have them for the fallback (group commits carry many small components'
-/// ops: a large component's commit usually comes alone).
+/// ops: a large component's commit usually comes alone), unless none of
+/// them decodes anything stored (new components' entries, memo keys):
+/// then only the store can fail the batch, and it would fail each commit
+/// alike, so the ops are applied as they are and a failure fails them all.
 pub(crate) fn apply_group(
     ledger: &Ledger,
     mut commits: Vec<Vec<LedgerOp>>,
@@ -353,6 +356,19 @@ pub(crate) fn apply_group(
             Err(e) => (vec![Err(e)], BTreeSet::new()),
         };
     }
+    if commits
+        .iter()
+        .flatten()
+        .all(LedgerOp::decodes_nothing_stored)
+    {
+        let all: Vec<LedgerOp> = commits.into_iter().flatten().collect();
+        let applied = if all.is_empty() {
+            Ok(BTreeSet::new())
+        } else {
+            apply(all)
+        };
+        return each_commit(count, applied);
+    }
     let all: Vec<LedgerOp> = commits.iter().flatten().cloned().collect();
     if all.is_empty() {
         return ((0..count).map(|_| Ok(())).collect(), BTreeSet::new());
@@ -371,4 +387,20 @@ pub(crate) fn apply_group(
         })
         .collect();
     (results, touched)
+}
+
+/// The results of a group's `count` commits applied as one batch: all
+/// succeed or all fail.
+fn each_commit(
+    count: usize,
+    applied: Result<BTreeSet<Vec<u8>>>,
+) -> (Vec<Result<()>>, BTreeSet<Vec<u8>>) {
+    match applied {
+        Ok(touched) => ((0..count).map(|_| Ok(())).collect(), touched),
+        Err(e) => {
+            let failed = e.to_string();
+            let each = (0..count).map(|_| Err(Error::msg(failed.clone())));
+            (each.collect(), BTreeSet::new())
+        }
+    }
 }

@@ -186,6 +186,17 @@ pub(crate) enum LedgerOp {
 }
 
 impl LedgerOp {
+    /// Whether applying the op decodes nothing stored, so that only the
+    /// store itself can make it fail: a new entry given whole (merged, if
+    /// the batch edited the component already, by decoding the bytes it
+    /// carries), a memo key, forgetting intents.
+    pub(crate) fn decodes_nothing_stored(&self) -> bool {
+        matches!(
+            self,
+            LedgerOp::PutEntry { .. } | LedgerOp::SetMemo { .. } | LedgerOp::DeleteIntents { .. }
+        )
+    }
+
     /// The component the op names, if it names one (dropping what is
     /// below a container reaches components it does not name).
     pub(crate) fn component(&self) -> Option<&[u8]> {

@@ -836,6 +836,51 @@ fn a_commit_whose_op_fails_fails_alone_and_the_others_of_its_group_land() -> Res
     Ok(())
 }
 
+#[test]
+fn a_group_of_new_entries_and_memo_keys_lands_whole_and_notes_every_component() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    let group: Vec<Vec<LedgerOp>> = (0..6)
+        .map(|i| {
+            let c = format!("c{i}");
+            vec![fresh(&c, &format!("p{i}")), set_memo(&c, "m")]
+        })
+        .collect();
+    let (results, touched) = crate::actors::ledger::apply_group(&ledger, group, true);
+    assert_eq!(results.len(), 6);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(touched.len(), 6, "{touched:?}");
+    for i in 0..6 {
+        let c = format!("c{i}");
+        assert!(has(&ledger, &c), "{c}");
+        assert_eq!(ledger.memo(c.as_bytes())?.as_deref(), Some(&b"m"[..]));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_commit_whose_op_fails_fails_alone_beside_commits_of_new_entries() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    ledger
+        .tree
+        .insert(key(P_COMPONENT, b"damaged"), &b"\xc1\xc1\xc1"[..])?;
+    let group = vec![
+        vec![fresh("first", "a"), set_memo("first", "m")],
+        vec![fresh("mixed", "c"), remove("damaged", "x")],
+        vec![fresh("last", "b")],
+    ];
+    let results = crate::actors::ledger::apply_group(&ledger, group, false).0;
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    assert!(results[1].is_err(), "{results:?}");
+    assert!(has(&ledger, "first") && has(&ledger, "last"));
+    assert!(
+        !has(&ledger, "mixed"),
+        "a failed commit lands none of its ops"
+    );
+    Ok(())
+}
+
 fn add_children(component: &str, children: &[i64]) -> LedgerOp {
     LedgerOp::AddChildren {
         component: component.as_bytes().to_vec(),
