@@ -17,7 +17,7 @@
 //! | `h`    | encoded component path          | its child component keys       |
 //! | `d`    | container path, component path, u32 BE length of the component path | empty |
 //! | `i`    | intent batch id, u64 BE         | `Vec<Intent>` (earlier builds; recovered and deleted on open) |
-//! | `k`    | pack id, u64 BE                 | new components' entries, packed (see [`pack`]) |
+//! | `k`    | pack id, u64 BE                 | small component entries written together, packed (see [`pack`]) |
 //! | `o`    | encoded component path          | the memo key of its last successful run |
 //! | `f`    | encoded component path          | how many runs in a row it failed, u32 BE (none after a success) |
 //!
@@ -113,7 +113,7 @@ const ENTRIES_TREE: &[u8] = b"entries";
 const P_CHILDREN: u8 = b'h';
 const P_CONTAINER: u8 = b'd';
 const P_PACK: u8 = b'k';
-/// Fewest new component entries in one batch that are packed together.
+/// Fewest small component entries in one batch that are packed together.
 const PACK_MIN: usize = 4;
 const P_INTENT: u8 = b'i';
 const P_MEMO: u8 = b'o';

@@ -5,10 +5,17 @@
 //! instead of one key each. A pack is a `u32` count, a table of `u32`
 //! record offsets, then the records `[u32 len][component key][u32 len][entry]`
 //! sorted by component key; an entry is found by binary search, without
-//! decoding the others. A packed
-//! component that is written again moves to a key of its own (`c`); one that
-//! is deleted leaves an empty `c` value (a tombstone) so that the pack cannot
-//! bring it back when the ledger is opened again.
+//! decoding the others.
+//!
+//! A packed component written again moves to the pack of the batch that
+//! writes it, with the new entries and the other packed components that
+//! batch writes (to a key of its own, `c`, when the batch has too few of
+//! them to pack, or its entry has become large); the older pack keeps a
+//! stale copy, and the newest pack that holds a component is the one read,
+//! also when the ledger is opened again. A pack whose members all moved
+//! is deleted. A component that is deleted leaves a `c` value starting
+//! with [`TOMBSTONE`] so that no older pack can bring it back; a key of its
+//! own that is not a tombstone hides the component in every pack.
 
 use rustc_hash::FxHashMap as HashMap;
 
