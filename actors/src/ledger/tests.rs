@@ -162,6 +162,20 @@ fn fresh(component: &str, path: &str) -> LedgerOp {
     }
 }
 
+/// New components `c0`, `c1`, ... each with one state `p0`, `p1`, ...
+fn fresh_components(n: usize) -> Vec<LedgerOp> {
+    (0..n)
+        .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
+        .collect()
+}
+
+/// The components of [`fresh_components`] written again, record `r2`.
+fn rewritten_components(n: usize) -> Vec<LedgerOp> {
+    (0..n)
+        .map(|i| rewrite(&format!("c{i}"), &format!("p{i}"), "r2"))
+        .collect()
+}
+
 fn has(ledger: &Ledger, component: &str) -> bool {
     ledger
         .component(component.as_bytes())
@@ -476,11 +490,7 @@ fn a_ledger_of_the_format_before_deltas_opens_with_its_entries_and_is_marked_cur
 fn packed_entries_are_read_back_and_survive_reopening() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ledger = reopened(dir.path(), |ledger| {
-        ledger.apply(
-            (0..10)
-                .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
-                .collect(),
-        )?;
+        ledger.apply(fresh_components(10))?;
         assert!(
             ledger.pack_of(b"c3").is_some(),
             "ten new entries are packed"
@@ -502,11 +512,7 @@ fn a_deleted_packed_component_does_not_come_back_and_can_be_created_again() -> R
     let dir = tempfile::tempdir()?;
     {
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
-        ledger.apply(
-            (0..5)
-                .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
-                .collect(),
-        )?;
+        ledger.apply(fresh_components(5))?;
         // c1 is rewritten (moves out of the pack), then deleted.
         ledger.apply(vec![LedgerOp::Put {
             component: b"c1".to_vec(),
@@ -567,17 +573,9 @@ fn packed_components_written_again_together_move_to_a_new_pack_not_to_keys_of_th
 ) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ledger = reopened(dir.path(), |ledger| {
-        ledger.apply(
-            (0..6)
-                .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
-                .collect(),
-        )?;
+        ledger.apply(fresh_components(6))?;
         let first = ledger.pack_of(b"c0");
-        ledger.apply(
-            (0..5)
-                .map(|i| rewrite(&format!("c{i}"), &format!("p{i}"), "r2"))
-                .collect(),
-        )?;
+        ledger.apply(rewritten_components(5))?;
         let second = ledger.pack_of(b"c0");
         assert!(
             second.is_some() && second != first,
@@ -614,22 +612,14 @@ fn a_pack_whose_members_all_moved_to_a_newer_one_is_collected_when_the_ledger_op
     let dir = tempfile::tempdir()?;
     {
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
-        ledger.apply(
-            (0..4)
-                .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
-                .collect(),
-        )?;
+        ledger.apply(fresh_components(4))?;
         let first = ledger
             .pack_of(b"c0")
             .map(|id| key(P_PACK, &id.to_be_bytes()));
         let old = first
             .as_ref()
             .and_then(|k| ledger.tree.get(k).ok().flatten());
-        ledger.apply(
-            (0..4)
-                .map(|i| rewrite(&format!("c{i}"), &format!("p{i}"), "r2"))
-                .collect(),
-        )?;
+        ledger.apply(rewritten_components(4))?;
         assert_eq!(pack_count(&ledger), 1, "the emptied pack is deleted");
         // As left by a build that did not delete it.
         if let (Some(k), Some(v)) = (first, old) {
@@ -649,11 +639,7 @@ fn packs_without_live_members_and_useless_tombstones_are_collected() -> Result<(
     let dir = tempfile::tempdir()?;
     {
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
-        ledger.apply(
-            (0..4)
-                .map(|i| fresh(&format!("c{i}"), &format!("p{i}")))
-                .collect(),
-        )?;
+        ledger.apply(fresh_components(4))?;
         ledger.apply(
             (0..4)
                 .map(|i| remove(&format!("c{i}"), &format!("p{i}")))
@@ -824,8 +810,8 @@ fn a_commit_whose_op_fails_fails_alone_and_the_others_of_its_group_land() -> Res
         .tree
         .insert(key(P_COMPONENT, b"damaged"), &b"\xc1\xc1\xc1"[..])?;
     let group = vec![
-        vec![fresh("first", "a")],
-        vec![remove("damaged", "x")],
+        vec![fresh("first", "a"), set_memo("first", "m")],
+        vec![fresh("mixed", "c"), remove("damaged", "x")],
         vec![fresh("last", "b")],
     ];
     let results = crate::actors::ledger::apply_group(&ledger, group, false).0;
@@ -833,6 +819,10 @@ fn a_commit_whose_op_fails_fails_alone_and_the_others_of_its_group_land() -> Res
     assert!(results[1].is_err(), "{results:?}");
     assert!(results[2].is_ok(), "{results:?}");
     assert!(has(&ledger, "first") && has(&ledger, "last"));
+    assert!(
+        !has(&ledger, "mixed"),
+        "a failed commit lands none of its ops"
+    );
     Ok(())
 }
 
@@ -855,29 +845,6 @@ fn a_group_of_new_entries_and_memo_keys_lands_whole_and_notes_every_component() 
         assert!(has(&ledger, &c), "{c}");
         assert_eq!(ledger.memo(c.as_bytes())?.as_deref(), Some(&b"m"[..]));
     }
-    Ok(())
-}
-
-#[test]
-fn a_commit_whose_op_fails_fails_alone_beside_commits_of_new_entries() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let ledger = Ledger::open(dir.path(), 1 << 20)?;
-    ledger
-        .tree
-        .insert(key(P_COMPONENT, b"damaged"), &b"\xc1\xc1\xc1"[..])?;
-    let group = vec![
-        vec![fresh("first", "a"), set_memo("first", "m")],
-        vec![fresh("mixed", "c"), remove("damaged", "x")],
-        vec![fresh("last", "b")],
-    ];
-    let results = crate::actors::ledger::apply_group(&ledger, group, false).0;
-    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
-    assert!(results[1].is_err(), "{results:?}");
-    assert!(has(&ledger, "first") && has(&ledger, "last"));
-    assert!(
-        !has(&ledger, "mixed"),
-        "a failed commit lands none of its ops"
-    );
     Ok(())
 }
 
