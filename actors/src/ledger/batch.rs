@@ -573,15 +573,15 @@ impl BatchBuilder<'_> {
                 self.put(k, Vec::new());
             }
         }
-        let seq = self.apply_to_store()?;
+        let seq = self.apply_to_store(&unpacked, new_pack)?;
         self.ledger
             .seq
             .store(seq, std::sync::atomic::Ordering::SeqCst);
+        self.update_owner_index();
         // Forgotten at the flush that makes this batch durable.
         self.ledger.journal()?.forget_later(&self.forget_intents);
         metrics::counter!(crate::metrics::LEDGER_RECORDS).increment(self.keys);
         metrics::counter!(crate::metrics::LEDGER_WRITTEN_BYTES).increment(self.bytes);
-        self.update_indexes(&unpacked, new_pack);
         Ok(())
     }
 
@@ -715,10 +715,16 @@ impl BatchBuilder<'_> {
 
     /// Applies the batch to the store, counted as one more commit (one
     /// transaction when it writes the tree of large values too), and notes
-    /// what it changed in the ledger's layout. Returns the commit count,
-    /// which moves in memory only once the batch is applied, so that
-    /// `weir.seq` never leads the store.
-    fn apply_to_store(&mut self) -> Result<u64> {
+    /// what it changed in the ledger's layout and packs (`unpacked` left
+    /// their packs, `new_pack` holds its members now) before readers of
+    /// entries may go on: none finds a component in a pack the batch
+    /// deleted. Returns the commit count, which moves in memory only once
+    /// the batch is applied, so that `weir.seq` never leads the store.
+    fn apply_to_store(
+        &mut self,
+        unpacked: &[Vec<u8>],
+        new_pack: Option<(u64, Vec<Vec<u8>>)>,
+    ) -> Result<u64> {
         let seq = self.ledger.seq.load(std::sync::atomic::Ordering::SeqCst) + 1;
         self.batch.insert(SEQ_KEY, &seq.to_be_bytes());
         let ledger = self.ledger;
@@ -749,23 +755,27 @@ impl BatchBuilder<'_> {
             std::mem::take(&mut self.large_changes),
             std::mem::take(&mut self.parent_changes),
         );
+        self.update_packs(unpacked, new_pack);
+        drop(layout);
         Ok(seq)
     }
 
-    /// Once the batch is applied: the packs' members and the owner index.
-    fn update_indexes(&self, unpacked: &[Vec<u8>], new_pack: Option<(u64, Vec<Vec<u8>>)>) {
-        {
-            let mut packs = self.ledger.packs_mut();
-            for c in unpacked {
-                packs.unpack(c);
-            }
-            if let Some((id, members)) = new_pack {
-                packs.live.insert(id, members.len());
-                for c in members {
-                    packs.members.insert(c, id);
-                }
+    /// Once the batch is applied: the packs' members.
+    fn update_packs(&self, unpacked: &[Vec<u8>], new_pack: Option<(u64, Vec<Vec<u8>>)>) {
+        let mut packs = self.ledger.packs_mut();
+        for c in unpacked {
+            packs.unpack(c);
+        }
+        if let Some((id, members)) = new_pack {
+            packs.live.insert(id, members.len());
+            for c in members {
+                packs.members.insert(c, id);
             }
         }
+    }
+
+    /// Once the batch is applied: the owner index.
+    fn update_owner_index(&self) {
         let mut index = self.ledger.index_mut();
         for (path, component) in &self.index_removes {
             index.remove(path, component);

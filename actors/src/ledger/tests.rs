@@ -607,6 +607,34 @@ fn packed_components_written_again_together_move_to_a_new_pack_not_to_keys_of_th
 }
 
 #[test]
+fn a_reader_never_misses_a_component_while_commits_move_its_pack() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    ledger.apply(fresh_components(8))?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (ledger, stop) = (ledger.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut missed = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                missed += (0..8).filter(|i| !has(&ledger, &format!("c{i}"))).count();
+            }
+            missed
+        })
+    };
+    // Each commit moves all eight to a new pack and deletes the last one.
+    for _ in 0..300 {
+        ledger.apply(rewritten_components(8))?;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let missed = reader
+        .join()
+        .map_err(|_| Error::msg("the reader panicked"))?;
+    assert_eq!(missed, 0, "reads that found no entry");
+    Ok(())
+}
+
+#[test]
 fn a_pack_whose_members_all_moved_to_a_newer_one_is_collected_when_the_ledger_opens() -> Result<()>
 {
     let dir = tempfile::tempdir()?;
