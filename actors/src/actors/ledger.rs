@@ -339,7 +339,9 @@ pub(crate) fn apply_group(
     note: bool,
 ) -> (Vec<Result<()>>, BTreeSet<Vec<u8>>) {
     let apply = |ops: Vec<LedgerOp>| -> Result<BTreeSet<Vec<u8>>> {
-        if note {
+        if ops.is_empty() {
+            Ok(BTreeSet::new())
+        } else if note {
             ledger.apply_touching(ops)
         } else {
             ledger.apply(ops).map(|()| BTreeSet::new())
@@ -347,11 +349,7 @@ pub(crate) fn apply_group(
     };
     let count = commits.len();
     if count <= 1 {
-        let ops = commits.pop().unwrap_or_default();
-        if ops.is_empty() {
-            return (vec![Ok(())], BTreeSet::new());
-        }
-        return match apply(ops) {
+        return match apply(commits.pop().unwrap_or_default()) {
             Ok(touched) => (vec![Ok(())], touched),
             Err(e) => (vec![Err(e)], BTreeSet::new()),
         };
@@ -361,30 +359,15 @@ pub(crate) fn apply_group(
         .flatten()
         .all(LedgerOp::decodes_nothing_stored)
     {
-        let all: Vec<LedgerOp> = commits.into_iter().flatten().collect();
-        let applied = if all.is_empty() {
-            Ok(BTreeSet::new())
-        } else {
-            apply(all)
-        };
-        return each_commit(count, applied);
+        return each_commit(count, apply(commits.into_iter().flatten().collect()));
     }
-    let all: Vec<LedgerOp> = commits.iter().flatten().cloned().collect();
-    if all.is_empty() {
-        return ((0..count).map(|_| Ok(())).collect(), BTreeSet::new());
-    }
-    if let Ok(touched) = apply(all) {
-        return ((0..count).map(|_| Ok(())).collect(), touched);
+    if let Ok(touched) = apply(commits.iter().flatten().cloned().collect()) {
+        return each_commit(count, Ok(touched));
     }
     let mut touched = BTreeSet::new();
     let results = commits
         .into_iter()
-        .map(|ops| {
-            if ops.is_empty() {
-                return Ok(());
-            }
-            apply(ops).map(|t| touched.extend(t))
-        })
+        .map(|ops| apply(ops).map(|t| touched.extend(t)))
         .collect();
     (results, touched)
 }
