@@ -767,9 +767,8 @@ impl BatchBuilder<'_> {
             packs.unpack(c);
         }
         if let Some((id, members)) = new_pack {
-            packs.live.insert(id, members.len());
             for c in members {
-                packs.members.insert(c, id);
+                packs.add(c, id);
             }
         }
     }

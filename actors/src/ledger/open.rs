@@ -299,11 +299,7 @@ impl Ledger {
             pack_keys.push((id, k));
             for (component, _, _) in pack::records(&v) {
                 if !self.hidden_from_pack(component, id)? {
-                    let older = index.members.insert(component.to_vec(), id);
-                    if let Some(older) = older {
-                        index.unpack_from(older);
-                    }
-                    *index.live.entry(id).or_default() += 1;
+                    index.add(component.to_vec(), id);
                 }
                 contained.insert(component.to_vec());
             }

@@ -111,28 +111,32 @@ pub(crate) struct PackIndex {
 }
 
 impl PackIndex {
+    /// Makes pack `id` the one that holds `component`; the pack that held
+    /// it before (an older one) has one live member fewer.
+    pub(crate) fn add(&mut self, component: Vec<u8>, id: u64) {
+        if let Some(older) = self.members.insert(component, id) {
+            self.leave(older);
+        }
+        *self.live.entry(id).or_default() += 1;
+    }
+
     /// Forgets a member (it moved out or was deleted); returns its pack and
     /// whether that pack has no live member left.
     pub(crate) fn unpack(&mut self, component: &[u8]) -> Option<(u64, bool)> {
         let id = self.members.remove(component)?;
+        Some((id, self.leave(id)))
+    }
+
+    /// Counts one live member fewer in pack `id`; whether none is left
+    /// (the pack is then forgotten).
+    fn leave(&mut self, id: u64) -> bool {
         let live = self.live.entry(id).or_insert(1);
         *live = live.saturating_sub(1);
         let empty = *live == 0;
         if empty {
             self.live.remove(&id);
         }
-        Some((id, empty))
-    }
-
-    /// Counts one live member fewer in pack `id` (one that a newer pack
-    /// holds), forgetting the pack when none is left.
-    pub(crate) fn unpack_from(&mut self, id: u64) {
-        if let Some(live) = self.live.get_mut(&id) {
-            *live = live.saturating_sub(1);
-            if *live == 0 {
-                self.live.remove(&id);
-            }
-        }
+        empty
     }
 }
 
