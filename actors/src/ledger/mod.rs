@@ -449,9 +449,8 @@ impl Ledger {
         Ok(self.tree.get(key(P_MEMO, component))?)
     }
 
-    /// Whether the store may hold a memo key: false while none was found
-    /// when it opened nor written since.
-    pub(crate) fn may_hold_memo_keys(&self) -> bool {
+    /// Whether the store may hold a memo key (see `memo_keys`).
+    fn may_hold_memo_keys(&self) -> bool {
         self.memo_keys.load(std::sync::atomic::Ordering::Acquire)
     }
 

@@ -360,12 +360,11 @@ fn defer_memo(state: &ComponentState) {
 /// key does not describe what exists, so it is not recorded (the next run
 /// runs the component again and records it). Run without a memo key, a
 /// component that changed anything (`changed`, or `pending`) forgets the
-/// one an earlier run recorded, which no longer describes it (unless the
-/// ledger never held a memo key).
+/// one an earlier run recorded, which no longer describes it.
 fn memo_op(state: &ComponentState, own: Vec<u8>, pending: bool, changed: bool) -> Option<LedgerOp> {
     let memo = match state.memo.get() {
         Some(memo) => (!pending).then(|| memo.clone()),
-        None if (pending || changed) && state.run.engine.ledger.may_hold_memo_keys() => None,
+        None if pending || changed => None,
         None => return None,
     };
     Some(LedgerOp::SetMemo {
