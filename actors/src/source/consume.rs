@@ -377,8 +377,7 @@ impl Consumer<'_> {
         F: Fn(Ctx, SourceBatch<S::Payload>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
-        self.report.received += changes.len() as u64;
-        self.metrics.received(changes.len());
+        self.note_received(changes.len());
         let (prepared, mut latest) = self.coalesce(changes);
         let keys: Vec<StableKey> = prepared.iter().map(|p| p.key.clone()).collect();
         let seen = Arc::new(Mutex::new(Mounted::default()));
@@ -462,19 +461,17 @@ impl Consumer<'_> {
         if changes.is_empty() {
             return Ok(());
         }
-        self.report.received += changes.len() as u64;
-        self.metrics.received(changes.len());
+        self.note_received(changes.len());
         let settled: Vec<Settled<S::Ack>> = changes
             .into_iter()
-            .map(|change| Settled {
-                ack: change.ack,
-                outcome: Outcome::Interrupted,
+            .map(|change| {
+                self.note_settled(&Outcome::Interrupted);
+                Settled {
+                    ack: change.ack,
+                    outcome: Outcome::Interrupted,
+                }
             })
             .collect();
-        for s in &settled {
-            self.report.count(&s.outcome);
-            self.metrics.settled(&s.outcome);
-        }
         self.metrics.in_flight(0);
         source.settle(settled).await
     }
@@ -570,8 +567,7 @@ impl Consumer<'_> {
                 self.attempts.remove(&(key, l.ordinal));
             }
             for ack in l.acks {
-                self.report.count(&outcome);
-                self.metrics.settled(&outcome);
+                self.note_settled(&outcome);
                 settled.push(Settled {
                     ack,
                     outcome: outcome.clone(),
@@ -593,6 +589,18 @@ impl Consumer<'_> {
                 delay: self.options.backoff_after(deliveries),
             }
         }
+    }
+
+    /// Counts changes received from the source.
+    fn note_received(&mut self, changes: usize) {
+        self.report.received += changes as u64;
+        self.metrics.received(changes);
+    }
+
+    /// Counts a change settled with `outcome`.
+    fn note_settled(&mut self, outcome: &Outcome) {
+        self.report.count(outcome);
+        self.metrics.settled(outcome);
     }
 
     fn note_run(&mut self, report: &RunReport) {
