@@ -178,6 +178,93 @@ async fn a_container_dropped_and_declared_again_creates_its_rows_afresh() -> Res
     Ok(())
 }
 
+/// A component of [`run_kv_and_table`]: its name, its state of the `KV`
+/// provider if any (`"!fail"`: its code fails before declaring anything),
+/// and its rows in table `t`.
+type KvAndRows = (
+    &'static str,
+    Option<&'static str>,
+    Vec<(&'static str, &'static str)>,
+);
+
+/// One run: table `t` when `table`, and one component per entry of `list`.
+async fn run_kv_and_table(
+    app: &App,
+    ext: &Ext,
+    t: &Tables,
+    table: bool,
+    list: Vec<KvAndRows>,
+) -> Result<RunReport> {
+    let (kv, th) = (ext.handler(), t.handler(None));
+    bounded(app.run_report(move |ctx| async move {
+        let p = register_root_target_states_provider(&ctx, KV, kv)?;
+        let tp = register_root_target_states_provider(&ctx, TABLES, th)?;
+        let rows: Option<TargetStateProvider<String>> = match table {
+            true => Some(mount_target(&ctx, tp.target_state("t", Spec { generation: 1 })).await?),
+            false => None,
+        };
+        ctx.mount_each(
+            list,
+            |(c, _, _)| *c,
+            move |c, (name, kv, list)| {
+                let (p, rows) = (p.clone(), rows.clone());
+                async move {
+                    if kv == Some("!fail") {
+                        return Err(Error::msg(format!("{name} fails")));
+                    }
+                    if let Some(v) = kv {
+                        declare_target_state(&c, p.target_state(name, v.to_string()))?;
+                    }
+                    if let Some(rows) = &rows {
+                        for (key, v) in list {
+                            declare_target_state(&c, rows.target_state(key, v.to_string()))?;
+                        }
+                    }
+                    Ok(())
+                }
+            },
+        )
+        .await
+    }))
+    .await
+}
+
+#[tokio::test]
+async fn rows_updated_in_place_or_taken_over_by_another_component_are_forgotten_with_their_table(
+) -> Result<()> {
+    let (_dir, app, t) = fresh_tables().await?;
+    let ext = Ext::new();
+    // c3 holds a state of its own, outside the table, from the start.
+    let first = vec![
+        ("c1", None, vec![("a", "1")]),
+        ("c2", None, vec![("b", "1")]),
+        ("c3", Some("x"), vec![]),
+    ];
+    run_kv_and_table(&app, &ext, &t, true, first).await?;
+    // a is updated where it is; b is updated as c3 takes it over from c2.
+    let second = vec![
+        ("c1", None, vec![("a", "2")]),
+        ("c2", None, vec![]),
+        ("c3", Some("x"), vec![("b", "2")]),
+    ];
+    let r = run_kv_and_table(&app, &ext, &t, true, second).await?;
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(t.rows.store(), smap(&[("a", "2"), ("b", "2")]));
+    t.clear();
+    // The table goes while c1 and c3 fail: their records are kept, but for
+    // their rows, which go with the table.
+    let dropped = vec![("c1", Some("!fail"), vec![]), ("c3", Some("!fail"), vec![])];
+    let r = run_kv_and_table(&app, &ext, &t, false, dropped).await?;
+    assert_eq!(report_paths(&r), vec!["/c1", "/c3"]);
+    assert_eq!(t.log(), vec!["drop t"]);
+    assert!(t.rows.store().is_empty());
+    // Only c3's own state is tracked: a's and b's records went with the
+    // table.
+    let tracked = app.inspect().await?.providers;
+    assert_eq!(tracked, vec![(KV.to_string(), 1)], "{tracked:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_container_dropped_across_a_reopen_forgets_its_rows() -> Result<()> {
     let dir = tempfile::tempdir()?;

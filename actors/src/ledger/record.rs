@@ -119,7 +119,10 @@ pub(crate) enum LedgerOp {
         entry: StateEntry,
         /// Index the component as the state's owner (new here or moved here).
         index_owner: bool,
-        /// The container the state is below, if any.
+        /// The container the state is below, to note the component as one
+        /// of its holders: given for a state new to the component (one its
+        /// entry holds already was noted when it came, and the note goes
+        /// only with the container's descendants).
         container: Option<Vec<u8>>,
     },
     /// Set the whole entry of a component that had none, already encoded.

@@ -181,12 +181,16 @@ impl<'a> Records<'a> {
                 child_gen,
             };
             let same = moved_from.is_none() && r.prev.as_ref() == Some(&entry);
+            // New here, or moved here: the component is not indexed as the
+            // state's owner nor noted as a holder of its container yet.
+            // (A state its entry holds already was both when it came.)
+            let new_here = r.location.is_none() || moved_from.is_some();
             if !same {
                 self.ops.push(LedgerOp::Put {
                     component: self.own.clone(),
                     entry,
-                    index_owner: r.location.is_none() || moved_from.is_some(),
-                    container: container_of(d),
+                    index_owner: new_here,
+                    container: container_of(d).filter(|_| new_here),
                 });
             }
         }
