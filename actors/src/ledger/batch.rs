@@ -205,7 +205,8 @@ impl BatchBuilder<'_> {
             .ok_or_else(|| Error::Shutdown("ledger child list vanished".into()))
     }
 
-    fn put(&mut self, k: Vec<u8>, v: Vec<u8>) {
+    fn put(&mut self, k: Vec<u8>, v: impl Into<sled::IVec>) {
+        let v = v.into();
         self.keys += 1;
         self.bytes += (k.len() + v.len()) as u64;
         self.batch.insert(k, v);
@@ -589,7 +590,7 @@ impl BatchBuilder<'_> {
     /// packed components edited by the batch: packed together when there
     /// are enough (large ones go to their own tree). Returns the new pack,
     /// with its members.
-    fn write_new_entries(&mut self) -> Option<(u64, Vec<Vec<u8>>)> {
+    fn write_new_entries(&mut self) -> Option<NewPack> {
         let raw: Vec<(Vec<u8>, Arc<[u8]>)> =
             std::mem::take(&mut self.raw_puts).into_iter().collect();
         // An entry given whole replaces any delta (none is expected: only a
@@ -624,8 +625,13 @@ impl BatchBuilder<'_> {
             packs.next_id += 1;
             id
         };
-        self.put(key(P_PACK, &id.to_be_bytes()), pack::encode(&raw));
-        Some((id, raw.into_iter().map(|(c, _)| c).collect()))
+        let bytes = sled::IVec::from(pack::encode(&raw));
+        self.put(key(P_PACK, &id.to_be_bytes()), bytes.clone());
+        Some(NewPack {
+            id,
+            members: raw.into_iter().map(|(c, _)| c).collect(),
+            bytes,
+        })
     }
 
     /// Writes the entries the batch edited: a packed one moves to the
@@ -720,11 +726,7 @@ impl BatchBuilder<'_> {
     /// entries may go on: none finds a component in a pack the batch
     /// deleted. Returns the commit count, which moves in memory only once
     /// the batch is applied, so that `weir.seq` never leads the store.
-    fn apply_to_store(
-        &mut self,
-        unpacked: &[Vec<u8>],
-        new_pack: Option<(u64, Vec<Vec<u8>>)>,
-    ) -> Result<u64> {
+    fn apply_to_store(&mut self, unpacked: &[Vec<u8>], new_pack: Option<NewPack>) -> Result<u64> {
         let seq = self.ledger.seq.load(std::sync::atomic::Ordering::SeqCst) + 1;
         self.batch.insert(SEQ_KEY, &seq.to_be_bytes());
         let ledger = self.ledger;
@@ -761,15 +763,16 @@ impl BatchBuilder<'_> {
     }
 
     /// Once the batch is applied: the packs' members.
-    fn update_packs(&self, unpacked: &[Vec<u8>], new_pack: Option<(u64, Vec<Vec<u8>>)>) {
+    fn update_packs(&self, unpacked: &[Vec<u8>], new_pack: Option<NewPack>) {
         let mut packs = self.ledger.packs_mut();
         for c in unpacked {
             packs.unpack(c);
         }
-        if let Some((id, members)) = new_pack {
+        if let Some(NewPack { id, members, bytes }) = new_pack {
             for c in members {
                 packs.add(c, id);
             }
+            packs.keep_recent(id, bytes);
         }
     }
 
@@ -783,6 +786,13 @@ impl BatchBuilder<'_> {
             index.add_all(component, paths);
         }
     }
+}
+
+/// The pack a batch writes: its id, its members, and its bytes as written.
+struct NewPack {
+    id: u64,
+    members: Vec<Vec<u8>>,
+    bytes: sled::IVec,
 }
 
 /// Folds an intent into the state it names: its record joins the state's

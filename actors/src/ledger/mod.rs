@@ -264,6 +264,24 @@ impl Ledger {
         }
     }
 
+    /// A component's entry in the pack that holds it, if one does: read
+    /// from memory when the pack is a recent one.
+    fn packed_raw(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
+        let found = match self.packs.read() {
+            Ok(g) => g.find_member(component),
+            Err(p) => p.into_inner().find_member(component),
+        };
+        let pack = match found {
+            None => return Ok(None),
+            Some((_, Some(bytes))) => bytes,
+            Some((id, None)) => match self.tree.get(key(P_PACK, &id.to_be_bytes()))? {
+                Some(bytes) => bytes,
+                None => return Ok(None),
+            },
+        };
+        Ok(pack::find(&pack, component).map(|(off, len)| pack.subslice(off, len)))
+    }
+
     /// Every component entry: own keys and live pack members.
     fn all_entries(&self) -> Result<Vec<(Vec<u8>, ComponentEntry)>> {
         let mut out = Vec::new();
@@ -401,12 +419,8 @@ impl Ledger {
 
     /// [`Ledger::component_raw`], with the layout held.
     fn raw_with(&self, component: &[u8], layout: &Layout) -> Result<Option<sled::IVec>> {
-        if let Some(id) = self.pack_of(component) {
-            if let Some(p) = self.tree.get(key(P_PACK, &id.to_be_bytes()))? {
-                if let Some((off, len)) = pack::find(&p, component) {
-                    return Ok(Some(p.subslice(off, len)));
-                }
-            }
+        if let Some(raw) = self.packed_raw(component)? {
+            return Ok(Some(raw));
         }
         let k = key(P_COMPONENT, component);
         match self.tree.get(&k)? {

@@ -101,13 +101,22 @@ pub(crate) fn find(pack: &[u8], component: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
+/// How many of the packs written last are kept in memory.
+const RECENT_PACKS: usize = 4;
+
 /// Which pack holds each packed component, and how many live members each
-/// pack has.
+/// pack has; the packs written last, to read their members without a
+/// lookup in sled (a run that follows a commit of many components reads
+/// their entries: a stream's next batch, a file's next change).
 #[derive(Default)]
 pub(crate) struct PackIndex {
     pub members: HashMap<Vec<u8>, u64>,
     pub live: HashMap<u64, usize>,
     pub next_id: u64,
+    /// The packs written last (oldest first), as sled holds them: a pack
+    /// is never written again under its id, and leaves this list when it
+    /// is deleted.
+    recent: Vec<(u64, sled::IVec)>,
 }
 
 impl PackIndex {
@@ -135,8 +144,24 @@ impl PackIndex {
         let empty = *live == 0;
         if empty {
             self.live.remove(&id);
+            self.recent.retain(|(kept, _)| *kept != id);
         }
         empty
+    }
+
+    /// Keeps the bytes of pack `id`, just written, among the recent ones.
+    pub(crate) fn keep_recent(&mut self, id: u64, bytes: sled::IVec) {
+        if self.recent.len() >= RECENT_PACKS {
+            self.recent.remove(0);
+        }
+        self.recent.push((id, bytes));
+    }
+
+    /// The pack holding `component` and, if it is a recent one, its bytes.
+    pub(crate) fn find_member(&self, component: &[u8]) -> Option<(u64, Option<sled::IVec>)> {
+        let id = *self.members.get(component)?;
+        let bytes = self.recent.iter().find(|(kept, _)| *kept == id);
+        Some((id, bytes.map(|(_, b)| b.clone())))
     }
 }
 
@@ -162,6 +187,25 @@ mod tests {
         assert_eq!(find(&pack, b"zz"), None);
         assert_eq!(records(&pack).count(), 3);
         assert_eq!(records(&pack[..7]).count(), 0);
+    }
+
+    #[test]
+    fn only_the_last_packs_written_and_still_live_are_kept_in_memory() {
+        let mut index = PackIndex::default();
+        for id in 0..=RECENT_PACKS as u64 {
+            let member = vec![b'm', id as u8];
+            index.add(member.clone(), id);
+            index.keep_recent(id, sled::IVec::from(encode(&[(member, b"entry")])));
+        }
+        let cached = |index: &PackIndex, id: u8| index.find_member(&[b'm', id]);
+        // The oldest fell out: its member is found, to be read from sled.
+        assert!(matches!(cached(&index, 0), Some((0, None))));
+        assert!(matches!(cached(&index, 1), Some((1, Some(_)))));
+        // A pack whose last member leaves is deleted: it is not kept.
+        index.add(vec![b'm', 1], RECENT_PACKS as u64);
+        assert!(index.recent.iter().all(|(id, _)| *id != 1));
+        assert!(matches!(cached(&index, 1), Some((id, Some(_))) if id == RECENT_PACKS as u64));
+        assert_eq!(index.find_member(b"absent").map(|(id, _)| id), None);
     }
 
     #[test]

@@ -569,6 +569,28 @@ fn pack_count(ledger: &Ledger) -> usize {
 }
 
 #[test]
+fn entries_of_many_packs_read_back_as_written_from_memory_or_from_the_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    let name = |round: usize, i: usize| format!("r{round}c{i}");
+    for round in 0..8 {
+        let ops = (0..5).map(|i| fresh(&name(round, i), "p")).collect();
+        ledger.apply(ops)?;
+    }
+    // The first round's components move to a new pack; theirs goes.
+    let moved = (0..5).map(|i| rewrite(&name(0, i), "p", "r2")).collect();
+    ledger.apply(moved)?;
+    for round in 0..8 {
+        let want = if round == 0 { "r2" } else { "r" };
+        for i in 0..5 {
+            let got = record_of(&ledger, &name(round, i), "p");
+            assert_eq!(got.as_deref(), Some(want.as_bytes()), "{}", name(round, i));
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn packed_components_written_again_together_move_to_a_new_pack_not_to_keys_of_their_own(
 ) -> Result<()> {
     let dir = tempfile::tempdir()?;
