@@ -101,8 +101,11 @@ pub(crate) fn find(pack: &[u8], component: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
-/// How many of the packs written last are kept in memory.
-const RECENT_PACKS: usize = 4;
+/// The most packs written last that are kept in memory...
+const RECENT_PACKS: usize = 64;
+/// ... and the most bytes they take (the newest is always kept). They are
+/// most often in sled's page cache as well, sharing its copy.
+const RECENT_PACK_BYTES: usize = 16 << 20;
 
 /// Which pack holds each packed component, and how many live members each
 /// pack has; the packs written last, to read their members without a
@@ -116,7 +119,9 @@ pub(crate) struct PackIndex {
     /// The packs written last (oldest first), as sled holds them: a pack
     /// is never written again under its id, and leaves this list when it
     /// is deleted.
-    recent: Vec<(u64, sled::IVec)>,
+    recent: std::collections::VecDeque<(u64, sled::IVec)>,
+    /// The bytes of the `recent` packs.
+    recent_bytes: usize,
 }
 
 impl PackIndex {
@@ -144,17 +149,32 @@ impl PackIndex {
         let empty = *live == 0;
         if empty {
             self.live.remove(&id);
-            self.recent.retain(|(kept, _)| *kept != id);
+            self.forget_recent(id);
         }
         empty
     }
 
-    /// Keeps the bytes of pack `id`, just written, among the recent ones.
+    /// Keeps the bytes of pack `id`, just written, among the recent ones;
+    /// the oldest go past [`RECENT_PACKS`] or [`RECENT_PACK_BYTES`].
     pub(crate) fn keep_recent(&mut self, id: u64, bytes: sled::IVec) {
-        if self.recent.len() >= RECENT_PACKS {
-            self.recent.remove(0);
+        self.recent_bytes += bytes.len();
+        self.recent.push_back((id, bytes));
+        while self.recent.len() > RECENT_PACKS
+            || (self.recent_bytes > RECENT_PACK_BYTES && self.recent.len() > 1)
+        {
+            if let Some((_, old)) = self.recent.pop_front() {
+                self.recent_bytes -= old.len();
+            }
         }
-        self.recent.push((id, bytes));
+    }
+
+    /// Drops pack `id` (deleted) from the recent ones.
+    fn forget_recent(&mut self, id: u64) {
+        if let Some(at) = self.recent.iter().position(|(kept, _)| *kept == id) {
+            if let Some((_, old)) = self.recent.remove(at) {
+                self.recent_bytes -= old.len();
+            }
+        }
     }
 
     /// The pack holding `component` and, if it is a recent one, its bytes.
@@ -202,9 +222,16 @@ mod tests {
         assert!(matches!(cached(&index, 0), Some((0, None))));
         assert!(matches!(cached(&index, 1), Some((1, Some(_)))));
         // A pack whose last member leaves is deleted: it is not kept.
+        let bytes = index.recent_bytes;
         index.add(vec![b'm', 1], RECENT_PACKS as u64);
         assert!(index.recent.iter().all(|(id, _)| *id != 1));
+        assert!(index.recent_bytes < bytes);
         assert!(matches!(cached(&index, 1), Some((id, Some(_))) if id == RECENT_PACKS as u64));
+        // Past the byte budget, only the newest is kept.
+        let large = sled::IVec::from(vec![0; RECENT_PACK_BYTES]);
+        index.keep_recent(1000, large);
+        assert_eq!(index.recent.len(), 1);
+        assert_eq!(index.recent_bytes, RECENT_PACK_BYTES);
         assert_eq!(index.find_member(b"absent").map(|(id, _)| id), None);
     }
 
