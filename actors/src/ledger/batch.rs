@@ -10,8 +10,8 @@ use super::record::ComponentRecord;
 use super::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 use super::stored::{ShallowEntry, StoredEntry};
 use super::{
-    container_key, delta, encode, key, pack, split_container_key, Ledger, PACK_MIN, P_CHILDREN,
-    P_COMPONENT, P_CONTAINER, P_DELTA, P_FAILED_RUNS, P_MEMO, P_PACK, SEQ_KEY,
+    container_key, delta, encode, key, pack, split_container_key, LayoutChanges, Ledger, PACK_MIN,
+    P_CHILDREN, P_COMPONENT, P_CONTAINER, P_DELTA, P_FAILED_RUNS, P_MEMO, P_PACK, SEQ_KEY,
 };
 use crate::error::{Error, Result};
 use crate::model::{keycode, StableKey};
@@ -45,9 +45,7 @@ impl Ledger {
             raw_puts: HashMap::default(),
             large: sled::Batch::default(),
             large_used: false,
-            large_changes: Vec::new(),
-            delta_changes: Vec::new(),
-            parent_changes: Vec::new(),
+            layout_changes: LayoutChanges::default(),
             memo_puts: HashSet::default(),
             keys: 0,
             bytes: 0,
@@ -95,13 +93,8 @@ struct BatchBuilder<'a> {
     /// Writes to the tree of large values, and whether there are any.
     large: sled::Batch,
     large_used: bool,
-    /// Components whose entries move into the tree of large values (true)
-    /// or out of it, for the ledger's [`Layout`](super::Layout).
-    large_changes: Vec<(Vec<u8>, bool)>,
-    /// Components whose delta this batch writes (true) or deletes.
-    delta_changes: Vec<(Vec<u8>, bool)>,
-    /// Components whose child list this batch writes (true) or deletes.
-    parent_changes: Vec<(Vec<u8>, bool)>,
+    /// What the batch changes in the ledger's [`Layout`](super::Layout).
+    layout_changes: LayoutChanges,
     /// The memo keys this batch writes (`o` keys).
     memo_puts: HashSet<Vec<u8>>,
 }
@@ -226,17 +219,19 @@ impl BatchBuilder<'_> {
             self.del(k.clone());
             self.large.insert(k, value);
             self.large_used = true;
-            self.large_changes.push((component.to_vec(), true));
+            self.layout_changes.large.push((component.to_vec(), true));
+            self.layout_changes.own.push((component.to_vec(), false));
         } else {
             if was_large {
                 self.keys += 1;
                 self.large.remove(k.clone());
                 self.large_used = true;
-                self.large_changes.push((component.to_vec(), false));
+                self.layout_changes.large.push((component.to_vec(), false));
             }
             self.keys += 1;
             self.bytes += (k.len() + value.len()) as u64;
             self.batch.insert(k, value);
+            self.layout_changes.own.push((component.to_vec(), true));
         }
     }
 
@@ -604,7 +599,7 @@ impl BatchBuilder<'_> {
         };
         for component in with_delta {
             self.del(key(P_DELTA, &component));
-            self.delta_changes.push((component, false));
+            self.layout_changes.deltas.push((component, false));
         }
         let (large, mut raw): (Vec<_>, Vec<_>) = raw
             .into_iter()
@@ -664,7 +659,7 @@ impl BatchBuilder<'_> {
                 Encoded::Delta(delta) => {
                     self.put(key(P_DELTA, component), delta);
                     if !edit.had_delta {
-                        self.delta_changes.push((component.clone(), true));
+                        self.layout_changes.deltas.push((component.clone(), true));
                     }
                     None
                 }
@@ -673,7 +668,7 @@ impl BatchBuilder<'_> {
                 self.put_own(component, value, was_large);
                 if edit.had_delta {
                     self.del(key(P_DELTA, component));
-                    self.delta_changes.push((component.clone(), false));
+                    self.layout_changes.deltas.push((component.clone(), false));
                 }
             }
         }
@@ -714,7 +709,9 @@ impl BatchBuilder<'_> {
             } else {
                 self.put(k, encode(&children)?);
             }
-            self.parent_changes.push((component, !children.is_empty()));
+            self.layout_changes
+                .parents
+                .push((component, !children.is_empty()));
         }
         Ok(())
     }
@@ -752,11 +749,7 @@ impl BatchBuilder<'_> {
         } else {
             ledger.tree.apply_batch(first)?;
         }
-        layout.note(
-            std::mem::take(&mut self.delta_changes),
-            std::mem::take(&mut self.large_changes),
-            std::mem::take(&mut self.parent_changes),
-        );
+        layout.note(std::mem::take(&mut self.layout_changes));
         self.update_packs(unpacked, new_pack);
         drop(layout);
         Ok(seq)

@@ -192,8 +192,10 @@ fn split_container_key(rest: &[u8]) -> Option<(&[u8], &[u8])> {
 
 /// What the ledger knows in memory of where its components' values are,
 /// so that a read looks only where a value can be: a component's entry is
-/// read with one sled lookup (not one per tree), and its child list with
-/// none when it has none, as most components have none.
+/// read with one sled lookup (not one per tree), and with none when it has
+/// no value anywhere (a new component, as every component of a first run
+/// is); its child list with none when it has none, as most components have
+/// none.
 ///
 /// Each set holds at least the components it names (a stale member only
 /// costs a lookup that finds nothing): they are loaded when the ledger
@@ -207,22 +209,39 @@ pub(crate) struct Layout {
     large: FxHashSet<Vec<u8>>,
     /// The components with a child list (`h`).
     parents: FxHashSet<Vec<u8>>,
+    /// The components with a value of their own in the first tree (`c`:
+    /// an entry, or a tombstone that hides older packs). Components in a
+    /// pack are in the pack index instead.
+    own: FxHashSet<Vec<u8>>,
+}
+
+/// What a commit changes in the [`Layout`], by set: components that join
+/// it (true) or leave it.
+#[derive(Default)]
+pub(crate) struct LayoutChanges {
+    deltas: Vec<(Vec<u8>, bool)>,
+    large: Vec<(Vec<u8>, bool)>,
+    parents: Vec<(Vec<u8>, bool)>,
+    own: Vec<(Vec<u8>, bool)>,
 }
 
 impl Layout {
     /// Notes what an applied commit changed: components whose entries got
     /// (true) or lost a delta, moved into (true) or out of the tree of large
-    /// values, and got (true) or lost a child list.
-    fn note(
-        &mut self,
-        deltas: Vec<(Vec<u8>, bool)>,
-        large: Vec<(Vec<u8>, bool)>,
-        parents: Vec<(Vec<u8>, bool)>,
-    ) {
+    /// values, got (true) or lost a child list, and got a value of their
+    /// own in the first tree (true) or lost it.
+    fn note(&mut self, changes: LayoutChanges) {
+        let LayoutChanges {
+            deltas,
+            large,
+            parents,
+            own,
+        } = changes;
         for (set, changes) in [
             (&mut self.deltas, deltas),
             (&mut self.large, large),
             (&mut self.parents, parents),
+            (&mut self.own, own),
         ] {
             for (component, has) in changes {
                 if has {
@@ -423,11 +442,15 @@ impl Ledger {
             return Ok(Some(raw));
         }
         let k = key(P_COMPONENT, component);
-        match self.tree.get(&k)? {
-            // A tombstone means the component was deleted.
-            Some(v) => Ok(Some(v).filter(|v| pack::tombstone_generation(v).is_none())),
-            None if layout.large.contains(component) => Ok(self.entries.get(&k)?),
-            None => Ok(None),
+        if layout.own.contains(component) {
+            if let Some(v) = self.tree.get(&k)? {
+                // A tombstone means the component was deleted.
+                return Ok(Some(v).filter(|v| pack::tombstone_generation(v).is_none()));
+            }
+        }
+        match layout.large.contains(component) {
+            true => Ok(self.entries.get(&k)?),
+            false => Ok(None),
         }
     }
 

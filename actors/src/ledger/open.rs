@@ -342,8 +342,9 @@ impl Ledger {
     }
 
     /// Finds the components whose entries have a delta, those whose
-    /// entries are in the tree of large values, and those with a child
-    /// list (see [`Layout`]).
+    /// entries are in the tree of large values, those with a child list,
+    /// and those with a value of their own in the first tree (see
+    /// [`Layout`]).
     fn load_layout(&self) -> Result<()> {
         let components = |tree: &sled::Tree, prefix: u8| -> Result<FxHashSet<Vec<u8>>> {
             let mut found = FxHashSet::default();
@@ -356,6 +357,7 @@ impl Ledger {
             deltas: components(&self.tree, P_DELTA)?,
             large: components(&self.entries, P_COMPONENT)?,
             parents: components(&self.tree, P_CHILDREN)?,
+            own: components(&self.tree, P_COMPONENT)?,
         };
         Ok(())
     }

@@ -569,6 +569,31 @@ fn pack_count(ledger: &Ledger) -> usize {
 }
 
 #[test]
+fn components_with_values_of_their_own_are_read_back_before_and_after_reopening() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let check = |ledger: &Ledger| {
+        // Too few to pack: each has a key of its own.
+        assert_eq!(ledger.pack_of(b"alone"), None);
+        assert_eq!(record_of(ledger, "alone", "p").as_deref(), Some(&b"r2"[..]));
+        // Packed, then deleted: a tombstone of its own hides the pack.
+        assert!(ledger.pack_of(b"c0").is_none() && !has(ledger, "c0"));
+        assert_eq!(record_of(ledger, "c1", "p1").as_deref(), Some(&b"r"[..]));
+        assert!(!has(ledger, "never"));
+    };
+    let ledger = reopened(dir.path(), |ledger| {
+        assert!(!has(ledger, "alone"));
+        ledger.apply(vec![fresh("alone", "p")])?;
+        ledger.apply(vec![rewrite("alone", "p", "r2")])?;
+        ledger.apply(fresh_components(4))?;
+        ledger.apply(vec![remove("c0", "p0")])?;
+        check(ledger);
+        Ok(())
+    })?;
+    check(&ledger);
+    Ok(())
+}
+
+#[test]
 fn entries_of_many_packs_read_back_as_written_from_memory_or_from_the_store() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ledger = Ledger::open(dir.path(), 1 << 20)?;
@@ -859,6 +884,7 @@ fn a_commit_whose_op_fails_fails_alone_and_the_others_of_its_group_land() -> Res
     ledger
         .tree
         .insert(key(P_COMPONENT, b"damaged"), &b"\xc1\xc1\xc1"[..])?;
+    ledger.layout_mut().own.insert(b"damaged".to_vec());
     let group = vec![
         vec![fresh("first", "a"), set_memo("first", "m")],
         vec![fresh("mixed", "c"), remove("damaged", "x")],
