@@ -105,7 +105,7 @@ pub(crate) fn find(pack: &[u8], component: &[u8]) -> Option<(usize, usize)> {
 const RECENT_PACKS: usize = 64;
 /// ... and the most bytes they take (the newest is always kept). They are
 /// most often in sled's page cache as well, sharing its copy.
-const RECENT_PACK_BYTES: usize = 16 << 20;
+const RECENT_PACK_BYTES: usize = 4 << 20;
 
 /// Which pack holds each packed component, and how many live members each
 /// pack has; the packs written last, to read their members without a
