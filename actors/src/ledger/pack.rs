@@ -103,8 +103,9 @@ pub(crate) fn find(pack: &[u8], component: &[u8]) -> Option<(usize, usize)> {
 
 /// The most packs written last that are kept in memory...
 const RECENT_PACKS: usize = 64;
-/// ... and the most bytes they take (the newest is always kept). They are
-/// most often in sled's page cache as well, sharing its copy.
+/// ... and the most bytes they take (the newest is always kept): their
+/// bytes are shared with sled's page cache only while sled keeps the same
+/// copy, so they may add this much to a ledger's memory.
 const RECENT_PACK_BYTES: usize = 4 << 20;
 
 /// Which pack holds each packed component, and how many live members each
