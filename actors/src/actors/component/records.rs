@@ -190,7 +190,7 @@ impl<'a> Records<'a> {
                     component: self.own.clone(),
                     entry,
                     index_owner: new_here,
-                    container: container_of(d).filter(|_| new_here),
+                    container: new_here.then(|| container_of(d)).flatten(),
                 });
             }
         }
