@@ -637,10 +637,7 @@ impl BatchBuilder<'_> {
     /// pack.
     fn write_edited_entries(&mut self) -> Result<Vec<Vec<u8>>> {
         let mut entries = std::mem::take(&mut self.entries);
-        let next_id = match self.ledger.packs.read() {
-            Ok(g) => g.next_id,
-            Err(p) => p.into_inner().next_id,
-        };
+        let next_id = self.ledger.packs().next_id;
         let mut unpacked: Vec<Vec<u8>> = Vec::new();
         for (component, edit) in entries.iter_mut() {
             let packed = self.ledger.pack_of(component).is_some();
@@ -678,10 +675,7 @@ impl BatchBuilder<'_> {
     /// Deletes the packs that `unpacked` leaves without a live member.
     fn delete_emptied_packs(&mut self, unpacked: &[Vec<u8>]) {
         let emptied: Vec<u64> = {
-            let packs = match self.ledger.packs.read() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+            let packs = self.ledger.packs();
             let mut leaving: HashMap<u64, usize> = HashMap::default();
             for c in unpacked {
                 if let Some(id) = packs.members.get(c) {

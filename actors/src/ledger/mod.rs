@@ -276,20 +276,26 @@ impl Ledger {
         }
     }
 
-    fn pack_of(&self, component: &[u8]) -> Option<u64> {
+    fn packs(&self) -> std::sync::RwLockReadGuard<'_, pack::PackIndex> {
         match self.packs.read() {
-            Ok(g) => g.members.get(component).copied(),
-            Err(p) => p.into_inner().members.get(component).copied(),
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
         }
+    }
+
+    fn pack_of(&self, component: &[u8]) -> Option<u64> {
+        self.packs().members.get(component).copied()
+    }
+
+    /// Every component held in a pack.
+    fn pack_members(&self) -> Vec<Vec<u8>> {
+        self.packs().members.keys().cloned().collect()
     }
 
     /// A component's entry in the pack that holds it, if one does: read
     /// from memory when the pack is a recent one.
     fn packed_raw(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
-        let found = match self.packs.read() {
-            Ok(g) => g.find_member(component),
-            Err(p) => p.into_inner().find_member(component),
-        };
+        let found = self.packs().find_member(component);
         let pack = match found {
             None => return Ok(None),
             Some((_, Some(bytes))) => bytes,
@@ -323,11 +329,7 @@ impl Ledger {
             };
             out.push((component.to_vec(), entry));
         }
-        let members: Vec<Vec<u8>> = match self.packs.read() {
-            Ok(g) => g.members.keys().cloned().collect(),
-            Err(p) => p.into_inner().members.keys().cloned().collect(),
-        };
-        for component in members {
+        for component in self.pack_members() {
             if let Some((raw, delta)) = self.bytes_with(&component, &layout)? {
                 out.push((
                     component,

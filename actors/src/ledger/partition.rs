@@ -74,11 +74,7 @@ impl Ledger {
                 out.push(component.to_vec());
             }
         }
-        let members: Vec<Vec<u8>> = match self.packs.read() {
-            Ok(g) => g.members.keys().cloned().collect(),
-            Err(p) => p.into_inner().members.keys().cloned().collect(),
-        };
-        out.extend(members.into_iter().filter(|c| wanted(c)));
+        out.extend(self.pack_members().into_iter().filter(|c| wanted(c)));
         out.sort();
         out.dedup();
         Ok(out)
