@@ -541,8 +541,7 @@ impl BatchBuilder<'_> {
         self.entry(&component)?.failure = entry.failure;
         self.children.insert(component.clone(), children);
         if let Some(memo) = memo {
-            self.ledger.note_memo_key();
-            self.put(key(P_MEMO, &component), memo.into_vec());
+            self.set_memo(&component, Some(memo.into_vec()))?;
         }
         if failed_runs > 0 {
             self.put(
