@@ -1,7 +1,7 @@
 //! Opening a ledger: sled's lock, the format and commit-count checks,
 //! the in-memory indexes, and the recovery of a crash's intents.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -151,8 +151,8 @@ impl Ledger {
         // Its write of `weir.seq` names the ledger already.
         self.check_seq(flushed_seq)?;
         named(dir, self.ensure_id())?;
-        named(dir, self.load_packs())?;
-        named(dir, self.load_layout())?;
+        let tombstones = named(dir, self.load_layout())?;
+        named(dir, self.load_packs(tombstones))?;
         named(dir, self.build_index())?;
         named(dir, self.recover(pending))?;
         named(dir, self.upgrade(format))?;
@@ -276,17 +276,55 @@ impl Ledger {
         Ok(Some(u32::from_be_bytes(raw)))
     }
 
-    /// Finds the live members of every pack: those with no key of their
-    /// own, or only a tombstone older than the pack, and no newer pack
-    /// holding them (a packed component written again moves to the newest
-    /// pack). Deletes packs with no live member and tombstones that hide
-    /// nothing.
-    fn load_packs(&self) -> Result<()> {
-        let mut index = pack::PackIndex::default();
-        let mut contained: HashSet<Vec<u8>> = HashSet::new();
+    /// Finds the live members of every pack (see [`Ledger::read_packs`]);
+    /// deletes packs with no live member and tombstones that hide nothing.
+    fn load_packs(&self, tombstones: HashMap<Vec<u8>, u64>) -> Result<()> {
+        let Packs {
+            mut index,
+            contained,
+            keys,
+        } = self.read_packs(&tombstones)?;
         let mut gc = sled::Batch::default();
         let mut dirty = false;
-        let mut pack_keys: Vec<(u64, sled::IVec)> = Vec::new();
+        for (id, k) in keys {
+            if !index.live.contains_key(&id) {
+                gc.remove(k);
+                dirty = true;
+            }
+        }
+        let mut useless = Vec::new();
+        for (component, generation) in tombstones {
+            index.next_id = index.next_id.max(generation + 1);
+            if !contained.contains(&component) {
+                gc.remove(key(P_COMPONENT, &component));
+                dirty = true;
+                useless.push(component);
+            }
+        }
+        if dirty {
+            self.tree.apply_batch(gc)?;
+            self.tree.flush()?;
+        }
+        let mut layout = self.layout_mut();
+        for component in &useless {
+            layout.own.remove(component);
+        }
+        *self.packs_mut() = index;
+        Ok(())
+    }
+
+    /// Reads every pack: its live members are those with no value of their
+    /// own (see [`Layout`], loaded first), or only a tombstone older than
+    /// the pack (`tombstones`, by component), and no newer pack holding
+    /// them (a packed component written again moves to the newest pack).
+    fn read_packs(&self, tombstones: &HashMap<Vec<u8>, u64>) -> Result<Packs> {
+        let layout = self.layout();
+        let hidden = |component: &[u8], id: u64| {
+            layout.large.contains(component)
+                || (layout.own.contains(component)
+                    && tombstones.get(component).is_none_or(|&t| t > id))
+        };
+        let mut packs = Packs::default();
         // Packs come in ascending id: a member found again is the newer.
         for item in self.tree.scan_prefix([P_PACK]) {
             let (k, v) = item?;
@@ -295,57 +333,24 @@ impl Ledger {
                 .and_then(|s| s.try_into().ok())
                 .ok_or_else(|| self.corrupt("a pack key is malformed"))?;
             let id = u64::from_be_bytes(raw);
-            index.next_id = index.next_id.max(id + 1);
-            pack_keys.push((id, k));
+            packs.index.next_id = packs.index.next_id.max(id + 1);
+            packs.keys.push((id, k));
             for (component, _, _) in pack::records(&v) {
-                if !self.hidden_from_pack(component, id)? {
-                    index.add(component.to_vec(), id);
+                if !hidden(component, id) {
+                    packs.index.add(component.to_vec(), id);
                 }
-                contained.insert(component.to_vec());
+                packs.contained.insert(component.to_vec());
             }
         }
-        for (id, k) in pack_keys {
-            if !index.live.contains_key(&id) {
-                gc.remove(k);
-                dirty = true;
-            }
-        }
-        for item in self.tree.scan_prefix([P_COMPONENT]) {
-            let (k, v) = item?;
-            let Some(generation) = pack::tombstone_generation(&v) else {
-                continue;
-            };
-            index.next_id = index.next_id.max(generation + 1);
-            let component = k.get(1..).unwrap_or_default();
-            if !contained.contains(component) {
-                gc.remove(k);
-                dirty = true;
-            }
-        }
-        if dirty {
-            self.tree.apply_batch(gc)?;
-            self.tree.flush()?;
-        }
-        *self.packs_mut() = index;
-        Ok(())
-    }
-
-    /// Whether a component's own key hides its copy in pack `id`: any
-    /// entry does, a tombstone only if it was written after the pack.
-    fn hidden_from_pack(&self, component: &[u8], id: u64) -> Result<bool> {
-        let k = key(P_COMPONENT, component);
-        let own = match self.tree.get(&k)? {
-            Some(v) => Some(v),
-            None => self.entries.get(&k)?,
-        };
-        Ok(own.is_some_and(|value| pack::tombstone_generation(&value).is_none_or(|t| t > id)))
+        Ok(packs)
     }
 
     /// Finds the components whose entries have a delta, those whose
     /// entries are in the tree of large values, those with a child list,
     /// and those with a value of their own in the first tree (see
-    /// [`Layout`]).
-    fn load_layout(&self) -> Result<()> {
+    /// [`Layout`]). Returns the generations of the tombstones among the
+    /// last, by component (see [`pack`]).
+    fn load_layout(&self) -> Result<HashMap<Vec<u8>, u64>> {
         let components = |tree: &sled::Tree, prefix: u8| -> Result<FxHashSet<Vec<u8>>> {
             let mut found = FxHashSet::default();
             for k in tree.scan_prefix([prefix]).keys() {
@@ -353,13 +358,23 @@ impl Ledger {
             }
             Ok(found)
         };
+        let mut own = FxHashSet::default();
+        let mut tombstones = HashMap::new();
+        for item in self.tree.scan_prefix([P_COMPONENT]) {
+            let (k, v) = item?;
+            let component = k.get(1..).unwrap_or_default().to_vec();
+            if let Some(generation) = pack::tombstone_generation(&v) {
+                tombstones.insert(component.clone(), generation);
+            }
+            own.insert(component);
+        }
         *self.layout_mut() = Layout {
             deltas: components(&self.tree, P_DELTA)?,
             large: components(&self.entries, P_COMPONENT)?,
             parents: components(&self.tree, P_CHILDREN)?,
-            own: components(&self.tree, P_COMPONENT)?,
+            own,
         };
-        Ok(())
+        Ok(tombstones)
     }
 
     /// Rebuilds the in-memory owner index from the component entries.
@@ -611,4 +626,13 @@ fn not_a_ledger(dir: &str, detail: &str) -> Error {
     Error::Usage(format!(
         "{dir} is not a weir ledger: {detail}; give weir another directory for its ledger (an empty or a new one starts a new ledger), or move this one's content away"
     ))
+}
+
+/// What the packs hold when a ledger opens: the index of their live
+/// members, every component any of them holds, and their keys by id.
+#[derive(Default)]
+struct Packs {
+    index: pack::PackIndex,
+    contained: HashSet<Vec<u8>>,
+    keys: Vec<(u64, sled::IVec)>,
 }
