@@ -687,8 +687,7 @@ fn a_reader_never_misses_a_component_while_commits_move_its_pack() -> Result<()>
 fn a_pack_whose_members_all_moved_to_a_newer_one_is_collected_when_the_ledger_opens() -> Result<()>
 {
     let dir = tempfile::tempdir()?;
-    {
-        let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    let ledger = reopened(dir.path(), |ledger| {
         ledger.apply(fresh_components(4))?;
         let first = ledger
             .pack_of(b"c0")
@@ -697,15 +696,14 @@ fn a_pack_whose_members_all_moved_to_a_newer_one_is_collected_when_the_ledger_op
             .as_ref()
             .and_then(|k| ledger.tree.get(k).ok().flatten());
         ledger.apply(rewritten_components(4))?;
-        assert_eq!(pack_count(&ledger), 1, "the emptied pack is deleted");
+        assert_eq!(pack_count(ledger), 1, "the emptied pack is deleted");
         // As left by a build that did not delete it.
         if let (Some(k), Some(v)) = (first, old) {
             ledger.tree.insert(k, v)?;
         }
-        assert_eq!(pack_count(&ledger), 2);
-        ledger.flush()?;
-    }
-    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+        assert_eq!(pack_count(ledger), 2);
+        ledger.flush()
+    })?;
     assert_eq!(pack_count(&ledger), 1, "the older pack is collected");
     assert_eq!(record_of(&ledger, "c3", "p3").as_deref(), Some(&b"r2"[..]));
     Ok(())
