@@ -179,7 +179,8 @@ async fn a_container_dropped_and_declared_again_creates_its_rows_afresh() -> Res
 }
 
 /// A component of [`run_kv_and_table`]: its name, its state of the `KV`
-/// provider if any (`"!fail"`: its code fails before declaring anything),
+/// provider if any (`"!code-fails"`, as in `run_table`: its code fails,
+/// before declaring anything),
 /// and its rows in table `t`.
 type KvAndRows = (
     &'static str,
@@ -199,9 +200,10 @@ async fn run_kv_and_table(
     bounded(app.run_report(move |ctx| async move {
         let p = register_root_target_states_provider(&ctx, KV, kv)?;
         let tp = register_root_target_states_provider(&ctx, TABLES, th)?;
-        let rows: Option<TargetStateProvider<String>> = match table {
-            true => Some(mount_target(&ctx, tp.target_state("t", Spec { generation: 1 })).await?),
-            false => None,
+        let rows: Option<TargetStateProvider<String>> = if table {
+            Some(mount_target(&ctx, tp.target_state("t", Spec { generation: 1 })).await?)
+        } else {
+            None
         };
         ctx.mount_each(
             list,
@@ -209,8 +211,8 @@ async fn run_kv_and_table(
             move |c, (name, kv, list)| {
                 let (p, rows) = (p.clone(), rows.clone());
                 async move {
-                    if kv == Some("!fail") {
-                        return Err(Error::msg(format!("{name} fails")));
+                    if kv == Some("!code-fails") {
+                        return Err(Error::msg(format!("{name}'s own code failed")));
                     }
                     if let Some(v) = kv {
                         declare_target_state(&c, p.target_state(name, v.to_string()))?;
@@ -253,7 +255,10 @@ async fn rows_updated_in_place_or_taken_over_by_another_component_are_forgotten_
     t.clear();
     // The table goes while c1 and c3 fail: their records are kept, but for
     // their rows, which go with the table.
-    let dropped = vec![("c1", Some("!fail"), vec![]), ("c3", Some("!fail"), vec![])];
+    let dropped = vec![
+        ("c1", Some("!code-fails"), vec![]),
+        ("c3", Some("!code-fails"), vec![]),
+    ];
     let r = run_kv_and_table(&app, &ext, &t, false, dropped).await?;
     assert_eq!(report_paths(&r), vec!["/c1", "/c3"]);
     assert_eq!(t.log(), vec!["drop t"]);

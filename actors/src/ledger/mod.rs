@@ -450,10 +450,10 @@ impl Ledger {
                 return Ok(Some(v).filter(|v| pack::tombstone_generation(v).is_none()));
             }
         }
-        match layout.large.contains(component) {
-            true => Ok(self.entries.get(&k)?),
-            false => Ok(None),
+        if layout.large.contains(component) {
+            return Ok(self.entries.get(&k)?);
         }
+        Ok(None)
     }
 
     /// The child components a component mounted in its last successful run.
