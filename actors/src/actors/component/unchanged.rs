@@ -71,17 +71,36 @@ pub(super) fn digest(
     if !decls.iter().all(eligible) {
         return None;
     }
-    let mut hasher = blake3::Hasher::new();
-    framed(&mut hasher, &state.key);
-    for d in decls {
-        if let DeclaredValue::Encoded(value) = &d.value {
-            framed(&mut hasher, &d.path);
-            framed(&mut hasher, value);
-        }
-    }
-    let hash = hasher.finalize();
+    let hash = blake3::hash(&digest_input(&state.key, decls));
     let (first, _) = hash.as_bytes().split_first_chunk::<8>()?;
     Some(Digest::from_le_bytes(*first))
+}
+
+/// What a component's digest hashes: its key, then each encoded
+/// declaration's path and value, each framed by its length so that no two
+/// lists of byte strings give the same bytes. Gathered into one buffer and
+/// hashed at once: feeding the hasher each short string in turn cost four
+/// times as much.
+fn digest_input(key: &[u8], decls: &[Declaration]) -> Vec<u8> {
+    let encoded = || {
+        decls.iter().filter_map(|d| match &d.value {
+            DeclaredValue::Encoded(value) => Some((&d.path[..], &value[..])),
+            DeclaredValue::Exact(_) => None,
+        })
+    };
+    let frame = std::mem::size_of::<u64>();
+    let len = frame
+        + key.len()
+        + encoded()
+            .map(|(path, value)| 2 * frame + path.len() + value.len())
+            .sum::<usize>();
+    let mut input = Vec::with_capacity(len);
+    framed(&mut input, key);
+    for (path, value) in encoded() {
+        framed(&mut input, path);
+        framed(&mut input, value);
+    }
+    input
 }
 
 /// Whether a declaration can be found unchanged: an encoded value, not a
@@ -106,11 +125,10 @@ fn is_root(path: &ProviderPath) -> bool {
     path.container.is_none() && path.name == path.root
 }
 
-/// Hashes `bytes` after their length, so that no two lists of byte
-/// strings hash the same bytes.
-fn framed(hasher: &mut blake3::Hasher, bytes: &[u8]) {
-    hasher.update(&(bytes.len() as u64).to_le_bytes());
-    hasher.update(bytes);
+/// Appends `bytes` after their length.
+fn framed(input: &mut Vec<u8>, bytes: &[u8]) {
+    input.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    input.extend_from_slice(bytes);
 }
 
 /// Whether the component mounted children in this run.
@@ -166,5 +184,25 @@ pub(super) fn record(state: &ComponentState, digest: Option<Digest>, pending: bo
             .engine
             .ledger
             .record_declared_digest(&state.key, digest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::framed;
+
+    fn input(strings: &[&[u8]]) -> Vec<u8> {
+        let mut input = Vec::new();
+        for s in strings {
+            framed(&mut input, s);
+        }
+        input
+    }
+
+    #[test]
+    fn byte_strings_split_differently_give_different_digest_inputs() {
+        assert_ne!(input(&[b"ab", b"c"]), input(&[b"a", b"bc"]));
+        assert_ne!(input(&[b"abc", b""]), input(&[b"", b"abc"]));
+        assert_eq!(input(&[b"ab", b"c"]), input(&[b"ab", b"c"]));
     }
 }
