@@ -617,7 +617,10 @@ where
     let cleanup = finish_run(&run).await;
     run.release_sinks();
     for shard in &engine.shards {
-        shard.do_send(EndRun { run_id: run.id });
+        shard.do_send(EndRun {
+            run_id: run.id,
+            user: engine.user.clone(),
+        });
     }
     cleanup?;
     let mut failures = std::mem::take(&mut *lock(&run.failures));

@@ -1,6 +1,7 @@
 //! The engine's tasks: those it spawned on the user's runtime, kept to
 //! abort ([`Tasks`]), the work in flight a run waits for ([`InFlight`]),
-//! and a task aborted when its handle is dropped ([`AbortOnDrop`]).
+//! a task aborted when its handle is dropped ([`AbortOnDrop`]), and large
+//! values freed on a blocking thread ([`free_elsewhere`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +18,26 @@ struct TaskList {
     handles: Vec<tokio::task::AbortHandle>,
     /// The length at which finished tasks are dropped from the list next.
     prune_at: usize,
+}
+
+/// The number of parts (states, paths) from which a value is freed on a
+/// blocking thread by [`free_elsewhere`] rather than where it is let go.
+pub(crate) const FREE_ELSEWHERE_FROM: usize = 10_000;
+
+/// Frees `value`, of `parts` parts, on a blocking thread of `user` when it
+/// has at least [`FREE_ELSEWHERE_FROM`], else here. Freeing a run's or a
+/// large component's bookkeeping is hundreds of thousands of
+/// deallocations (about 5-20 ms per 100k), which would otherwise hold up
+/// what comes next on this thread: a component reported done, the next
+/// run's first messages to a shard.
+pub(crate) fn free_elsewhere<T: Send + 'static>(
+    user: &tokio::runtime::Handle,
+    parts: usize,
+    value: T,
+) {
+    if parts >= FREE_ELSEWHERE_FROM {
+        drop(user.spawn_blocking(move || drop(value)));
+    }
 }
 
 /// The fewest tasks kept before finished ones are dropped from the list.
@@ -112,5 +133,68 @@ impl<T> std::future::Future for AbortOnDrop<T> {
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{free_elsewhere, FREE_ELSEWHERE_FROM};
+    use std::sync::{Arc, Mutex};
+    use std::thread::ThreadId;
+    use std::time::{Duration, Instant};
+
+    /// Notes the thread it is dropped on.
+    struct NotesDrop(Arc<Mutex<Option<ThreadId>>>);
+
+    impl Drop for NotesDrop {
+        fn drop(&mut self) {
+            if let Ok(mut dropped_on) = self.0.lock() {
+                *dropped_on = Some(std::thread::current().id());
+            }
+        }
+    }
+
+    fn dropped_on(value: &Arc<Mutex<Option<ThreadId>>>) -> Option<ThreadId> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(id) = *value.lock().ok()? {
+                return Some(id);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    }
+
+    #[test]
+    fn large_values_are_freed_on_a_blocking_thread_and_small_ones_where_they_are_let_go(
+    ) -> std::io::Result<()> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()?;
+        let here = std::thread::current().id();
+
+        let small = Arc::new(Mutex::new(None));
+        free_elsewhere(
+            runtime.handle(),
+            FREE_ELSEWHERE_FROM - 1,
+            NotesDrop(Arc::clone(&small)),
+        );
+        assert_eq!(
+            *small
+                .lock()
+                .map_err(|_| std::io::Error::other("poisoned"))?,
+            Some(here)
+        );
+
+        let large = Arc::new(Mutex::new(None));
+        free_elsewhere(
+            runtime.handle(),
+            FREE_ELSEWHERE_FROM,
+            NotesDrop(Arc::clone(&large)),
+        );
+        let on = dropped_on(&large);
+        assert!(on.is_some(), "the large value was never freed");
+        assert_ne!(on, Some(here));
+        Ok(())
     }
 }

@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::actors::sink::{PlannedAction, SinkGroups, UnitWaiter};
+use crate::actors::tasks::free_elsewhere;
 use crate::error::{Error, Result};
 use crate::ledger::digest::Digest;
 use crate::ledger::record::{LedgerOp, StateEntry};
@@ -472,21 +473,10 @@ fn root_actions_pending(
     }
 }
 
-/// The number of declarations from which a component's are freed on a
-/// blocking thread rather than where it commits.
-const FREE_LATER_FROM: usize = 10_000;
-
-/// Frees a committed component's declarations and reconcile outcomes. For
-/// a large component that is hundreds of thousands of deallocations (11-15
-/// ms per 100k states on a first load, measured with `postgres_sync`),
-/// which would otherwise delay reporting the component done; a blocking
-/// thread of the user's runtime does it instead.
+/// Frees a committed component's declarations and reconcile outcomes: on
+/// a blocking thread for a large component (11-15 ms per 100k states on a
+/// first load, measured with `postgres_sync`), which would otherwise delay
+/// reporting the component done.
 fn free_later(run: &Run, (decls, results): (Vec<Declaration>, Outcomes)) {
-    if decls.len() >= FREE_LATER_FROM {
-        drop(
-            run.engine
-                .user
-                .spawn_blocking(move || drop((decls, results))),
-        );
-    }
+    free_elsewhere(&run.engine.user, decls.len(), (decls, results));
 }

@@ -147,11 +147,12 @@ impl ClaimsByRun {
         self.runs.get_mut(&run_id)
     }
 
-    /// Forgets a run that ended.
-    pub(crate) fn end(&mut self, run_id: u64) {
-        if let Some(declared) = self.runs.remove(&run_id) {
-            self.last_declared = declared.paths.len();
-        }
+    /// Forgets a run that ended; its claims are returned, for the caller
+    /// to free once it let go of the lock.
+    pub(crate) fn end(&mut self, run_id: u64) -> Option<RunDeclared> {
+        let declared = self.runs.remove(&run_id)?;
+        self.last_declared = declared.paths.len();
+        Some(declared)
     }
 }
 
@@ -165,6 +166,11 @@ impl RunDeclared {
         self.components.push(path.clone());
         self.by_key.insert(Arc::clone(key), i);
         i
+    }
+
+    /// How many paths were claimed.
+    pub(crate) fn len(&self) -> usize {
+        self.paths.len()
     }
 
     /// The path of the component at position `i`.

@@ -23,6 +23,7 @@ mod cursor;
 mod lookup;
 mod message;
 pub(crate) use claims::Claims;
+use claims::RunDeclared;
 pub(crate) use message::Declaration;
 
 use cursor::Cursor;
@@ -41,6 +42,7 @@ use actix::{Actor, Context, Handler};
 use tokio::sync::oneshot;
 
 use super::guard::guarded;
+use super::tasks::free_elsewhere;
 use crate::error::{Error, Result};
 use crate::ledger::record::{ComponentEntry, PrevView};
 use crate::ledger::stored::{EntryBytes, StoredEntry, StoredState};
@@ -465,10 +467,15 @@ impl Handler<EndRun> for ReconcilerActor {
     type Result = ();
 
     fn handle(&mut self, msg: EndRun, _ctx: &mut Context<Self>) {
-        self.claims.lock().end(msg.run_id);
-        self.pending.remove(&msg.run_id);
+        // Freed once the lock is let go, and elsewhere if large: the next
+        // run's components may be waiting for the lock, and its first
+        // messages for this shard.
+        let declared = self.claims.lock().end(msg.run_id);
+        let pending = self.pending.remove(&msg.run_id);
         // An App's runs follow one another: whatever is kept is this run's.
-        self.entries.clear();
+        let entries = std::mem::take(&mut self.entries);
+        let parts = declared.as_ref().map_or(0, RunDeclared::len) + self.cached_states;
         self.cached_states = 0;
+        free_elsewhere(&msg.user, parts, (declared, pending, entries));
     }
 }
