@@ -488,6 +488,41 @@ fn two_batches() -> Stream {
 }
 
 #[tokio::test]
+async fn a_batch_holds_no_more_changes_than_the_app_runs_components_at_once() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = app_with(dir.path(), |b| b.max_inflight_components(2)).await?;
+    let rig = Rig::new();
+    let mut stream = Stream::of(&[
+        ("a", 1, Some("a1")),
+        ("b", 2, Some("b2")),
+        ("c", 3, Some("c3")),
+        ("d", 4, Some("d4")),
+        ("e", 5, Some("e5")),
+    ]);
+    let options = quick().max_in_flight(4).read_ahead(false);
+    let report = consume(&app, &rig, &mut stream, options, &Behaviour::default()).await?;
+    let fetches: Vec<&str> = stream
+        .calls
+        .iter()
+        .map(String::as_str)
+        .filter(|c| c.starts_with("fetch"))
+        .collect();
+    assert_eq!(fetches, ["fetch 1", "fetch 3", "fetch 5"]);
+    assert_eq!((report.batches, report.acknowledged), (3, 5));
+    assert_eq!(
+        rig.store.snapshot(),
+        map(&[
+            ("a", "a1"),
+            ("b", "b2"),
+            ("c", "c3"),
+            ("d", "d4"),
+            ("e", "e5")
+        ])
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn the_next_batch_is_read_while_a_batch_runs_and_only_after_it_without_read_ahead(
 ) -> Result<()> {
     for (read_ahead, calls) in [

@@ -7,8 +7,9 @@
 //! key, doc jsonb)`, keeping each key's latest message:
 //!
 //! - weir: a `JetStreamSource` consumed by `App::consume` in batches of
-//!   [`batch_size`] messages, each key one component declaring its row in
-//!   a `weir_connectors::postgres` table target; acknowledged after each
+//!   [`batch_size`] messages (the app runs that many components at once),
+//!   each key one component declaring its row in a
+//!   `weir_connectors::postgres` table target; acknowledged after each
 //!   batch's commit.
 //! - baseline: a durable pull consumer read with async-nats, the same
 //!   number of messages per fetch, each batch's latest row per key
@@ -165,6 +166,9 @@ async fn weir_side(stream: String, table: String, pool: PgPool) -> Result<(), Bo
     let app = App::builder("bench_jetstream")
         .ledger_path(dir.path().join("ledger"))
         .provide_key(&db, pool)
+        // A batch runs its components at once only if the app lets that
+        // many run (see `ConsumeOptions::max_in_flight`).
+        .max_inflight_components(batch_size())
         .build()
         .await?;
     let mut source = JetStreamSource::connect(JetStreamOptions::new(NATS_URL, stream)).await?;

@@ -19,8 +19,10 @@ use crate::sync::lock;
 use super::mount::{Mounted, Prepared, SourceBatch};
 use super::{Assignment, Batch, Change, Outcome, Settled, Source};
 
-/// The default of [`ConsumeOptions::max_in_flight`].
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 5000;
+/// The default of [`ConsumeOptions::max_in_flight`]: the default of
+/// [`AppBuilder::max_inflight_components`](crate::AppBuilder::max_inflight_components),
+/// so that a batch's components all run at once.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = crate::config::DEFAULT_MAX_INFLIGHT_COMPONENTS;
 /// The default of [`ConsumeOptions::max_deliveries`].
 pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
 
@@ -31,6 +33,12 @@ pub struct ConsumeOptions {
     /// The most changes in one batch. With [`read_ahead`](Self::read_ahead)
     /// the next batch is fetched while one runs, so up to twice as many
     /// are unacknowledged at once; without it, this many.
+    ///
+    /// A batch also holds no more changes than the app runs components at
+    /// once ([`AppBuilder::max_inflight_components`](crate::AppBuilder::max_inflight_components)):
+    /// a larger one would run in waves, each after the one before has
+    /// applied and committed, while its changes wait unacknowledged. To
+    /// read larger batches, raise both.
     pub max_in_flight: usize,
     /// Whether the next batch of changes is fetched while a batch runs,
     /// and a batch's changes are settled while the next one runs (default:
@@ -311,7 +319,7 @@ impl Consumer<'_> {
                     // A bounded read may wait for these acknowledgements.
                     settle_committed(source, pipe).await?;
                     tokio::select! {
-                        next = source.next_batch(self.options.max_in_flight) => next?,
+                        next = source.next_batch(self.batch_limit()) => next?,
                         () = shutdown.requested() => return Ok(()),
                     }
                 }
@@ -425,6 +433,7 @@ impl Consumer<'_> {
         // running batch's changes may yet be handed back for redelivery.
         // The loop reads again once they are settled.
         let mut ended = false;
+        let limit = self.batch_limit();
         loop {
             let reading = self.options.read_ahead && ahead.is_none() && !ended;
             // A read cut short by a tick is cancel-safe (see
@@ -435,13 +444,23 @@ impl Consumer<'_> {
                     let acks = in_progress::<S>(latest, ahead);
                     keep_alive(source, &acks, start).await;
                 }
-                fetched = source.next_batch(self.options.max_in_flight), if reading => {
+                fetched = source.next_batch(limit), if reading => {
                     *ahead = fetched.transpose();
                     ended = ahead.is_none();
                     self.metrics.in_flight(running + changes_in::<S>(ahead));
                 }
             }
         }
+    }
+
+    /// The most changes to read in one batch: the options' limit, within
+    /// the components the app runs at once (see
+    /// [`ConsumeOptions::max_in_flight`]).
+    fn batch_limit(&self) -> usize {
+        self.options
+            .max_in_flight
+            .min(self.app.engine.config.max_inflight)
+            .max(1)
     }
 
     /// Hands the changes of a batch read ahead but not run back to the
