@@ -23,7 +23,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::reconciler::{shard_of, Chunk, EarlyGate, ReconcileBatch, ShardBatch, ShardReply};
+use super::reconciler::{
+    shard_of, Chunk, EarlyGate, ReconcileBatch, ReplyTo, ShardBatch, ShardReply,
+};
 use crate::error::{Error, Result};
 use crate::ledger::record::StateEntry;
 use crate::ledger::stored::{StoredEntry, StoredState};
@@ -360,8 +362,14 @@ impl ComponentState {
         home: bool,
         chunk: Chunk,
     ) -> oneshot::Receiver<ShardReply> {
-        let run = &self.run;
         let (tx, rx) = oneshot::channel();
+        self.send_batch_to(s, batch, home, chunk, ReplyTo::One(tx));
+        rx
+    }
+
+    /// Sends `batch` to shard `s`, its reply to go to `reply`.
+    fn send_batch_to(&self, s: usize, batch: ShardBatch, home: bool, chunk: Chunk, reply: ReplyTo) {
+        let run = &self.run;
         if let Some(g) = run.metrics.queue_depth.get(s) {
             g.increment(1.0);
         }
@@ -374,10 +382,9 @@ impl ComponentState {
                 providers: batch.providers,
                 home,
                 chunk,
-                reply: tx,
+                reply,
             });
         }
-        rx
     }
 
     /// Records an error that fails the component even if user code ignores it.

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::actors::reconciler::{shard_of, shard_stopped, Chunk, Found, ShardBatch, ShardReply};
+use crate::actors::reconciler::{
+    shard_of, shard_stopped, Chunk, Found, Gather, Gathered, ReplyTo, ShardBatch, ShardReply,
+};
 use crate::error::{Error, Result};
 use crate::ledger::record::StateEntry;
 use crate::ledger::stored::StoredEntry;
@@ -171,9 +173,44 @@ struct Waves {
     matched: usize,
 }
 
-/// A wave's declarations, and the replies of the shards they went to
-/// (the home shard's marked).
-type SentWave = (Vec<usize>, Vec<(bool, oneshot::Receiver<ShardReply>)>);
+/// A wave's declarations, and the replies of the shards they went to.
+type SentWave = (Vec<usize>, Replies);
+
+/// The replies a wave waits for: those of the chunks sent early, each on
+/// its own, and those of the wave's messages (the home shard's marked),
+/// gathered into one when there are several, so that the component is
+/// woken once for them.
+struct Replies {
+    early: Vec<oneshot::Receiver<ShardReply>>,
+    homes: Vec<bool>,
+    wave: Option<WaveReplies>,
+}
+
+enum WaveReplies {
+    One(oneshot::Receiver<ShardReply>),
+    Gathered(Gathered),
+}
+
+impl Replies {
+    /// Every reply, the home shard's marked, in the order sent.
+    async fn all(self) -> Result<Vec<(bool, ShardReply)>> {
+        let mut all = Vec::with_capacity(self.early.len() + self.homes.len());
+        for rx in self.early {
+            all.push((false, rx.await.map_err(shard_stopped)?));
+        }
+        let wave = match self.wave {
+            None => Vec::new(),
+            Some(WaveReplies::One(rx)) => vec![Some(rx.await.map_err(shard_stopped)?)],
+            Some(WaveReplies::Gathered(rx)) => rx.await.map_err(shard_stopped)?,
+        };
+        for (is_home, reply) in self.homes.into_iter().zip(wave) {
+            let reply =
+                reply.ok_or_else(|| Error::Shutdown("a shard's reply went missing".into()))?;
+            all.push((is_home, reply));
+        }
+        Ok(all)
+    }
+}
 
 impl Waves {
     fn new(state: &ComponentState, decls: &[Declaration], early: Early) -> Self {
@@ -234,15 +271,19 @@ impl Waves {
             }
         }
         let first = std::mem::replace(&mut self.first, false);
-        let mut replies: Vec<(bool, oneshot::Receiver<ShardReply>)> = Vec::new();
+        let early = if first {
+            std::mem::take(&mut self.early_replies)
+        } else {
+            Vec::new()
+        };
         let wave: Vec<usize> = if first {
-            replies.extend(self.early_replies.drain(..).map(|rx| (false, rx)));
             (0..decls.len())
                 .filter(|&i| self.sent_early[i] || ready.binary_search(&i).is_ok())
                 .collect()
         } else {
             ready
         };
+        let mut messages = Vec::new();
         for (s, batch) in per_shard.into_iter().enumerate() {
             let is_home = first && s == self.home;
             // A shard sent chunks early gets a last message, which lets
@@ -252,8 +293,9 @@ impl Waves {
                 continue;
             }
             let chunk = if last { Chunk::Last } else { Chunk::Only };
-            replies.push((is_home, state.send_batch(s, batch, is_home, chunk)));
+            messages.push((s, batch, is_home, chunk));
         }
+        let replies = send_wave(state, early, messages);
         Some((wave, replies))
     }
 
@@ -264,11 +306,10 @@ impl Waves {
         &mut self,
         state: &ComponentState,
         decls: &[Declaration],
-        replies: Vec<(bool, oneshot::Receiver<ShardReply>)>,
+        replies: Replies,
     ) -> Result<()> {
         let mut errors: Vec<Error> = Vec::new();
-        for (is_home, rx) in replies {
-            let reply = rx.await.map_err(shard_stopped)?;
+        for (is_home, reply) in replies.all().await? {
             if let Some(e) = reply.error {
                 return Err(e);
             }
@@ -366,6 +407,31 @@ impl Waves {
 /// carry generations above this ledger's count; a container dropped there
 /// and declared again here could then repeat one, which only costs the
 /// memo keys' distinctness, as the records below it went with the drop.)
+/// Sends a wave's messages, one per shard, with their replies gathered
+/// when there are several.
+fn send_wave(
+    state: &ComponentState,
+    early: Vec<oneshot::Receiver<ShardReply>>,
+    messages: Vec<(usize, ShardBatch, bool, Chunk)>,
+) -> Replies {
+    let homes: Vec<bool> = messages.iter().map(|(_, _, home, _)| *home).collect();
+    let wave = match messages.len() {
+        0 => None,
+        1 => messages.into_iter().next().map(|(s, batch, home, chunk)| {
+            WaveReplies::One(state.send_batch(s, batch, home, chunk))
+        }),
+        n => {
+            let (gather, gathered) = Gather::new(n);
+            for (position, (s, batch, home, chunk)) in messages.into_iter().enumerate() {
+                let reply = ReplyTo::Gathered(Arc::clone(&gather), position);
+                state.send_batch_to(s, batch, home, chunk, reply);
+            }
+            Some(WaveReplies::Gathered(gathered))
+        }
+    };
+    Replies { early, homes, wave }
+}
+
 fn new_container_generation(run: &Run) -> ChildGeneration {
     let floor = run.engine.ledger.commits() + 1;
     ChildGeneration {

@@ -1,7 +1,7 @@
 //! The messages a shard answers, and what they carry.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use actix::Message;
 use tokio::sync::oneshot;
@@ -13,6 +13,7 @@ use crate::ledger::stored::StoredEntry;
 use crate::model::erased::ErasedOutput;
 use crate::model::provider::{ChildGeneration, DeclaredValue, ProviderCore};
 use crate::model::{ComponentPath, StableKey};
+use crate::sync::lock;
 
 /// One declared state, sent to its shard.
 pub(crate) struct ShardDecl {
@@ -140,7 +141,69 @@ pub(crate) struct ReconcileBatch {
     /// Where this message stands among the component's messages to this
     /// shard in this run.
     pub chunk: Chunk,
-    pub reply: oneshot::Sender<ShardReply>,
+    pub reply: ReplyTo,
+}
+
+/// Where a shard's answer to a [`ReconcileBatch`] goes.
+pub(crate) enum ReplyTo {
+    /// The message's own channel.
+    One(oneshot::Sender<ShardReply>),
+    /// Its place among the replies of the messages a component sent
+    /// together, which it takes at once ([`Gather`]).
+    Gathered(Arc<Gather>, usize),
+}
+
+impl ReplyTo {
+    /// Hands `reply` over.
+    pub(crate) fn send(self, reply: ShardReply) {
+        match self {
+            ReplyTo::One(tx) => {
+                let _ = tx.send(reply);
+            }
+            ReplyTo::Gathered(gather, position) => gather.deliver(position, reply),
+        }
+    }
+}
+
+/// The replies of messages a component sent to several shards at once,
+/// handed to it together when the last one comes: the component is woken
+/// once rather than once per shard. A message dropped unanswered (its
+/// shard stopped) drops its share; once every share is gone the channel
+/// closes, and the component sees its shards stopped.
+pub(crate) struct Gather {
+    replies: Mutex<Vec<Option<ShardReply>>>,
+    remaining: AtomicUsize,
+    done: Mutex<Option<oneshot::Sender<Vec<Option<ShardReply>>>>>,
+}
+
+/// The replies of a [`Gather`], in the order of their messages.
+pub(crate) type Gathered = oneshot::Receiver<Vec<Option<ShardReply>>>;
+
+impl Gather {
+    /// A gathering of `n` replies, and where they arrive together.
+    pub(crate) fn new(n: usize) -> (Arc<Self>, Gathered) {
+        let (tx, rx) = oneshot::channel();
+        let gather = Gather {
+            replies: Mutex::new((0..n).map(|_| None).collect()),
+            remaining: AtomicUsize::new(n),
+            done: Mutex::new(Some(tx)),
+        };
+        (Arc::new(gather), rx)
+    }
+
+    /// Keeps the reply of the message at `position`; the last one hands
+    /// them all over.
+    fn deliver(&self, position: usize, reply: ShardReply) {
+        if let Some(slot) = lock(&self.replies).get_mut(position) {
+            *slot = Some(reply);
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let replies = std::mem::take(&mut *lock(&self.replies));
+            if let Some(done) = lock(&self.done).take() {
+                let _ = done.send(replies);
+            }
+        }
+    }
 }
 
 /// Where a message stands among a component's messages to one shard.
@@ -275,4 +338,44 @@ pub(crate) struct Declaration {
     pub value: DeclaredValue,
     /// The provider of the state's children, resolved when it reconciles.
     pub child: Option<Arc<ProviderCore>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Gather, ReplyTo, ShardReply};
+    use std::sync::Arc;
+
+    fn reply(matched: usize) -> ShardReply {
+        ShardReply {
+            matched,
+            ..ShardReply::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn gathered_replies_arrive_together_in_the_order_of_their_messages() {
+        let (gather, mut gathered) = Gather::new(3);
+        ReplyTo::Gathered(Arc::clone(&gather), 2).send(reply(2));
+        ReplyTo::Gathered(Arc::clone(&gather), 0).send(reply(0));
+        assert!(gathered.try_recv().is_err(), "one reply is still to come");
+        ReplyTo::Gathered(gather, 1).send(reply(1));
+        let matched: Vec<Option<usize>> = gathered
+            .await
+            .map(|all| all.iter().map(|r| r.as_ref().map(|r| r.matched)).collect())
+            .unwrap_or_default();
+        assert_eq!(matched, [Some(0), Some(1), Some(2)]);
+    }
+
+    #[tokio::test]
+    async fn a_share_dropped_unanswered_closes_the_gathering() {
+        let (gather, gathered) = Gather::new(2);
+        let answered = ReplyTo::Gathered(Arc::clone(&gather), 0);
+        let dropped = ReplyTo::Gathered(gather, 1);
+        answered.send(reply(0));
+        drop(dropped);
+        assert!(
+            gathered.await.is_err(),
+            "the component sees its shard stopped"
+        );
+    }
 }

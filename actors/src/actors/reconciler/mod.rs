@@ -29,8 +29,8 @@ pub(crate) use message::Declaration;
 use cursor::Cursor;
 use lookup::{effective_prev, lookup_elsewhere, reconcile_declared, state_count};
 pub(crate) use message::{
-    Chunk, EarlyGate, EndRun, FilterOrphans, Found, Orphan, OrphanOutcome, ReconcileBatch,
-    ReconcileOrphans, ShardBatch, ShardReply,
+    Chunk, EarlyGate, EndRun, FilterOrphans, Found, Gather, Gathered, Orphan, OrphanOutcome,
+    ReconcileBatch, ReconcileOrphans, ReplyTo, ShardBatch, ShardReply,
 };
 use message::{Outcome, ShardDecl};
 
@@ -402,7 +402,7 @@ impl Handler<ReconcileBatch> for ReconcilerActor {
         m.queue_depth.decrement(1.0);
         m.calls.increment(calls);
         m.duration.record(started.elapsed().as_secs_f64());
-        let _ = msg.reply.send(reply);
+        msg.reply.send(reply);
     }
 }
 
