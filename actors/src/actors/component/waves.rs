@@ -181,13 +181,19 @@ type SentWave = (Vec<usize>, Replies);
 /// gathered into one when there are several, so that the component is
 /// woken once for them.
 struct Replies {
+    /// The replies to the chunks sent while the code ran (first wave).
     early: Vec<oneshot::Receiver<ShardReply>>,
+    /// Per message of the wave, in the order sent: to the home shard.
     homes: Vec<bool>,
+    /// The wave's replies; `None` when it sent no message.
     wave: Option<WaveReplies>,
 }
 
+/// The replies to a wave's messages.
 enum WaveReplies {
+    /// Its one message's.
     One(oneshot::Receiver<ShardReply>),
+    /// Its messages', handed over together by the last shard to answer.
     Gathered(Gathered),
 }
 
