@@ -403,18 +403,9 @@ impl Waves {
     }
 }
 
-/// The generation of a container with none of its own (new, or declared
-/// again after it was dropped): above any it had before, so that no record
-/// left from an earlier life of the container is trusted and its
-/// [`memo_key`](crate::TargetStateProvider::memo_key) is one it never gave
-/// before. Each earlier generation was given, or moved on, in a run that
-/// then committed it: the ledger's commit count has passed them all. (In a
-/// worker group, records restored from another member's changelog may
-/// carry generations above this ledger's count; a container dropped there
-/// and declared again here could then repeat one, which only costs the
-/// memo keys' distinctness, as the records below it went with the drop.)
 /// Sends a wave's messages, one per shard, with their replies gathered
-/// when there are several.
+/// when there are several (a lone message, as every message of a component
+/// of one state is, keeps its own channel, which costs less).
 fn send_wave(
     state: &ComponentState,
     early: Vec<oneshot::Receiver<ShardReply>>,
@@ -438,6 +429,16 @@ fn send_wave(
     Replies { early, homes, wave }
 }
 
+/// The generation of a container with none of its own (new, or declared
+/// again after it was dropped): above any it had before, so that no record
+/// left from an earlier life of the container is trusted and its
+/// [`memo_key`](crate::TargetStateProvider::memo_key) is one it never gave
+/// before. Each earlier generation was given, or moved on, in a run that
+/// then committed it: the ledger's commit count has passed them all. (In a
+/// worker group, records restored from another member's changelog may
+/// carry generations above this ledger's count; a container dropped there
+/// and declared again here could then repeat one, which only costs the
+/// memo keys' distinctness, as the records below it went with the drop.)
 fn new_container_generation(run: &Run) -> ChildGeneration {
     let floor = run.engine.ledger.commits() + 1;
     ChildGeneration {
