@@ -617,10 +617,7 @@ where
     let cleanup = finish_run(&run).await;
     run.release_sinks();
     for shard in &engine.shards {
-        shard.do_send(EndRun {
-            run_id: run.id,
-            user: engine.user.clone(),
-        });
+        shard.do_send(EndRun { run_id: run.id });
     }
     cleanup?;
     let mut failures = std::mem::take(&mut *lock(&run.failures));

@@ -158,6 +158,7 @@ impl Engine {
         let claims: Vec<Arc<Claims>> = (0..shard_count).map(|_| Arc::default()).collect();
         let shard_claims = claims.clone();
         let shard_ledger = ledger.clone();
+        let shard_user = user.clone();
         let thread = std::thread::Builder::new()
             .name("weir-actix".into())
             .spawn(move || {
@@ -167,10 +168,10 @@ impl Engine {
                     let mut shards = Vec::with_capacity(shard_count);
                     for (i, claims) in shard_claims.into_iter().enumerate() {
                         let arbiter = Arbiter::new();
-                        let ledger = shard_ledger.clone();
+                        let (ledger, user) = (shard_ledger.clone(), shard_user.clone());
                         shards.push(ReconcilerActor::start_in_arbiter(
                             &arbiter.handle(),
-                            move |_| ReconcilerActor::new(i, ledger, claims),
+                            move |_| ReconcilerActor::new(i, ledger, claims, user),
                         ));
                         arbiters.push(arbiter);
                     }

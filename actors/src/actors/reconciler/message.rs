@@ -319,9 +319,6 @@ impl Message for ReconcileOrphans {
 /// Forget the run's bookkeeping.
 pub(crate) struct EndRun {
     pub run_id: u64,
-    /// Where the bookkeeping of a large run is freed (see
-    /// [`free_elsewhere`](crate::actors::tasks::free_elsewhere)).
-    pub user: tokio::runtime::Handle,
 }
 
 impl Message for EndRun {

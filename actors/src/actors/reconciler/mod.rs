@@ -76,6 +76,9 @@ pub(crate) struct ReconcilerActor {
     cached_states: usize,
     /// Per run and component: states sent in chunks, not claimed yet.
     pending: HashMap<u64, HashMap<Arc<[u8]>, Vec<Claim>>>,
+    /// The user's runtime, where a large run's bookkeeping is freed when
+    /// it ends (see [`free_elsewhere`]).
+    user: tokio::runtime::Handle,
 }
 
 /// A state a component declared in a chunk, to claim at its commit.
@@ -94,7 +97,12 @@ type KeptEntry = (u64, Arc<Option<StoredEntry>>);
 const MAX_CACHED_STATES: usize = 1 << 20;
 
 impl ReconcilerActor {
-    pub(crate) fn new(index: usize, ledger: Ledger, claims: Arc<Claims>) -> Self {
+    pub(crate) fn new(
+        index: usize,
+        ledger: Ledger,
+        claims: Arc<Claims>,
+        user: tokio::runtime::Handle,
+    ) -> Self {
         Self {
             label: index.to_string(),
             metrics: None,
@@ -103,6 +111,7 @@ impl ReconcilerActor {
             entries: HashMap::default(),
             cached_states: 0,
             pending: HashMap::default(),
+            user,
         }
     }
 
@@ -476,6 +485,6 @@ impl Handler<EndRun> for ReconcilerActor {
         let entries = std::mem::take(&mut self.entries);
         let parts = declared.as_ref().map_or(0, RunDeclared::len) + self.cached_states;
         self.cached_states = 0;
-        free_elsewhere(&msg.user, parts, (declared, pending, entries));
+        free_elsewhere(&self.user, parts, (declared, pending, entries));
     }
 }
