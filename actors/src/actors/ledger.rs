@@ -94,11 +94,22 @@ impl LedgerHandle {
     /// order they were sent.
     pub(crate) fn commit_start(&self, ops: Vec<LedgerOp>) -> Result<oneshot::Receiver<Result<()>>> {
         let (reply, rx) = oneshot::channel();
+        self.commit_replying(ops, reply)?;
+        Ok(rx)
+    }
+
+    /// Sends `ops` to be committed, without waiting: `reply` answers once
+    /// they are durable (and is dropped unanswered if the ledger actor
+    /// has stopped).
+    pub(crate) fn commit_replying(
+        &self,
+        ops: Vec<LedgerOp>,
+        reply: oneshot::Sender<Result<()>>,
+    ) -> Result<()> {
         self.send(LedgerMsg::Commit {
             ops,
             reply: Some(reply),
-        })?;
-        Ok(rx)
+        })
     }
 
     /// Waits for a commit started with [`LedgerHandle::commit_start`].

@@ -7,9 +7,9 @@ use crate::actors::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::actors::tasks::free_elsewhere;
 use crate::error::{Error, Result};
 use crate::ledger::digest::Digest;
-use crate::ledger::record::{LedgerOp, StateEntry};
+use crate::ledger::record::LedgerOp;
 use crate::model::sink::EncodedAction;
-use crate::model::StableKey;
+use crate::model::ActionKind;
 use crate::run::PreviewAction;
 use crate::sync::lock;
 
@@ -57,20 +57,12 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
     let Applied {
         failure,
         attempted,
-        records,
+        committed,
     } = if reconciled.results.len() == 0 {
         // Every declaration found unchanged: nothing to dispatch or wait for.
         Applied::default()
     } else {
-        let fresh = reconciled.fresh;
-        apply_waves(
-            state,
-            &decls,
-            &mut reconciled.results,
-            &reconciled.waves,
-            fresh,
-        )
-        .await
+        apply_waves(state, &decls, &mut reconciled).await
     };
     state.leave_activity();
     if let Some(err) = failure {
@@ -84,46 +76,50 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
         run.engine.ledger_handle.commit(ops).await?;
         return Err(err);
     }
-    commit_applied(state, decls, reconciled, records, digest).await
+    let commit = match committed {
+        Some(done) => done?,
+        None => {
+            let commit = success_commit(state, &decls, &reconciled)?;
+            commit_now(state, commit).await?
+        }
+    };
+    after_commit(state, decls, reconciled, &commit, digest);
+    Ok(())
 }
 
-/// Commits a component whose actions all landed (`records`, if worked out
-/// while the last wave applied): its records, then what the end of the run
-/// deletes; records the digest of its declarations when nothing is left
-/// pending (see [`unchanged`]).
-async fn commit_applied(
+/// Commits a component with no action to wait for, at once.
+async fn commit_now(state: &ComponentState, mut commit: SuccessCommit) -> Result<SuccessCommit> {
+    let ops = std::mem::take(&mut commit.ops);
+    if !ops.is_empty() {
+        state.committing.store(true, Ordering::SeqCst);
+        state.run.engine.ledger_handle.commit(ops).await?;
+    }
+    Ok(commit)
+}
+
+/// What follows a component's successful commit: it is counted, what the
+/// end of the run deletes is noted, and the digest of its declarations is
+/// recorded when nothing is left pending (see [`unchanged`]).
+fn after_commit(
     state: &ComponentState,
     decls: Vec<Declaration>,
     reconciled: Reconciliation,
-    records: Option<Result<SuccessRecords>>,
+    commit: &SuccessCommit,
     digest: Option<Digest>,
-) -> Result<()> {
-    let records = match records {
-        Some(r) => r?,
-        None => success_records(state, &decls, &reconciled.results, reconciled.fresh)?,
-    };
+) {
+    count_success(state, commit);
     let Reconciliation {
         results,
-        unchanged,
         orphans,
         prev_children,
-        prev_failure,
         ..
     } = reconciled;
-    let found = Findings {
-        unchanged,
-        orphans: &orphans,
-        prev_children: &prev_children,
-        had_failure: prev_failure.is_some(),
-    };
-    commit_success(state, records, found).await?;
     let pending = !orphans.is_empty() || !prev_children.is_empty();
     unchanged::record(state, digest, pending);
     note_children_and_orphans(state, &prev_children, orphans);
     // A large component's declarations and outcomes take 11-15 ms per
     // 100k states to free (a first load, measured with `postgres_sync`).
     free_elsewhere(&state.run.engine.user, decls.len(), (decls, results));
-    Ok(())
 }
 
 /// Finishes a component found unchanged (see [`unchanged`]): it claims its
@@ -189,38 +185,35 @@ fn finish_read_only_root(
     Ok(())
 }
 
-/// What reconciling found that a successful commit records.
-struct Findings<'a> {
-    /// Declarations found unchanged by the shards.
+/// A successful component's commit, worked out before it is sent, and
+/// what is counted once it is durable.
+#[derive(Default)]
+struct SuccessCommit {
+    /// Its final records, ownership moves, children, failure note and
+    /// memo key.
+    ops: Vec<LedgerOp>,
+    /// Declarations found unchanged, by the shards or by the records.
     unchanged: u64,
-    /// States the component no longer declares.
-    orphans: &'a [StateEntry],
-    /// Its children as its last successful run left them.
-    prev_children: &'a [StableKey],
-    /// Its last run failed.
-    had_failure: bool,
+    /// Actions applied, by kind.
+    actions: Vec<(ActionKind, u64)>,
+    /// Its memo key waits for the end of the run (see [`defer_memo`]).
+    defer_memo: bool,
 }
 
-/// Commits a successful component: final records, ownership moves, its
-/// children and failure notes, its memo key; and counts what it did.
-async fn commit_success(
+/// The commit of a component whose actions all land: its records, its
+/// new children, the end of its last failure, its memo key. Pure: nothing
+/// is counted or written here (see [`count_success`]).
+fn success_commit(
     state: &ComponentState,
-    records: SuccessRecords,
-    reconciled: Findings<'_>,
-) -> Result<()> {
-    let run = &state.run;
+    decls: &[Declaration],
+    reconciled: &Reconciliation,
+) -> Result<SuccessCommit> {
     let SuccessRecords {
         mut ops,
         unchanged,
         actions,
-    } = records;
-    run.counters
-        .unchanged
-        .fetch_add(unchanged + reconciled.unchanged, Ordering::Relaxed);
-    for (kind, n) in actions {
-        run.counters.count_action(kind, n);
-    }
-    let prev_children = reconciled.prev_children;
+    } = success_records(state, decls, &reconciled.results, reconciled.fresh)?;
+    let prev_children = &reconciled.prev_children;
     let own = state.key.to_vec();
     if let Some(children) = children_change(state, prev_children).filter(|_| !state.is_group_root())
     {
@@ -229,19 +222,37 @@ async fn commit_success(
             children,
         });
     }
-    if reconciled.had_failure {
+    if reconciled.prev_failure.is_some() {
         ops.push(LedgerOp::SetFailure {
-            component: own,
+            component: own.clone(),
             failure: None,
         });
     }
-    let memo = memo_after_success(state, reconciled.orphans, prev_children, !ops.is_empty());
-    ops.extend(memo);
-    if !ops.is_empty() {
-        state.committing.store(true, Ordering::SeqCst);
-        run.engine.ledger_handle.commit(ops).await?;
+    let orphans = !reconciled.orphans.is_empty();
+    let removes = removes_children(state, prev_children);
+    let changed = !ops.is_empty();
+    ops.extend(memo_op(state, own, orphans || removes, changed));
+    Ok(SuccessCommit {
+        ops,
+        unchanged: unchanged + reconciled.unchanged,
+        actions,
+        defer_memo: orphans && !removes,
+    })
+}
+
+/// Counts a committed component's states and actions; keeps its memo key
+/// for the end of the run if its orphans' deletes are all it waits for.
+fn count_success(state: &ComponentState, commit: &SuccessCommit) {
+    let counters = &state.run.counters;
+    counters
+        .unchanged
+        .fetch_add(commit.unchanged, Ordering::Relaxed);
+    for &(kind, n) in &commit.actions {
+        counters.count_action(kind, n);
     }
-    Ok(())
+    if commit.defer_memo {
+        defer_memo(state);
+    }
 }
 
 /// What applying a component's waves came to.
@@ -251,9 +262,9 @@ struct Applied {
     failure: Option<Error>,
     /// The declarations whose actions were dispatched (refreshes aside).
     attempted: Vec<usize>,
-    /// What to commit if every action landed, worked out while the sinks
-    /// applied the last wave (`None` if a wave failed before).
-    records: Option<Result<SuccessRecords>>,
+    /// The commit sent once the last wave landed (its counts, or why it
+    /// could not be worked out or written); `None` if a wave failed.
+    committed: Option<Result<SuccessCommit>>,
 }
 
 /// Applies the actions of `waves` wave by wave (containers before their
@@ -261,11 +272,11 @@ struct Applied {
 async fn apply_waves(
     state: &Arc<ComponentState>,
     decls: &[Declaration],
-    results: &mut Outcomes,
-    waves: &[Vec<usize>],
-    fresh: bool,
+    reconciled: &mut Reconciliation,
 ) -> Applied {
     let run = &state.run;
+    let waves = std::mem::take(&mut reconciled.waves);
+    let fresh = reconciled.fresh;
     let waiter = UnitWaiter::in_partition(run.partition_of(&state.key));
     let mut out = Applied::default();
     // A large wave goes to the sinks a batch at a time, so that the first
@@ -278,7 +289,7 @@ async fn apply_waves(
         let room = |left: usize| if fresh { left.min(batch) } else { 0 };
         let mut groups = SinkGroups::with_room(room(wave.len()));
         for (n, &i) in wave.iter().enumerate() {
-            let (Some(r), Some(d)) = (results.get_mut(i), decls.get(i)) else {
+            let (Some(r), Some(d)) = (reconciled.results.get_mut(i), decls.get(i)) else {
                 continue;
             };
             let typed = r.output.as_mut().and_then(|o| o.typed.take());
@@ -318,9 +329,10 @@ async fn apply_waves(
         groups.dispatch(run, &waiter);
         state.leave_activity();
         if w + 1 == waves.len() {
-            // What to commit if every action lands, worked out while the
-            // sinks apply the last wave.
-            out.records = Some(success_records(state, decls, results, fresh));
+            // Worked out while the sinks apply the last wave, sent by the
+            // one that lands its last action.
+            let commit = success_commit(state, decls, reconciled);
+            return commit_on_landing(state, &waiter, commit, out).await;
         }
         out.failure = waiter.wait().await;
         if out.failure.is_some() {
@@ -330,21 +342,56 @@ async fn apply_waves(
     out
 }
 
-/// The memo key op of a successful component (see [`memo_op`]); when its
-/// only pending work is deleting its orphans, the key is also kept for the
-/// end of the run (see [`defer_memo`]).
-fn memo_after_success(
-    state: &ComponentState,
-    orphans: &[StateEntry],
-    prev_children: &[StableKey],
-    changed: bool,
-) -> Option<LedgerOp> {
-    let removes = removes_children(state, prev_children);
-    if !orphans.is_empty() && !removes {
-        defer_memo(state);
+/// Hands a component's commit to the sinks applying its last wave: the
+/// one that acknowledges its last action sends it to the ledger, and the
+/// component is woken once, when it is durable or when an action failed.
+async fn commit_on_landing(
+    state: &Arc<ComponentState>,
+    waiter: &UnitWaiter,
+    commit: Result<SuccessCommit>,
+    mut out: Applied,
+) -> Applied {
+    let mut commit = match commit {
+        Ok(commit) => commit,
+        Err(e) => {
+            out.failure = waiter.wait().await;
+            out.committed = Some(Err(e));
+            return out;
+        }
+    };
+    let ops = std::mem::take(&mut commit.ops);
+    let (reply, written) = tokio::sync::oneshot::channel();
+    let component = Arc::clone(state);
+    waiter.on_landed(Box::new(move || {
+        if ops.is_empty() {
+            let _ = reply.send(Ok(()));
+            return;
+        }
+        // Not if the component was cancelled meanwhile: its failure is
+        // committed instead (see `CancelGuard`).
+        let open = component
+            .committing
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if open {
+            let ledger = &component.run.engine.ledger_handle;
+            let _ = ledger.commit_replying(ops, reply);
+        }
+    }));
+    match written.await {
+        Ok(result) => out.committed = Some(result.map(|()| commit)),
+        // Not landed: why (or the ledger had stopped).
+        Err(_) => match waiter.wait().await {
+            Some(failure) => out.failure = Some(failure),
+            None => out.committed = Some(Err(ledger_stopped())),
+        },
     }
-    let own = state.key.to_vec();
-    memo_op(state, own, !orphans.is_empty() || removes, changed)
+    out
+}
+
+/// The error of a commit the ledger actor was gone for.
+fn ledger_stopped() -> Error {
+    Error::Shutdown("the ledger actor has stopped".into())
 }
 
 /// Keeps the memo key of a successful component whose only pending work is

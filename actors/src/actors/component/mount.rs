@@ -154,8 +154,12 @@ impl Drop for CancelGuard {
         let run = &state.run;
         end_component(state);
         run.metrics.components_failed.increment(1);
-        if state.committing.load(std::sync::atomic::Ordering::SeqCst) {
-            // Its commit was sent: the ledger writes it.
+        if state
+            .committing
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            // Its commit was sent: the ledger writes it. (Marked as
+            // committing now, it is not sent any more: see `on_landed`.)
             return;
         }
         run.note_cancelled();

@@ -24,7 +24,16 @@ pub(crate) struct PlannedAction {
 
 /// Waits for the acknowledgements of a unit's actions (one component's
 /// wave, or its orphan deletes), from any number of sink actors.
+///
+/// What is to follow the unit's success can be handed to it
+/// ([`UnitWaiter::on_landed`]): the acknowledgement of its last action runs
+/// it, on the thread that acknowledges, without waking the waiter. A
+/// component's commit goes to the ledger that way as soon as its actions
+/// have landed, and the component is woken once, when it is committed.
 pub(crate) struct UnitWaiter(Arc<Waiter>);
+
+/// What follows a unit whose actions all landed without a failure.
+pub(crate) type OnLanded = Box<dyn FnOnce() + Send>;
 
 struct Waiter {
     /// In a worker group, the partition of the unit's component: its
@@ -36,6 +45,9 @@ struct Waiter {
     senders: AtomicUsize,
     failure: Mutex<Option<Error>>,
     notify: tokio::sync::Notify,
+    /// Run once every action landed without a failure; dropped unrun
+    /// when one failed, the sinks stopped, or the waiter is gone.
+    on_landed: Mutex<Option<OnLanded>>,
     /// Nobody waits any more: the component was cancelled. Its actions
     /// not applied yet are dropped rather than applied.
     abandoned: std::sync::atomic::AtomicBool,
@@ -51,6 +63,7 @@ impl UnitWaiter {
             senders: AtomicUsize::new(0),
             failure: Mutex::new(None),
             notify: tokio::sync::Notify::new(),
+            on_landed: Mutex::new(None),
             abandoned: std::sync::atomic::AtomicBool::new(false),
         }))
     }
@@ -66,6 +79,19 @@ impl UnitWaiter {
             waiter: Arc::clone(&self.0),
             provider,
             label,
+        }
+    }
+
+    /// Hands the unit what follows its success, once every action is
+    /// dispatched: the acknowledgement of the last one runs it (and wakes
+    /// nobody). If every action has been acknowledged already, it runs
+    /// now. If one failed, or the sinks stopped, it is dropped unrun:
+    /// [`UnitWaiter::wait`] then returns why.
+    pub(crate) fn on_landed(&self, then: OnLanded) {
+        *guard(&self.0.on_landed) = Some(then);
+        if self.0.pending.load(Ordering::SeqCst) == 0 || self.0.senders.load(Ordering::SeqCst) == 0
+        {
+            self.0.settle();
         }
     }
 
@@ -101,14 +127,35 @@ impl Drop for UnitWaiter {
     /// what the sinks still hold of the unit is dropped, not applied.
     fn drop(&mut self) {
         self.0.abandoned.store(true, Ordering::SeqCst);
+        drop(guard(&self.0.on_landed).take());
+    }
+}
+
+impl Waiter {
+    /// Runs what follows the unit's success if every action landed
+    /// without a failure; drops it if one failed or no action can land
+    /// any more. Returns whether it ran.
+    fn settle(&self) -> bool {
+        let Some(then) = guard(&self.on_landed).take() else {
+            return false;
+        };
+        let landed = self.pending.load(Ordering::SeqCst) == 0 && guard(&self.failure).is_none();
+        if landed {
+            then();
+        }
+        landed
+    }
+}
+
+fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
     }
 }
 
 fn take(m: &Mutex<Option<Error>>) -> Option<Error> {
-    match m.lock() {
-        Ok(mut g) => g.take(),
-        Err(p) => p.into_inner().take(),
-    }
+    guard(m).take()
 }
 
 /// A unit's handle in the sinks, to acknowledge its actions.
@@ -135,17 +182,10 @@ impl UnitRef {
     /// Acknowledges `actions` of the unit's actions with their result.
     pub(crate) fn ack(&self, actions: usize, result: Result<()>) {
         if let Err(e) = result {
-            match self.waiter.failure.lock() {
-                Ok(mut f) => {
-                    f.get_or_insert(e);
-                }
-                Err(p) => {
-                    p.into_inner().get_or_insert(e);
-                }
-            }
+            guard(&self.waiter.failure).get_or_insert(e);
         }
         let before = self.waiter.pending.fetch_sub(actions, Ordering::SeqCst);
-        if before <= actions {
+        if before <= actions && !self.waiter.settle() {
             self.waiter.notify.notify_waiters();
         }
     }
@@ -164,8 +204,99 @@ impl Clone for UnitRef {
 
 impl Drop for UnitRef {
     fn drop(&mut self) {
-        if self.waiter.senders.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if self.waiter.senders.fetch_sub(1, Ordering::SeqCst) == 1 && !self.waiter.settle() {
             self.waiter.notify.notify_waiters();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// A waiter of `n` dispatched actions, with one unit reference.
+    fn dispatched(n: usize) -> (UnitWaiter, UnitRef) {
+        let waiter = UnitWaiter::in_partition(None);
+        waiter.add_pending(n);
+        let unit = waiter.unit("p".into(), "p".into());
+        (waiter, unit)
+    }
+
+    /// What follows, noting that it ran; and a receiver closed once it is
+    /// dropped, run or not.
+    fn follower() -> (
+        OnLanded,
+        Arc<AtomicBool>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let ran = Arc::new(AtomicBool::new(false));
+        let (alive, dropped) = tokio::sync::oneshot::channel::<()>();
+        let noted = Arc::clone(&ran);
+        let then: OnLanded = Box::new(move || {
+            noted.store(true, Ordering::SeqCst);
+            drop(alive);
+        });
+        (then, ran, dropped)
+    }
+
+    #[test]
+    fn what_follows_a_unit_runs_when_its_last_action_is_acknowledged() {
+        let (waiter, unit) = dispatched(3);
+        let (then, ran, _dropped) = follower();
+        waiter.on_landed(then);
+        unit.ack(2, Ok(()));
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "ran before the last action landed"
+        );
+        unit.ack(1, Ok(()));
+        assert!(ran.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn what_follows_a_unit_that_landed_already_runs_when_it_is_handed_over() {
+        let (waiter, unit) = dispatched(1);
+        unit.ack(1, Ok(()));
+        let (then, ran, _dropped) = follower();
+        waiter.on_landed(then);
+        assert!(ran.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn what_follows_a_unit_with_a_failed_action_is_dropped_unrun_and_the_failure_waited_for()
+    {
+        let (waiter, unit) = dispatched(2);
+        let (then, ran, dropped) = follower();
+        waiter.on_landed(then);
+        unit.ack(1, Err(Error::msg("refused")));
+        unit.ack(1, Ok(()));
+        assert!(!ran.load(Ordering::SeqCst));
+        assert!(dropped.await.is_err(), "what follows was kept");
+        let failure = waiter.wait().await.map(|e| e.to_string());
+        assert!(failure.is_some_and(|e| e.contains("refused")));
+    }
+
+    #[tokio::test]
+    async fn what_follows_a_unit_whose_sinks_stopped_answering_is_dropped_unrun() {
+        let (waiter, unit) = dispatched(1);
+        let (then, ran, dropped) = follower();
+        waiter.on_landed(then);
+        drop(unit);
+        assert!(!ran.load(Ordering::SeqCst));
+        assert!(dropped.await.is_err());
+        assert!(matches!(waiter.wait().await, Some(Error::Shutdown(_))));
+    }
+
+    #[tokio::test]
+    async fn what_follows_a_unit_whose_waiter_is_gone_is_dropped_unrun() {
+        let (waiter, unit) = dispatched(1);
+        let (then, ran, dropped) = follower();
+        waiter.on_landed(then);
+        drop(waiter);
+        assert!(dropped.await.is_err());
+        unit.ack(1, Ok(()));
+        assert!(!ran.load(Ordering::SeqCst));
+        assert!(unit.abandoned());
     }
 }
