@@ -1,6 +1,9 @@
 //! The component actor: runs a component's user code on the user's runtime,
 //! then reconciles its declarations (one message per shard per wave),
-//! dispatches the actions to the sink actors, and commits its records.
+//! dispatches the actions to the sink actors, and commits its records:
+//! the commit is handed to the sinks with its last wave, and the sink
+//! that lands the last action sends it to the ledger, so that the
+//! component is woken once more, when its commit is durable.
 //!
 //! A component is a task of its own with private state (its declarations,
 //! its children) that talks to the other actors only by messages; it is
@@ -178,7 +181,9 @@ pub(crate) struct ComponentState {
     active: std::sync::atomic::AtomicBool,
     /// Set once its final commit is on its way to the ledger: a task
     /// cancelled after that has committed (the ledger writes what it was
-    /// sent).
+    /// sent). Set by whichever comes first, the cancelled task (which then
+    /// commits its failure) or the sink landing its last action (which
+    /// then sends its success): exactly one of the two is written.
     committing: std::sync::atomic::AtomicBool,
     /// Set when it finished as found unchanged (see [`unchanged`]), for
     /// the outcome it is counted under.
