@@ -39,7 +39,7 @@ fn expand_removed(
     let mut orphans = Vec::new();
     let mut queue = roots;
     while let Some(path) = queue.pop() {
-        let key: Arc<[u8]> = Arc::from(keycode::component_key(path.segments()));
+        let key = keycode::component_key_shared(path.segments());
         for child in ledger.children(&key)? {
             queue.push(path.child(child));
         }

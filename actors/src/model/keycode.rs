@@ -93,6 +93,30 @@ pub(crate) fn component_key(segments: &[StableKey]) -> Vec<u8> {
     out
 }
 
+/// [`component_key`], in shared bytes, encoded in a buffer kept by the
+/// thread: one allocation, for the shared bytes.
+pub(crate) fn component_key_shared(segments: &[StableKey]) -> Arc<[u8]> {
+    thread_local! {
+        static BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    // Taken out of its cell while in use (a thread being torn down finds
+    // none, and allocates).
+    let mut out = BUFFER.try_with(std::cell::Cell::take).unwrap_or_default();
+    out.clear();
+    for s in segments {
+        put_key(&mut out, s);
+    }
+    out.push(TAG_COMPONENT_END);
+    let key = Arc::from(out.as_slice());
+    if out.capacity() <= KEPT_KEY_BUFFER {
+        let _ = BUFFER.try_with(|cell| cell.set(out));
+    }
+    key
+}
+
+/// The largest key buffer a thread keeps for the next key.
+const KEPT_KEY_BUFFER: usize = 4096;
+
 /// One decoded segment of a path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Segment {
@@ -320,6 +344,23 @@ mod tests {
         assert!(enc(&(-5i64).into_stable_key()) < enc(&3i64.into_stable_key()));
         assert!(enc(&"ab".into_stable_key()) < enc(&"abc".into_stable_key()));
         assert!(enc(&"a\0".into_stable_key()) > enc(&"a".into_stable_key()));
+    }
+
+    #[test]
+    fn a_shared_component_key_is_the_component_key_whatever_the_thread_encoded_before() {
+        let long = "x".repeat(2 * KEPT_KEY_BUFFER).into_stable_key();
+        let paths = [
+            vec!["a".into_stable_key(), 1i64.into_stable_key()],
+            vec![long],
+            vec![],
+            vec!["b".into_stable_key()],
+        ];
+        for segments in &paths {
+            assert_eq!(
+                &*component_key_shared(segments),
+                component_key(segments).as_slice()
+            );
+        }
     }
 
     #[test]

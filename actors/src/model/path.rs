@@ -20,12 +20,15 @@ impl ComponentPath {
 
     /// The path of the child `key` of this component.
     pub fn child(&self, key: StableKey) -> Self {
-        let mut segments = Vec::with_capacity(self.segments.len() + 1);
-        segments.extend(self.segments.iter().cloned());
-        segments.push(key);
-        Self {
-            segments: Arc::from(segments),
-        }
+        // Collected straight into one allocation: the iterator's length is
+        // known.
+        let segments: Arc<[StableKey]> = self
+            .segments
+            .iter()
+            .cloned()
+            .chain(std::iter::once(key))
+            .collect();
+        Self { segments }
     }
 
     /// The keys from the root to this component.

@@ -9,14 +9,13 @@ use crate::error::{Error, Result};
 use crate::ledger::digest::Digest;
 use crate::ledger::record::LedgerOp;
 use crate::model::sink::EncodedAction;
-use crate::model::ActionKind;
 use crate::run::PreviewAction;
 use crate::sync::lock;
 
 use super::failed::{mounted_children_op, record_failure};
 use super::records::{
     children_change, full_intent, intent_for, is_refresh, note_children_and_orphans,
-    removes_children, success_records, SuccessRecords,
+    removes_children, success_records, ActionCounts, SuccessRecords,
 };
 use super::unchanged;
 use super::waves::{reconcile_waves, Outcomes, Reconciliation};
@@ -137,7 +136,7 @@ async fn finish_unchanged(state: &ComponentState, decls: &[Declaration]) -> Resu
         .unchanged
         .fetch_add(decls.len() as u64, Ordering::Relaxed);
     state.found_unchanged.store(true, Ordering::Relaxed);
-    if let Some(memo) = memo_op(state, state.key.to_vec(), false, false) {
+    if let Some(memo) = memo_op(state, false, false) {
         state.committing.store(true, Ordering::SeqCst);
         run.engine.ledger_handle.commit(vec![memo]).await?;
     }
@@ -195,7 +194,7 @@ struct SuccessCommit {
     /// Declarations found unchanged, by the shards or by the records.
     unchanged: u64,
     /// Actions applied, by kind.
-    actions: Vec<(ActionKind, u64)>,
+    actions: ActionCounts,
     /// Its memo key waits for the end of the run (see [`defer_memo`]).
     defer_memo: bool,
 }
@@ -214,24 +213,24 @@ fn success_commit(
         actions,
     } = success_records(state, decls, &reconciled.results, reconciled.fresh)?;
     let prev_children = &reconciled.prev_children;
-    let own = state.key.to_vec();
+    let own = || state.key.to_vec();
     if let Some(children) = children_change(state, prev_children).filter(|_| !state.is_group_root())
     {
         ops.push(LedgerOp::AddChildren {
-            component: own.clone(),
+            component: own(),
             children,
         });
     }
     if reconciled.prev_failure.is_some() {
         ops.push(LedgerOp::SetFailure {
-            component: own.clone(),
+            component: own(),
             failure: None,
         });
     }
     let orphans = !reconciled.orphans.is_empty();
     let removes = removes_children(state, prev_children);
     let changed = !ops.is_empty();
-    ops.extend(memo_op(state, own, orphans || removes, changed));
+    ops.extend(memo_op(state, orphans || removes, changed));
     Ok(SuccessCommit {
         ops,
         unchanged: unchanged + reconciled.unchanged,
@@ -247,7 +246,7 @@ fn count_success(state: &ComponentState, commit: &SuccessCommit) {
     counters
         .unchanged
         .fetch_add(commit.unchanged, Ordering::Relaxed);
-    for &(kind, n) in &commit.actions {
+    for (kind, n) in commit.actions.counted() {
         counters.count_action(kind, n);
     }
     if commit.defer_memo {
@@ -411,14 +410,14 @@ fn defer_memo(state: &ComponentState) {
 /// runs the component again and records it). Run without a memo key, a
 /// component that changed anything (`changed`, or `pending`) forgets the
 /// one an earlier run recorded, which no longer describes it.
-fn memo_op(state: &ComponentState, own: Vec<u8>, pending: bool, changed: bool) -> Option<LedgerOp> {
+fn memo_op(state: &ComponentState, pending: bool, changed: bool) -> Option<LedgerOp> {
     let memo = match state.memo.get() {
         Some(memo) => (!pending).then(|| memo.clone()),
         None if pending || changed => None,
         None => return None,
     };
     Some(LedgerOp::SetMemo {
-        component: own,
+        component: state.key.to_vec(),
         memo,
     })
 }

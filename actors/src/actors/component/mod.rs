@@ -225,7 +225,7 @@ impl ComponentState {
     }
 
     pub(crate) fn new(run: Arc<Run>, path: ComponentPath) -> Arc<Self> {
-        let key: Arc<[u8]> = Arc::from(crate::model::keycode::component_key(path.segments()));
+        let key = crate::model::keycode::component_key_shared(path.segments());
         let declared_last = lock(&run.engine.declared_last)
             .get(&key)
             .copied()

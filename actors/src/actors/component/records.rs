@@ -23,7 +23,37 @@ use super::{ComponentState, Declaration};
 pub(super) struct SuccessRecords {
     pub(super) ops: Vec<LedgerOp>,
     pub(super) unchanged: u64,
-    pub(super) actions: Vec<(ActionKind, u64)>,
+    pub(super) actions: ActionCounts,
+}
+
+/// Actions applied, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct ActionCounts {
+    created: u64,
+    updated: u64,
+    deleted: u64,
+}
+
+impl ActionCounts {
+    /// Counts one action of `kind`.
+    fn add(&mut self, kind: ActionKind) {
+        match kind {
+            ActionKind::Create => self.created += 1,
+            ActionKind::Update => self.updated += 1,
+            ActionKind::Delete => self.deleted += 1,
+        }
+    }
+
+    /// The kinds counted, with their counts.
+    pub(super) fn counted(&self) -> impl Iterator<Item = (ActionKind, u64)> {
+        [
+            (ActionKind::Create, self.created),
+            (ActionKind::Update, self.updated),
+            (ActionKind::Delete, self.deleted),
+        ]
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+    }
 }
 
 /// The records a component commits if every action it dispatched lands:
@@ -41,7 +71,7 @@ pub(super) fn success_records(
         ops: Vec::with_capacity(if fresh { 0 } else { results.len() }),
         new_entry: NewEntry::with_room(if fresh { results.len() } else { 0 }),
         unchanged: 0,
-        actions: Vec::new(),
+        actions: ActionCounts::default(),
     };
     for (i, r) in results.iter() {
         let Some(d) = decls.get(i) else {
@@ -80,7 +110,7 @@ struct Records<'a> {
     ops: Vec<LedgerOp>,
     new_entry: NewEntry<'a>,
     unchanged: u64,
-    actions: Vec<(ActionKind, u64)>,
+    actions: ActionCounts,
 }
 
 impl<'a> Records<'a> {
@@ -131,10 +161,7 @@ impl<'a> Records<'a> {
 
     /// A state whose action was applied: its new record, or its deletion.
     fn applied(&mut self, d: &'a Declaration, r: &'a Reconciled, out: &'a ErasedOutput) {
-        match self.actions.iter_mut().find(|(k, _)| *k == out.kind) {
-            Some((_, n)) => *n += 1,
-            None => self.actions.push((out.kind, 1)),
-        }
+        self.actions.add(out.kind);
         match &out.record {
             Some(record) => self.written(d, r, record),
             None => {
