@@ -612,7 +612,9 @@ impl BatchBuilder<'_> {
             }
             return None;
         }
-        raw.sort_by(|a, b| a.0.cmp(&b.0));
+        // Each component once (the puts were keyed by it): no order of
+        // equal keys to keep.
+        raw.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let id = {
             let mut packs = self.ledger.packs_mut();
             let id = packs.next_id;

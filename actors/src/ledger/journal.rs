@@ -75,7 +75,14 @@ pub(crate) struct Journal {
     dirty: bool,
     /// Batches to forget at the next [`Journal::forget_pending`].
     pending: Vec<u64>,
+    /// The buffer a batch's frame is encoded in, kept for the next one (a
+    /// batch of a few thousand intents would otherwise regrow it a dozen
+    /// times, copying it each time).
+    frame: Vec<u8>,
 }
+
+/// The largest frame buffer kept for the next batch.
+const KEPT_FRAME: usize = 4 << 20;
 
 impl Journal {
     /// Opens (or creates) the journal in `dir` and reads back the intent
@@ -104,6 +111,7 @@ impl Journal {
             len: bytes.len() as u64,
             dirty: false,
             pending: Vec::new(),
+            frame: Vec::new(),
         };
         if valid < journal.len {
             // A frame cut short by a crash: drop it, so appends follow the
@@ -120,9 +128,25 @@ impl Journal {
     pub(crate) fn append(&mut self, id: u64, intents: &[Intent]) -> std::io::Result<()> {
         // The payload is encoded after room for its header, which is
         // filled in once its length and hash are known.
-        let mut frame = vec![0u8; HEADER];
-        rmp_serde::encode::write(&mut frame, &FrameRef(id, intents))
-            .map_err(std::io::Error::other)?;
+        let mut frame = std::mem::take(&mut self.frame);
+        frame.clear();
+        frame.resize(HEADER, 0);
+        let written = self.append_frame(id, intents, &mut frame);
+        if frame.capacity() <= KEPT_FRAME {
+            self.frame = frame;
+        }
+        written
+    }
+
+    /// [`Journal::append`], encoding the frame in `frame` (which holds
+    /// room for its header).
+    fn append_frame(
+        &mut self,
+        id: u64,
+        intents: &[Intent],
+        frame: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        rmp_serde::encode::write(frame, &FrameRef(id, intents)).map_err(std::io::Error::other)?;
         let (header, payload) = frame.split_at_mut(HEADER);
         let len = u32::try_from(payload.len()).map_err(|_| {
             std::io::Error::other(format!(
@@ -136,7 +160,7 @@ impl Journal {
         let written = self
             .file
             .seek(SeekFrom::Start(self.len))
-            .and_then(|_| self.file.write_all(&frame));
+            .and_then(|_| self.file.write_all(frame));
         if let Err(e) = written {
             // Do not leave half a frame for the next one to follow.
             let _ = self.file.set_len(self.len);
