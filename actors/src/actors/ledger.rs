@@ -122,7 +122,8 @@ impl LedgerHandle {
     }
 }
 
-fn gone() -> Error {
+/// The error of a message the ledger actor was gone for.
+pub(crate) fn gone() -> Error {
     Error::Shutdown("the ledger actor has stopped".into())
 }
 

@@ -186,7 +186,6 @@ fn finish_read_only_root(
 
 /// A successful component's commit, worked out before it is sent, and
 /// what is counted once it is durable.
-#[derive(Default)]
 struct SuccessCommit {
     /// Its final records, ownership moves, children, failure note and
     /// memo key.
@@ -382,15 +381,10 @@ async fn commit_on_landing(
         // Not landed: why (or the ledger had stopped).
         Err(_) => match waiter.wait().await {
             Some(failure) => out.failure = Some(failure),
-            None => out.committed = Some(Err(ledger_stopped())),
+            None => out.committed = Some(Err(crate::actors::ledger::gone())),
         },
     }
     out
-}
-
-/// The error of a commit the ledger actor was gone for.
-fn ledger_stopped() -> Error {
-    Error::Shutdown("the ledger actor has stopped".into())
 }
 
 /// Keeps the memo key of a successful component whose only pending work is
