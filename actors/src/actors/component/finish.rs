@@ -3,6 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::actors::ledger::LedgerHandle;
 use crate::actors::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::actors::tasks::free_elsewhere;
 use crate::error::{Error, Result};
@@ -90,10 +91,21 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
 async fn commit_now(state: &ComponentState, mut commit: SuccessCommit) -> Result<SuccessCommit> {
     let ops = std::mem::take(&mut commit.ops);
     if !ops.is_empty() {
-        state.committing.store(true, Ordering::SeqCst);
-        state.run.engine.ledger_handle.commit(ops).await?;
+        commit_final(state, ops).await?;
     }
     Ok(commit)
+}
+
+/// Sends the component's final commit from its task and waits until it
+/// is durable.
+async fn commit_final(state: &ComponentState, ops: Vec<LedgerOp>) -> Result<()> {
+    let mut started = None;
+    state.send_final_commit(|| started = Some(state.run.engine.ledger_handle.commit_start(ops)));
+    match started {
+        Some(started) => LedgerHandle::committed(started?).await,
+        // Only its cancel guard sends first, once the task is dropped.
+        None => Err(Error::Cancelled(state.path.clone())),
+    }
 }
 
 /// What follows a component's successful commit: it is counted, what the
@@ -137,8 +149,7 @@ async fn finish_unchanged(state: &ComponentState, decls: &[Declaration]) -> Resu
         .fetch_add(decls.len() as u64, Ordering::Relaxed);
     state.found_unchanged.store(true, Ordering::Relaxed);
     if let Some(memo) = memo_op(state, false, false) {
-        state.committing.store(true, Ordering::SeqCst);
-        run.engine.ledger_handle.commit(vec![memo]).await?;
+        commit_final(state, vec![memo]).await?;
     }
     Ok(())
 }
@@ -328,7 +339,9 @@ async fn apply_waves(
         state.leave_activity();
         if w + 1 == waves.len() {
             // Worked out while the sinks apply the last wave, sent by the
-            // one that lands its last action.
+            // one that lands its last action. Handed over only now that
+            // every batch of the wave is dispatched: between two batches
+            // the unit's pending count may touch zero.
             let commit = success_commit(state, decls, reconciled);
             return commit_on_landing(state, &waiter, commit, out).await;
         }
@@ -367,14 +380,10 @@ async fn commit_on_landing(
         }
         // Not if the component was cancelled meanwhile: its failure is
         // committed instead (see `CancelGuard`).
-        let open = component
-            .committing
-            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok();
-        if open {
-            let ledger = &component.run.engine.ledger_handle;
+        let ledger = &component.run.engine.ledger_handle;
+        component.send_final_commit(|| {
             let _ = ledger.commit_replying(ops, reply);
-        }
+        });
     }));
     match written.await {
         Ok(result) => out.committed = Some(result.map(|()| commit)),

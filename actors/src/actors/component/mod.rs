@@ -179,12 +179,9 @@ pub(crate) struct ComponentState {
     /// Whether it counts in the run's activity (see [`Activity`](crate::actors::sink::Activity)):
     /// producing declarations or reconciling, not waiting.
     active: std::sync::atomic::AtomicBool,
-    /// Set once its final commit is on its way to the ledger: a task
-    /// cancelled after that has committed (the ledger writes what it was
-    /// sent). Set by whichever comes first, the cancelled task (which then
-    /// commits its failure) or the sink landing its last action (which
-    /// then sends its success): exactly one of the two is written.
-    committing: std::sync::atomic::AtomicBool,
+    /// Whether its final commit was sent to the ledger (see
+    /// [`ComponentState::send_final_commit`]).
+    committing: FinalCommit,
     /// Set when it finished as found unchanged (see [`unchanged`]), for
     /// the outcome it is counted under.
     found_unchanged: std::sync::atomic::AtomicBool,
@@ -245,9 +242,21 @@ impl ComponentState {
             finished: std::sync::atomic::AtomicBool::new(false),
             declared_last,
             active: std::sync::atomic::AtomicBool::new(false),
-            committing: std::sync::atomic::AtomicBool::new(false),
+            committing: FinalCommit::default(),
             found_unchanged: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Sends the component's final commit with `send`, unless it was sent
+    /// already; returns whether `send` ran. Its success (sent by its task,
+    /// or by the sink landing its last action) and, once it is cancelled,
+    /// its failure (sent by its cancel guard) both go through here: the
+    /// first sends, and exactly one is written. The decision and the send
+    /// are one step under a lock, so that a caller that finds the commit
+    /// sent knows it is in the ledger's queue, ahead of anything sent
+    /// after.
+    pub(crate) fn send_final_commit(&self, send: impl FnOnce()) -> bool {
+        self.committing.send_once(send)
     }
 
     /// Counts the component in the run's activity (once).
@@ -458,9 +467,63 @@ pub(crate) fn resolve_provider(
     Ok(())
 }
 
+/// Whether a component's final commit was sent: decided and sent in one
+/// step (see [`ComponentState::send_final_commit`]).
+#[derive(Default)]
+struct FinalCommit(Mutex<bool>);
+
+impl FinalCommit {
+    /// Runs `send` unless a caller did before; returns whether it ran. A
+    /// caller that finds it sent returns only once that send is done.
+    fn send_once(&self, send: impl FnOnce()) -> bool {
+        let mut sent = lock(&self.0);
+        if *sent {
+            return false;
+        }
+        *sent = true;
+        send();
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::not_among;
+    use super::{not_among, FinalCommit};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_final_commit_is_sent_once_and_a_second_sender_returns_after_the_first_sent(
+    ) -> Result<(), String> {
+        let commit = Arc::new(FinalCommit::default());
+        let sends = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let (entered, in_send) = std::sync::mpsc::channel();
+        let first = {
+            let (commit, sends, done) =
+                (Arc::clone(&commit), Arc::clone(&sends), Arc::clone(&done));
+            std::thread::spawn(move || {
+                commit.send_once(|| {
+                    let _ = entered.send(());
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    sends.fetch_add(1, Ordering::SeqCst);
+                    done.store(true, Ordering::SeqCst);
+                })
+            })
+        };
+        in_send.recv().map_err(|e| e.to_string())?;
+        let second = commit.send_once(|| {
+            sends.fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(!second, "the second sender sent too");
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the second sender returned before the first had sent"
+        );
+        assert!(first.join().map_err(|_| "the first sender panicked")?);
+        assert_eq!(sends.load(Ordering::SeqCst), 1);
+        Ok(())
+    }
 
     #[test]
     fn the_paths_not_declared_are_found_by_one_walk_over_both_sorted_lists() {

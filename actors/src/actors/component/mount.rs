@@ -154,26 +154,21 @@ impl Drop for CancelGuard {
         let run = &state.run;
         end_component(state);
         run.metrics.components_failed.increment(1);
-        if state
-            .committing
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            // Its commit was sent: the ledger writes it. (Marked as
-            // committing now, it is not sent any more: see `on_landed`.)
-            return;
-        }
-        run.note_cancelled();
-        let err = Error::Cancelled(state.path.clone());
-        run.fail(ComponentFailure::new(state.path.clone(), &err));
-        if run.preview || state.read_only_root() {
-            return;
-        }
-        // Sent without waiting (nothing can wait here); the ledger writes
+        // Unless its commit was sent (the ledger writes it), its failure
+        // is, without waiting (nothing can wait here); the ledger writes
         // it before anything sent after it.
-        let _ = run
-            .engine
-            .ledger_handle
-            .commit_start(failure_ops(state, &err));
+        state.send_final_commit(|| {
+            run.note_cancelled();
+            let err = Error::Cancelled(state.path.clone());
+            run.fail(ComponentFailure::new(state.path.clone(), &err));
+            if run.preview || state.read_only_root() {
+                return;
+            }
+            let _ = run
+                .engine
+                .ledger_handle
+                .commit_start(failure_ops(state, &err));
+        });
     }
 }
 
