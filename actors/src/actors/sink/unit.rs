@@ -9,6 +9,7 @@ use crate::group::PartitionId;
 use crate::ledger::record::Intent;
 use crate::model::sink::EncodedAction;
 use crate::model::StableKey;
+use crate::sync::lock;
 
 /// An action on its way to a sink, with what the ledger needs to know.
 pub(crate) struct PlannedAction {
@@ -88,7 +89,7 @@ impl UnitWaiter {
     /// now. If one failed, or the sinks stopped, it is dropped unrun:
     /// [`UnitWaiter::wait`] then returns why.
     pub(crate) fn on_landed(&self, then: OnLanded) {
-        *guard(&self.0.on_landed) = Some(then);
+        *lock(&self.0.on_landed) = Some(then);
         if self.0.pending.load(Ordering::SeqCst) == 0 || self.0.senders.load(Ordering::SeqCst) == 0
         {
             self.0.settle();
@@ -103,17 +104,18 @@ impl UnitWaiter {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.0.pending.load(Ordering::SeqCst) == 0 {
-                return take(&self.0.failure);
+                return lock(&self.0.failure).take();
             }
             if self.0.senders.load(Ordering::SeqCst) == 0 {
                 // A unit reference acknowledges before it is dropped: the
                 // last acknowledgement may have landed between the two
                 // reads above, and no other can come now.
                 if self.0.pending.load(Ordering::SeqCst) == 0 {
-                    return take(&self.0.failure);
+                    return lock(&self.0.failure).take();
                 }
                 return Some(
-                    take(&self.0.failure)
+                    lock(&self.0.failure)
+                        .take()
                         .unwrap_or_else(|| Error::Shutdown("a sink actor stopped".into())),
                 );
             }
@@ -127,7 +129,7 @@ impl Drop for UnitWaiter {
     /// what the sinks still hold of the unit is dropped, not applied.
     fn drop(&mut self) {
         self.0.abandoned.store(true, Ordering::SeqCst);
-        drop(guard(&self.0.on_landed).take());
+        drop(lock(&self.0.on_landed).take());
     }
 }
 
@@ -136,26 +138,15 @@ impl Waiter {
     /// without a failure; drops it if one failed or no action can land
     /// any more. Returns whether it ran.
     fn settle(&self) -> bool {
-        let Some(then) = guard(&self.on_landed).take() else {
+        let Some(then) = lock(&self.on_landed).take() else {
             return false;
         };
-        let landed = self.pending.load(Ordering::SeqCst) == 0 && guard(&self.failure).is_none();
+        let landed = self.pending.load(Ordering::SeqCst) == 0 && lock(&self.failure).is_none();
         if landed {
             then();
         }
         landed
     }
-}
-
-fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
-
-fn take(m: &Mutex<Option<Error>>) -> Option<Error> {
-    guard(m).take()
 }
 
 /// A unit's handle in the sinks, to acknowledge its actions.
@@ -182,7 +173,7 @@ impl UnitRef {
     /// Acknowledges `actions` of the unit's actions with their result.
     pub(crate) fn ack(&self, actions: usize, result: Result<()>) {
         if let Err(e) = result {
-            guard(&self.waiter.failure).get_or_insert(e);
+            lock(&self.waiter.failure).get_or_insert(e);
         }
         let before = self.waiter.pending.fetch_sub(actions, Ordering::SeqCst);
         if before <= actions && !self.waiter.settle() {
