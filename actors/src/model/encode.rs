@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 /// The largest buffer kept between encodings, per thread.
-const MAX_KEPT_BUFFER: usize = 64 * 1024;
+pub(crate) const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 thread_local! {
     static BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
@@ -30,14 +30,19 @@ pub(crate) fn with_encoded<T, R>(
 where
     T: Serialize + ?Sized,
 {
-    // The kept buffer is taken out of its cell while in use, so that an
-    // encoding nested in this one (a `Serialize` impl that encodes or
+    with_buffer(|buf| rmp_serde::encode::write(&mut *buf, value).map(|()| then(buf)))
+}
+
+/// Hands `write` the thread's kept buffer, emptied, to write bytes into.
+pub(crate) fn with_buffer<R>(write: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    // The kept buffer is taken out of its cell while in use, so that a
+    // use nested in this one (a `Serialize` impl that encodes or
     // fingerprints a value of its own) simply finds none; so does one on a
     // thread being torn down.
     let mut buf = BUFFER.try_with(Cell::take).unwrap_or_default();
     buf.clear();
-    let out = rmp_serde::encode::write(&mut buf, value).map(|()| then(&buf));
-    // Keep it for the next encoding, unless it grew huge.
+    let out = write(&mut buf);
+    // Keep it for the next use, unless it grew huge.
     if buf.capacity() <= MAX_KEPT_BUFFER {
         let _ = BUFFER.try_with(|cell| cell.set(buf));
     }

@@ -86,36 +86,26 @@ pub(crate) fn put_name(out: &mut Vec<u8>, tag: u8, name: &str) {
 /// Encodes a component path; the result ends with [`TAG_COMPONENT_END`].
 pub(crate) fn component_key(segments: &[StableKey]) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 * segments.len() + 1);
-    for s in segments {
-        put_key(&mut out, s);
-    }
-    out.push(TAG_COMPONENT_END);
+    put_component_key(&mut out, segments);
     out
 }
 
-/// [`component_key`], in shared bytes, encoded in a buffer kept by the
-/// thread: one allocation, for the shared bytes.
+/// [`component_key`], in shared bytes, encoded in the thread's kept
+/// buffer: one allocation, for the shared bytes.
 pub(crate) fn component_key_shared(segments: &[StableKey]) -> Arc<[u8]> {
-    thread_local! {
-        static BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-    }
-    // Taken out of its cell while in use (a thread being torn down finds
-    // none, and allocates).
-    let mut out = BUFFER.try_with(std::cell::Cell::take).unwrap_or_default();
-    out.clear();
-    for s in segments {
-        put_key(&mut out, s);
-    }
-    out.push(TAG_COMPONENT_END);
-    let key = Arc::from(out.as_slice());
-    if out.capacity() <= KEPT_KEY_BUFFER {
-        let _ = BUFFER.try_with(|cell| cell.set(out));
-    }
-    key
+    super::encode::with_buffer(|out| {
+        put_component_key(out, segments);
+        Arc::from(out.as_slice())
+    })
 }
 
-/// The largest key buffer a thread keeps for the next key.
-const KEPT_KEY_BUFFER: usize = 4096;
+/// Writes a component path's key into `out`.
+fn put_component_key(out: &mut Vec<u8>, segments: &[StableKey]) {
+    for s in segments {
+        put_key(out, s);
+    }
+    out.push(TAG_COMPONENT_END);
+}
 
 /// One decoded segment of a path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -348,7 +338,9 @@ mod tests {
 
     #[test]
     fn a_shared_component_key_is_the_component_key_whatever_the_thread_encoded_before() {
-        let long = "x".repeat(2 * KEPT_KEY_BUFFER).into_stable_key();
+        let long = "x"
+            .repeat(2 * crate::model::encode::MAX_KEPT_BUFFER)
+            .into_stable_key();
         let paths = [
             vec!["a".into_stable_key(), 1i64.into_stable_key()],
             vec![long],
