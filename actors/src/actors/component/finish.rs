@@ -3,7 +3,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::actors::ledger::LedgerHandle;
+use tokio::sync::oneshot;
+
+use crate::actors::ledger::gone;
 use crate::actors::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::actors::tasks::free_elsewhere;
 use crate::error::{Error, Result};
@@ -99,13 +101,27 @@ async fn commit_now(state: &ComponentState, mut commit: SuccessCommit) -> Result
 /// Sends the component's final commit from its task and waits until it
 /// is durable.
 async fn commit_final(state: &ComponentState, ops: Vec<LedgerOp>) -> Result<()> {
-    let mut started = None;
-    state.send_final_commit(|| started = Some(state.run.engine.ledger_handle.commit_start(ops)));
-    match started {
-        Some(started) => LedgerHandle::committed(started?).await,
+    let (reply, written) = oneshot::channel();
+    if !send_final(state, ops, reply) {
         // Only its cancel guard sends first, once the task is dropped.
-        None => Err(Error::Cancelled(state.path.clone())),
+        return Err(Error::Cancelled(state.path.clone()));
     }
+    written.await.map_err(|_| gone())?
+}
+
+/// Sends the component's final commit, unless its failure was sent (it
+/// was cancelled); `reply` answers once it is durable, and is dropped
+/// unanswered if it was not sent or the ledger has stopped. Returns
+/// whether it was sent.
+fn send_final(
+    state: &ComponentState,
+    ops: Vec<LedgerOp>,
+    reply: oneshot::Sender<Result<()>>,
+) -> bool {
+    let ledger = &state.run.engine.ledger_handle;
+    state.final_commit.send_once(|| {
+        let _ = ledger.commit_replying(ops, reply);
+    })
 }
 
 /// What follows a component's successful commit: it is counted, what the
@@ -371,26 +387,21 @@ async fn commit_on_landing(
         }
     };
     let ops = std::mem::take(&mut commit.ops);
-    let (reply, written) = tokio::sync::oneshot::channel();
+    let (reply, written) = oneshot::channel();
     let component = Arc::clone(state);
     waiter.on_landed(Box::new(move || {
         if ops.is_empty() {
             let _ = reply.send(Ok(()));
-            return;
+        } else {
+            send_final(&component, ops, reply);
         }
-        // Not if the component was cancelled meanwhile: its failure is
-        // committed instead (see `CancelGuard`).
-        let ledger = &component.run.engine.ledger_handle;
-        component.send_final_commit(|| {
-            let _ = ledger.commit_replying(ops, reply);
-        });
     }));
     match written.await {
         Ok(result) => out.committed = Some(result.map(|()| commit)),
         // Not landed: why (or the ledger had stopped).
         Err(_) => match waiter.wait().await {
             Some(failure) => out.failure = Some(failure),
-            None => out.committed = Some(Err(crate::actors::ledger::gone())),
+            None => out.committed = Some(Err(gone())),
         },
     }
     out

@@ -179,9 +179,8 @@ pub(crate) struct ComponentState {
     /// Whether it counts in the run's activity (see [`Activity`](crate::actors::sink::Activity)):
     /// producing declarations or reconciling, not waiting.
     active: std::sync::atomic::AtomicBool,
-    /// Whether its final commit was sent to the ledger (see
-    /// [`ComponentState::send_final_commit`]).
-    committing: FinalCommit,
+    /// Whether its final commit was sent to the ledger.
+    final_commit: FinalCommit,
     /// Set when it finished as found unchanged (see [`unchanged`]), for
     /// the outcome it is counted under.
     found_unchanged: std::sync::atomic::AtomicBool,
@@ -242,21 +241,9 @@ impl ComponentState {
             finished: std::sync::atomic::AtomicBool::new(false),
             declared_last,
             active: std::sync::atomic::AtomicBool::new(false),
-            committing: FinalCommit::default(),
+            final_commit: FinalCommit::default(),
             found_unchanged: std::sync::atomic::AtomicBool::new(false),
         })
-    }
-
-    /// Sends the component's final commit with `send`, unless it was sent
-    /// already; returns whether `send` ran. Its success (sent by its task,
-    /// or by the sink landing its last action) and, once it is cancelled,
-    /// its failure (sent by its cancel guard) both go through here: the
-    /// first sends, and exactly one is written. The decision and the send
-    /// are one step under a lock, so that a caller that finds the commit
-    /// sent knows it is in the ledger's queue, ahead of anything sent
-    /// after.
-    pub(crate) fn send_final_commit(&self, send: impl FnOnce()) -> bool {
-        self.committing.send_once(send)
     }
 
     /// Counts the component in the run's activity (once).
@@ -467,14 +454,19 @@ pub(crate) fn resolve_provider(
     Ok(())
 }
 
-/// Whether a component's final commit was sent: decided and sent in one
-/// step (see [`ComponentState::send_final_commit`]).
+/// Whether a component's final commit was sent. Its success (sent by its
+/// task, or by the sink landing its last action) and, once it is
+/// cancelled, its failure (sent by its cancel guard) both go through
+/// [`FinalCommit::send_once`]: the first sends, and exactly one is
+/// written.
 #[derive(Default)]
 struct FinalCommit(Mutex<bool>);
 
 impl FinalCommit {
-    /// Runs `send` unless a caller did before; returns whether it ran. A
-    /// caller that finds it sent returns only once that send is done.
+    /// Runs `send` unless a caller did before; returns whether it ran. The
+    /// decision and the send are one step under a lock, so that a caller
+    /// that finds the commit sent returns only once it is in the ledger's
+    /// queue, ahead of anything sent after.
     fn send_once(&self, send: impl FnOnce()) -> bool {
         let mut sent = lock(&self.0);
         if *sent {

@@ -157,7 +157,7 @@ impl Drop for CancelGuard {
         // Unless its commit was sent (the ledger writes it), its failure
         // is, without waiting (nothing can wait here); the ledger writes
         // it before anything sent after it.
-        state.send_final_commit(|| {
+        state.final_commit.send_once(|| {
             run.note_cancelled();
             let err = Error::Cancelled(state.path.clone());
             run.fail(ComponentFailure::new(state.path.clone(), &err));
