@@ -1,6 +1,6 @@
 //! The messages a shard answers, and what they carry.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use actix::Message;
@@ -170,10 +170,13 @@ impl ReplyTo {
 /// once rather than once per shard. A message dropped unanswered (its
 /// shard stopped) drops its share; once every share is gone the channel
 /// closes, and the component sees its shards stopped.
-pub(crate) struct Gather {
-    replies: Mutex<Vec<Option<ShardReply>>>,
-    remaining: AtomicUsize,
-    done: Mutex<Option<oneshot::Sender<Vec<Option<ShardReply>>>>>,
+pub(crate) struct Gather(Mutex<Gathering>);
+
+/// The replies kept so far, and where they go once the last one comes.
+struct Gathering {
+    replies: Vec<Option<ShardReply>>,
+    remaining: usize,
+    done: Option<oneshot::Sender<Vec<Option<ShardReply>>>>,
 }
 
 /// The replies of a [`Gather`], in the order of their messages.
@@ -183,25 +186,33 @@ impl Gather {
     /// A gathering of `n` replies, and where they arrive together.
     pub(crate) fn new(n: usize) -> (Arc<Self>, Gathered) {
         let (tx, rx) = oneshot::channel();
-        let gather = Gather {
-            replies: Mutex::new((0..n).map(|_| None).collect()),
-            remaining: AtomicUsize::new(n),
-            done: Mutex::new(Some(tx)),
+        let gathering = Gathering {
+            replies: (0..n).map(|_| None).collect(),
+            remaining: n,
+            done: Some(tx),
         };
-        (Arc::new(gather), rx)
+        (Arc::new(Gather(Mutex::new(gathering))), rx)
     }
 
     /// Keeps the reply of the message at `position`; the last one hands
     /// them all over.
     fn deliver(&self, position: usize, reply: ShardReply) {
-        if let Some(slot) = lock(&self.replies).get_mut(position) {
-            *slot = Some(reply);
-        }
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let replies = std::mem::take(&mut *lock(&self.replies));
-            if let Some(done) = lock(&self.done).take() {
-                let _ = done.send(replies);
+        let handed = {
+            let mut g = lock(&self.0);
+            if let Some(slot) = g.replies.get_mut(position) {
+                *slot = Some(reply);
             }
+            g.remaining = g.remaining.saturating_sub(1);
+            if g.remaining == 0 {
+                g.done
+                    .take()
+                    .map(|done| (done, std::mem::take(&mut g.replies)))
+            } else {
+                None
+            }
+        };
+        if let Some((done, replies)) = handed {
+            let _ = done.send(replies);
         }
     }
 }
