@@ -71,6 +71,36 @@ impl ActionKind {
     }
 }
 
+/// Actions counted by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ActionCounts {
+    created: u64,
+    updated: u64,
+    deleted: u64,
+}
+
+impl ActionCounts {
+    /// Counts one action of `kind`.
+    pub(crate) fn add(&mut self, kind: ActionKind) {
+        match kind {
+            ActionKind::Create => self.created += 1,
+            ActionKind::Update => self.updated += 1,
+            ActionKind::Delete => self.deleted += 1,
+        }
+    }
+
+    /// The kinds counted, with their counts.
+    pub(crate) fn counted(&self) -> impl Iterator<Item = (ActionKind, u64)> {
+        [
+            (ActionKind::Create, self.created),
+            (ActionKind::Update, self.updated),
+            (ActionKind::Delete, self.deleted),
+        ]
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+    }
+}
+
 /// How a change of a container affects its children.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TargetChildInvalidation {
@@ -80,4 +110,20 @@ pub enum TargetChildInvalidation {
     /// The container may have lost data: children are reconciled with
     /// `prev_may_be_missing = true`, so they are written again.
     Lossy,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ActionCounts, ActionKind};
+
+    #[test]
+    fn action_counts_list_each_kind_counted_with_its_count_and_no_other() {
+        let mut counts = ActionCounts::default();
+        for kind in [ActionKind::Delete, ActionKind::Create, ActionKind::Delete] {
+            counts.add(kind);
+        }
+        let counted: Vec<_> = counts.counted().collect();
+        assert_eq!(counted, [(ActionKind::Create, 1), (ActionKind::Delete, 2)]);
+        assert_eq!(ActionCounts::default().counted().count(), 0);
+    }
 }

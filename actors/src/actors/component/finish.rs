@@ -11,6 +11,7 @@ use crate::actors::tasks::free_elsewhere;
 use crate::error::{Error, Result};
 use crate::ledger::digest::Digest;
 use crate::ledger::record::LedgerOp;
+use crate::model::action::ActionCounts;
 use crate::model::sink::EncodedAction;
 use crate::run::PreviewAction;
 use crate::sync::lock;
@@ -18,7 +19,7 @@ use crate::sync::lock;
 use super::failed::{mounted_children_op, record_failure};
 use super::records::{
     children_change, full_intent, intent_for, is_refresh, note_children_and_orphans,
-    removes_children, success_records, ActionCounts, SuccessRecords,
+    removes_children, success_records, SuccessRecords,
 };
 use super::unchanged;
 use super::waves::{reconcile_waves, Outcomes, Reconciliation};

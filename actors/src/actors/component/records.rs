@@ -10,6 +10,7 @@ use crate::ledger::buf;
 use crate::ledger::record::{
     ComponentEntryOut, Intent, LedgerOp, RecordsOut, StateEntry, StateEntryOut,
 };
+use crate::model::action::ActionCounts;
 use crate::model::erased::ErasedOutput;
 use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::{ActionKind, StableKey};
@@ -24,36 +25,6 @@ pub(super) struct SuccessRecords {
     pub(super) ops: Vec<LedgerOp>,
     pub(super) unchanged: u64,
     pub(super) actions: ActionCounts,
-}
-
-/// Actions applied, by kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct ActionCounts {
-    created: u64,
-    updated: u64,
-    deleted: u64,
-}
-
-impl ActionCounts {
-    /// Counts one action of `kind`.
-    fn add(&mut self, kind: ActionKind) {
-        match kind {
-            ActionKind::Create => self.created += 1,
-            ActionKind::Update => self.updated += 1,
-            ActionKind::Delete => self.deleted += 1,
-        }
-    }
-
-    /// The kinds counted, with their counts.
-    pub(super) fn counted(&self) -> impl Iterator<Item = (ActionKind, u64)> {
-        [
-            (ActionKind::Create, self.created),
-            (ActionKind::Update, self.updated),
-            (ActionKind::Delete, self.deleted),
-        ]
-        .into_iter()
-        .filter(|&(_, n)| n > 0)
-    }
 }
 
 /// The records a component commits if every action it dispatched lands:

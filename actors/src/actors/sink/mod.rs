@@ -36,8 +36,8 @@ use crate::config::{BatchPolicy, RetryPolicy};
 use crate::error::{Error, Result};
 use crate::group::Fence;
 use crate::ledger::record::Intent;
+use crate::model::action::ActionCounts;
 use crate::model::sink::{EncodedAction, SinkCore};
-use crate::model::ActionKind;
 
 /// One unit's actions in a sink.
 struct Part {
@@ -569,20 +569,15 @@ impl SinkActor {
         let label = self.label(&batch);
         let err = match res {
             Ok(()) => {
-                let mut kinds = [0u64; 3];
+                let mut kinds = ActionCounts::default();
                 for part in &batch.parts {
                     for a in part.actions.iter().filter(|a| !a.refresh) {
-                        kinds[a.action.kind as usize] += 1;
+                        kinds.add(a.action.kind);
                     }
                 }
-                for (kind, n) in [ActionKind::Create, ActionKind::Update, ActionKind::Delete]
-                    .into_iter()
-                    .zip(kinds)
-                {
-                    if n > 0 {
-                        metrics::counter!(crate::metrics::ACTIONS, "provider" => label.clone(), "kind" => kind.as_str())
-                            .increment(n);
-                    }
+                for (kind, n) in kinds.counted() {
+                    metrics::counter!(crate::metrics::ACTIONS, "provider" => label.clone(), "kind" => kind.as_str())
+                        .increment(n);
                 }
                 for part in batch.parts {
                     part.unit.ack(part.actions.len(), Ok(()));
