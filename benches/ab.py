@@ -99,16 +99,13 @@ def main():
     if len(set(names)) != len(names):
         sys.exit("ab.py: two variants share a name")
     results = defaultdict(list)
-    raw = open(args.raw, "a", encoding="utf-8") if args.raw else None
-    for _ in range(args.rounds):
-        for name, binary, env in variants:
-            samples = run_once(binary, env, args.shape, args.last_phase)
-            results[name].append(samples)
-            for phase, secs, rss in samples:
-                if raw:
+    with open(args.raw or os.devnull, "a", encoding="utf-8") as raw:
+        for _ in range(args.rounds):
+            for name, binary, env in variants:
+                samples = run_once(binary, env, args.shape, args.last_phase)
+                results[name].append(samples)
+                for phase, secs, rss in samples:
                     raw.write(f"{name} SAMPLE {args.shape} {phase} {secs} {rss}\n")
-    if raw:
-        raw.close()
     print(f"{args.shape}, {args.rounds} rounds")
     report(names, results)
 
