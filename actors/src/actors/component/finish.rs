@@ -92,10 +92,7 @@ pub(super) async fn finish(state: &Arc<ComponentState>) -> Result<()> {
 
 /// Commits a component with no action to wait for, at once.
 async fn commit_now(state: &ComponentState, mut commit: SuccessCommit) -> Result<SuccessCommit> {
-    let ops = std::mem::take(&mut commit.ops);
-    if !ops.is_empty() {
-        commit_final(state, ops).await?;
-    }
+    commit_final(state, std::mem::take(&mut commit.ops)).await?;
     Ok(commit)
 }
 
@@ -113,12 +110,17 @@ async fn commit_final(state: &ComponentState, ops: Vec<LedgerOp>) -> Result<()> 
 /// Sends the component's final commit, unless its failure was sent (it
 /// was cancelled); `reply` answers once it is durable, and is dropped
 /// unanswered if it was not sent or the ledger has stopped. Returns
-/// whether it was sent.
+/// whether it was sent. With no ops there is nothing to send: `reply`
+/// answers at once.
 fn send_final(
     state: &ComponentState,
     ops: Vec<LedgerOp>,
     reply: oneshot::Sender<Result<()>>,
 ) -> bool {
+    if ops.is_empty() {
+        let _ = reply.send(Ok(()));
+        return true;
+    }
     let ledger = &state.run.engine.ledger_handle;
     state.final_commit.send_once(|| {
         let _ = ledger.commit_replying(ops, reply);
@@ -391,11 +393,7 @@ async fn commit_on_landing(
     let (reply, written) = oneshot::channel();
     let component = Arc::clone(state);
     waiter.on_landed(Box::new(move || {
-        if ops.is_empty() {
-            let _ = reply.send(Ok(()));
-        } else {
-            send_final(&component, ops, reply);
-        }
+        send_final(&component, ops, reply);
     }));
     match written.await {
         Ok(result) => out.committed = Some(result.map(|()| commit)),
