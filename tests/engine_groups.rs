@@ -296,3 +296,42 @@ async fn a_members_changelog_is_compacted_as_it_grows_and_a_new_member_restores_
     second.leave_group().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joining_while_a_paused_peer_holds_the_groups_row_waits_and_joins() -> Result<()> {
+    let Some((_, pool)) = pg::server(8).await.map_err(Error::msg)? else {
+        return Ok(());
+    };
+    let group = unique("held_row");
+    let dir = tempfile::tempdir()?;
+    let first = member(&pool, &dir.path().join("first"), &group, "first").await?;
+
+    // A peer stopped inside a transaction that locked the group's row: it
+    // holds it for longer than a joiner's statements wait (half the lease
+    // TTL of 2 s), then lets go, as the server does when it ends a paused
+    // member's connection.
+    let mut peer = pool.begin().await?;
+    sqlx::query("SELECT 1 FROM weir.worker_group WHERE group_name = $1 FOR UPDATE")
+        .bind(&group)
+        .execute(&mut *peer)
+        .await?;
+    let held = Duration::from_millis(2500);
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(held).await;
+        peer.rollback().await
+    });
+
+    let started = std::time::Instant::now();
+    let second = member(&pool, &dir.path().join("second"), &group, "second").await?;
+    release.await.map_err(Error::msg)??;
+    assert!(
+        started.elapsed() >= held,
+        "joined in {:?}, while the row was held",
+        started.elapsed()
+    );
+    let status = second.group_status().await?.expect("a group member");
+    assert_eq!(status.members.len(), 2, "{status:?}");
+    second.leave_group().await?;
+    first.leave_group().await?;
+    Ok(())
+}

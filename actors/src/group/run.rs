@@ -12,7 +12,7 @@ use super::member::{component_partition, Holding, Member};
 use super::partition::PartitionId;
 use super::restore::{forget_partition, restore_partition};
 use crate::actors::pipeline::Engine;
-use crate::error::{ComponentFailure, Result};
+use crate::error::{ComponentFailure, Error, ErrorKind, Result};
 use crate::model::{keycode, StableKey};
 
 /// What a member holds for one run, and the pass it runs.
@@ -29,12 +29,57 @@ impl GroupRun {
     }
 }
 
-/// Joins the group of an App being built.
+/// Joins the group of an App being built. A failure that retrying may
+/// fix is retried (see [`join_retry_delay`]): a peer paused inside a
+/// transaction that holds the group's row makes joins time out until the
+/// server ends its connection, which takes up to half the lease TTL.
 pub(crate) async fn join(group: WorkerGroup) -> Result<Arc<Member>> {
     let member = Arc::new(Member::new(group));
-    member.ensure_joined().await?;
-    settle_joins(&member).await?;
-    Ok(member)
+    let started = tokio::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        let joined = match member.ensure_joined().await {
+            Ok(_) => settle_joins(&member).await,
+            Err(e) => Err(e),
+        };
+        let e = match joined {
+            Ok(()) => return Ok(member),
+            Err(e) => e,
+        };
+        let ttl = member.group.lease_ttl.unwrap_or(super::DEFAULT_LEASE_TTL);
+        let Some(delay) = join_retry_delay(&e, attempt, started.elapsed(), ttl) else {
+            return Err(e);
+        };
+        tracing::warn!(
+            group = %member.group.name(),
+            member = %member.id,
+            "joining the worker group failed (retrying in {} ms): {e}",
+            delay.as_millis()
+        );
+        tokio::time::sleep(delay).await;
+        attempt += 1;
+    }
+}
+
+/// How many lease TTLs a member keeps retrying to join.
+const JOIN_RETRY_TTLS: u32 = 3;
+
+/// How long to wait before joining again after `e`, the failure of
+/// attempt `attempt` (from 0), `elapsed` after the first began; `None`
+/// gives up. Only failures that retrying may fix (timeouts, lost
+/// connections, conflicts) are retried, with a delay doubling from 50 ms
+/// up to a quarter of the lease TTL, for [`JOIN_RETRY_TTLS`] lease TTLs.
+fn join_retry_delay(e: &Error, attempt: u32, elapsed: Duration, ttl: Duration) -> Option<Duration> {
+    let stopping = matches!(e.kind(), ErrorKind::Shutdown | ErrorKind::Cancelled);
+    if stopping || !e.is_retriable() || elapsed >= ttl * JOIN_RETRY_TTLS {
+        return None;
+    }
+    let first = Duration::from_millis(50);
+    Some(
+        (first * 2u32.saturating_pow(attempt.min(16)))
+            .min(ttl / 4)
+            .max(first),
+    )
 }
 
 /// How many join delays a member waits at most for others to join.
@@ -312,4 +357,42 @@ pub(crate) async fn leave(member: &Member) -> Result<()> {
         .coordinator
         .leave(&member.group.name, &member.id)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_join_that_timed_out_is_retried_with_a_growing_delay_capped_at_a_quarter_of_the_ttl() {
+        let timeout = Error::Io(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let delays: Vec<_> = (0..8)
+            .map(|attempt| join_retry_delay(&timeout, attempt, Duration::ZERO, TTL))
+            .collect();
+        assert_eq!(delays[0], Some(Duration::from_millis(50)));
+        assert_eq!(delays[1], Some(Duration::from_millis(100)));
+        assert_eq!(delays[7], Some(TTL / 4));
+        assert!(delays.windows(2).all(|w| w[0] <= w[1]), "{delays:?}");
+    }
+
+    #[test]
+    fn a_join_is_given_up_after_three_ttls_or_on_a_failure_retrying_cannot_fix() {
+        let timeout = Error::Io(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert_eq!(join_retry_delay(&timeout, 3, TTL * 3, TTL), None);
+        assert!(join_retry_delay(&timeout, 3, TTL * 3 - Duration::from_millis(1), TTL).is_some());
+        assert_eq!(
+            join_retry_delay(&Error::permanent("bad group"), 0, Duration::ZERO, TTL),
+            None
+        );
+        assert_eq!(
+            join_retry_delay(&Error::Usage("x".into()), 0, Duration::ZERO, TTL),
+            None
+        );
+        assert_eq!(
+            join_retry_delay(&Error::Shutdown("stop".into()), 0, Duration::ZERO, TTL),
+            None
+        );
+    }
 }
