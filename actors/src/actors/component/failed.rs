@@ -40,8 +40,8 @@ pub(super) fn mounted_children_op(state: &ComponentState) -> Option<LedgerOp> {
         return None;
     }
     let children = lock(&state.children);
-    (!children.keys.is_empty()).then(|| LedgerOp::AddChildren {
+    (!children.keys().is_empty()).then(|| LedgerOp::AddChildren {
         component: state.key.to_vec(),
-        children: children.keys.clone(),
+        children: children.keys().to_vec(),
     })
 }

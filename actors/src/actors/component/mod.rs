@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
+use self::children::ChildSet;
 use super::reconciler::{
     shard_of, Chunk, EarlyGate, ReconcileBatch, ReplyTo, ShardBatch, ShardReply,
 };
@@ -38,6 +39,7 @@ use crate::model::{ComponentPath, StableKey};
 use crate::run::Run;
 use crate::sync::lock;
 
+mod children;
 mod failed;
 mod finish;
 mod mount;
@@ -152,12 +154,6 @@ struct Early {
 /// Chunks a component may have unhandled per shard: beyond, it declares on
 /// and sends a larger chunk later.
 const OUTSTANDING_PER_SHARD: usize = 2;
-
-#[derive(Default)]
-struct ChildSet {
-    keys: Vec<StableKey>,
-    set: HashSet<StableKey>,
-}
 
 /// The private state of one component in one run.
 pub(crate) struct ComponentState {
@@ -399,13 +395,12 @@ impl ComponentState {
         if let Some(err) = self.finished_error(format_args!("mount child {key}")) {
             return Err(err);
         }
-        if !children.set.insert(key.clone()) {
+        if !children.insert(key)? {
             return Err(Error::Usage(format!(
                 "component {} mounts child {key} twice in one run",
                 self.path
             )));
         }
-        children.keys.push(key.clone());
         Ok(())
     }
 

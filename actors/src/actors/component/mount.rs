@@ -354,7 +354,7 @@ fn refuse_twice_mounted<T>(parent: &ComponentState, items: &[(StableKey, T)]) ->
     let mut seen = HashSet::default();
     let children = lock(&parent.children);
     for (k, _) in items {
-        if !seen.insert(k) || children.set.contains(k) {
+        if !seen.insert(k) || children.contains(k) {
             return Err(Error::Usage(format!(
                 "component {} mounts child {k} twice in one run",
                 parent.path

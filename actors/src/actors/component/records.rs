@@ -311,7 +311,7 @@ pub(super) fn children_change(
     let children = lock(&state.children);
     let prev_set: HashSet<&StableKey> = prev.iter().collect();
     let added: Vec<StableKey> = children
-        .keys
+        .keys()
         .iter()
         .filter(|k| !prev_set.contains(k))
         .cloned()
@@ -322,7 +322,7 @@ pub(super) fn children_change(
 /// Whether a child of the last run is not mounted in this one.
 pub(super) fn removes_children(state: &ComponentState, prev_children: &[StableKey]) -> bool {
     let children = lock(&state.children);
-    prev_children.iter().any(|k| !children.set.contains(k))
+    prev_children.iter().any(|k| !children.contains(k))
 }
 
 /// After a success: children no longer mounted are removed, and states no
@@ -339,7 +339,7 @@ pub(super) fn note_children_and_orphans(
         // A scoped run's root keeps its children outside the scope.
         let root = state.path.is_root();
         for k in prev_children {
-            if !children.set.contains(k) && (!root || run.in_scope(k)) {
+            if !children.contains(k) && (!root || run.in_scope(k)) {
                 removed.push(state.path.child(k.clone()));
             }
         }

@@ -133,7 +133,7 @@ fn framed(input: &mut Vec<u8>, bytes: &[u8]) {
 
 /// Whether the component mounted children in this run.
 fn has_children(state: &ComponentState) -> bool {
-    !lock(&state.children).keys.is_empty()
+    !lock(&state.children).keys().is_empty()
 }
 
 /// Whether the ledger's digest of the component's last clean commit is
