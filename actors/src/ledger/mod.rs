@@ -561,11 +561,7 @@ impl Ledger {
             }
             if let Some(cause) = &entry.failure {
                 let path = keycode::decode_component(component)
-                    .map(|segments| {
-                        segments
-                            .into_iter()
-                            .fold(crate::model::ComponentPath::root(), |p, k| p.child(k))
-                    })
+                    .map(crate::model::ComponentPath::from_segments)
                     .ok_or_else(|| self.corrupt("a component key is malformed"))?;
                 failures.push((path, cause.clone()));
             }

@@ -31,6 +31,13 @@ impl ComponentPath {
         Self { segments }
     }
 
+    /// The path of the keys `segments`, from the root.
+    pub(crate) fn from_segments(segments: Vec<StableKey>) -> Self {
+        Self {
+            segments: segments.into(),
+        }
+    }
+
     /// The keys from the root to this component.
     pub fn segments(&self) -> &[StableKey] {
         &self.segments

@@ -159,7 +159,7 @@ pub(super) fn claim(state: &ComponentState, decls: &[Declaration]) -> Result<()>
         };
         let mut locked = shard.lock();
         let declared = locked.run(run.id);
-        let me = declared.component(&state.key, &state.path);
+        let me = declared.component(&state.key);
         if let Some(first) = declared.claim(me, &d.path) {
             duplicate.get_or_insert_with(|| Error::DuplicateDeclaration {
                 provider: d.provider.path.name.to_string(),

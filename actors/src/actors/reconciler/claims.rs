@@ -20,11 +20,14 @@
 //! the lock only while it claims a batch's paths, never while a handler
 //! runs.
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
 use std::collections::hash_map::Entry;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::model::ComponentPath;
+use hashbrown::HashTable;
+
+use crate::model::{keycode, ComponentPath};
 use crate::sync::lock;
 
 /// The claims of one shard, for the runs under way.
@@ -47,10 +50,12 @@ pub(crate) struct ClaimsByRun {
 pub(crate) struct RunDeclared {
     /// The paths, with the component that declared each.
     paths: Paths,
-    /// The components that declared paths here, each once.
-    components: Vec<ComponentPath>,
-    /// Their positions, by component key.
-    by_key: HashMap<Arc<[u8]>, usize>,
+    /// The keys of the components that declared paths here, each once.
+    /// A component's path is decoded from its key only to name it in an
+    /// error: the claims of a run keep no path of a component that ended.
+    components: Vec<Arc<[u8]>>,
+    /// Their positions in `components`, found by key.
+    positions: HashTable<usize>,
 }
 
 /// The paths declared on a shard in one run, with the position in
@@ -158,14 +163,32 @@ impl ClaimsByRun {
 
 impl RunDeclared {
     /// The position of the component with key `key`, added if new.
-    pub(crate) fn component(&mut self, key: &Arc<[u8]>, path: &ComponentPath) -> usize {
-        if let Some(&i) = self.by_key.get(key) {
-            return i;
+    pub(crate) fn component(&mut self, key: &Arc<[u8]>) -> usize {
+        let components = &self.components;
+        let entry = self.positions.entry(
+            hash(key),
+            |&i| components.get(i).is_some_and(|k| **k == **key),
+            |&i| components.get(i).map_or(0, |k| hash(k)),
+        );
+        match entry {
+            hashbrown::hash_table::Entry::Occupied(at) => *at.get(),
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                let i = self.components.len();
+                slot.insert(i);
+                self.components.push(Arc::clone(key));
+                i
+            }
         }
-        let i = self.components.len();
-        self.components.push(path.clone());
-        self.by_key.insert(Arc::clone(key), i);
-        i
+    }
+
+    /// The position of the component with key `key`, if it declared here.
+    fn position(&self, key: &[u8]) -> Option<usize> {
+        let components = &self.components;
+        self.positions
+            .find(hash(key), |&i| {
+                components.get(i).is_some_and(|k| **k == *key)
+            })
+            .copied()
     }
 
     /// How many paths were claimed.
@@ -175,7 +198,11 @@ impl RunDeclared {
 
     /// The path of the component at position `i`.
     pub(crate) fn path_of(&self, i: usize) -> ComponentPath {
-        self.components.get(i).cloned().unwrap_or_default()
+        self.components
+            .get(i)
+            .and_then(|key| keycode::decode_component(key))
+            .map(ComponentPath::from_segments)
+            .unwrap_or_default()
     }
 
     /// Claims `path` for the component at position `me`; the position of
@@ -198,9 +225,14 @@ impl RunDeclared {
     /// The position of the component other than the one keyed `key` that
     /// claimed `path`, if one did.
     pub(crate) fn claimed_by_other_than(&mut self, key: &[u8], path: &[u8]) -> Option<usize> {
-        let me = self.by_key.get(key).copied();
+        let me = self.position(key);
         self.paths.claimed_by_other(me, path)
     }
+}
+
+/// The hash a component key is found by.
+fn hash(key: &[u8]) -> u64 {
+    FxBuildHasher.hash_one(key)
 }
 
 #[cfg(test)]
@@ -210,21 +242,21 @@ mod tests {
 
     fn component(name: &str) -> (Arc<[u8]>, ComponentPath) {
         let path = ComponentPath::root().child(StableKey::Str(Arc::from(name)));
-        (Arc::from(name.as_bytes()), path)
+        (keycode::component_key_shared(path.segments()), path)
     }
 
     #[test]
     fn a_path_claimed_by_one_component_is_refused_to_another_in_the_same_run_only() {
         let claims = Claims::default();
         let (a, a_path) = component("a");
-        let (b, b_path) = component("b");
+        let (b, _) = component("b");
         let p: Arc<[u8]> = Arc::from(&b"p"[..]);
         {
             let mut locked = claims.lock();
             let run = locked.run(1);
-            let me = run.component(&a, &a_path);
+            let me = run.component(&a);
             assert_eq!(run.claim(me, &p), None);
-            let other = run.component(&b, &b_path);
+            let other = run.component(&b);
             let first = run.claim(other, &p);
             assert_eq!(first.map(|i| run.path_of(i)), Some(a_path.clone()));
             assert_eq!(run.claimed_by_other(other, &p), Some(me));
@@ -233,7 +265,7 @@ mod tests {
         let mut locked = claims.lock();
         locked.end(1);
         let run = locked.run(2);
-        let other = run.component(&b, &b_path);
+        let other = run.component(&b);
         assert_eq!(
             run.claim(other, &p),
             None,
@@ -244,24 +276,24 @@ mod tests {
     #[test]
     fn paths_one_component_listed_are_found_once_a_second_component_declares() {
         let claims = Claims::default();
-        let (a, a_path) = component("a");
-        let (b, b_path) = component("b");
+        let (a, _) = component("a");
+        let (b, _) = component("b");
         let paths: Vec<Arc<[u8]>> = (0..100)
             .map(|i| Arc::from(format!("p{i}").as_bytes()))
             .collect();
         let mut locked = claims.lock();
         let run = locked.run(1);
-        let me = run.component(&a, &a_path);
+        let me = run.component(&a);
         for p in &paths {
             assert_eq!(run.claim(me, p), None);
         }
         assert_eq!(run.claimed_by_other(me, &paths[7]), None, "its own");
         assert_eq!(
-            run.claimed_by_other_than(b"c", &paths[7]),
+            run.claimed_by_other_than(&component("c").0, &paths[7]),
             Some(me),
             "asked for a component that declared nothing here"
         );
-        let other = run.component(&b, &b_path);
+        let other = run.component(&b);
         assert_eq!(run.claim(other, &paths[42]), Some(me));
         assert_eq!(run.claim(other, &Arc::from(&b"q"[..])), None);
         assert_eq!(run.claimed_by_other(other, &paths[0]), Some(me));

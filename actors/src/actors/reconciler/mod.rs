@@ -274,7 +274,7 @@ impl ReconcilerActor {
             .unwrap_or_default();
         let mut locked = self.claims.lock();
         let declared_now = locked.run(msg.run_id);
-        let me = declared_now.component(&msg.component, &msg.component_path);
+        let me = declared_now.component(&msg.component);
         claims
             .into_iter()
             .filter_map(|claim| {
@@ -299,7 +299,7 @@ impl ReconcilerActor {
         let mut pending = Vec::with_capacity(if claim_later { decls.len() } else { 0 });
         let mut locked = self.claims.lock();
         let declared_now = locked.run(msg.run_id);
-        let me = declared_now.component(&msg.component, &msg.component_path);
+        let me = declared_now.component(&msg.component);
         decls.retain(|d| {
             if msg.providers.get(d.provider).is_none() {
                 return true;
