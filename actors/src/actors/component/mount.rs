@@ -424,7 +424,12 @@ struct ChildTasks {
 const CHILD_TASKS_REAPED_FROM: usize = 256;
 
 impl ChildTasks {
-    /// Keeps a child's task; reaps the finished ones once there are many.
+    /// Keeps a child's task; reaps the finished ones once there are many:
+    /// when a quarter more have been pushed than were running after the
+    /// last reaping (at least [`CHILD_TASKS_REAPED_FROM`]). A finished
+    /// task's memory is freed only with its handle, so reaping often keeps
+    /// few finished ones (a quarter of those running), for a scan of the
+    /// running ones every quarter of their count.
     async fn push(&mut self, path: ComponentPath, task: AbortOnDrop<Result<()>>, run: &Run) {
         self.running.push((path, task));
         if self.running.len() >= self.reap_at.max(CHILD_TASKS_REAPED_FROM) {
@@ -432,7 +437,7 @@ impl ChildTasks {
                 .into_iter()
                 .partition(|(_, task)| task.0.is_finished());
             self.running = running;
-            self.reap_at = 2 * self.running.len();
+            self.reap_at = self.running.len() + self.running.len() / 4;
             for (path, task) in done {
                 report_died(run, path, task.await);
             }
