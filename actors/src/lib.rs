@@ -49,6 +49,7 @@ mod ctx;
 mod declare;
 mod error;
 pub mod group;
+mod interned;
 mod ledger;
 mod live;
 mod run;

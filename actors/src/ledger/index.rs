@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::interned::Interned;
 use crate::model::keycode::stable_hash;
 
 enum Slot {
@@ -21,20 +22,16 @@ enum Slot {
 #[derive(Default)]
 pub(crate) struct OwnerIndex {
     slots: HashMap<u64, Slot>,
-    components: Vec<Arc<[u8]>>,
-    ids: HashMap<Arc<[u8]>, u32>,
+    /// The components, each interned once; a slot names them by position.
+    components: Interned<Arc<[u8]>>,
 }
 
 impl OwnerIndex {
     fn intern(&mut self, component: &[u8]) -> u32 {
-        if let Some(id) = self.ids.get(component) {
-            return *id;
-        }
-        let id = self.components.len() as u32;
-        let key: Arc<[u8]> = Arc::from(component);
-        self.components.push(Arc::clone(&key));
-        self.ids.insert(key, id);
-        id
+        let (at, _) = self
+            .components
+            .insert_with(component, || Arc::from(component));
+        id_of(at)
     }
 
     pub(crate) fn add(&mut self, path: &[u8], component: &[u8]) {
@@ -75,7 +72,7 @@ impl OwnerIndex {
     /// component keeps the slot only if still needed; a stale candidate is
     /// harmless since lookups confirm in the entry.
     pub(crate) fn remove(&mut self, path: &[u8], component: &[u8]) {
-        let Some(&id) = self.ids.get(component) else {
+        let Some(id) = self.components.position(component).map(id_of) else {
             return;
         };
         let h = stable_hash(path);
@@ -103,6 +100,13 @@ impl OwnerIndex {
             .filter_map(|id| self.components.get(*id as usize).cloned())
             .collect()
     }
+}
+
+/// The id of the component at position `at`. Ids are 32 bits, as the
+/// slots hold them: the index is not built for more than `u32::MAX`
+/// components (hundreds of gigabytes of their keys).
+fn id_of(at: usize) -> u32 {
+    at as u32
 }
 
 #[cfg(test)]

@@ -395,7 +395,7 @@ impl ComponentState {
         if let Some(err) = self.finished_error(format_args!("mount child {key}")) {
             return Err(err);
         }
-        if !children.insert(key)? {
+        if !children.insert(key) {
             return Err(Error::Usage(format!(
                 "component {} mounts child {key} twice in one run",
                 self.path

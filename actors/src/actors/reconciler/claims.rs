@@ -20,13 +20,11 @@
 //! the lock only while it claims a batch's paths, never while a handler
 //! runs.
 
-use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
+use rustc_hash::FxHashMap as HashMap;
 use std::collections::hash_map::Entry;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use hashbrown::HashTable;
-
+use crate::interned::Interned;
 use crate::model::{keycode, ComponentPath};
 use crate::sync::lock;
 
@@ -53,9 +51,7 @@ pub(crate) struct RunDeclared {
     /// The keys of the components that declared paths here, each once.
     /// A component's path is decoded from its key only to name it in an
     /// error: the claims of a run keep no path of a component that ended.
-    components: Vec<Arc<[u8]>>,
-    /// Their positions in `components`, found by key.
-    positions: HashTable<usize>,
+    components: Interned<Arc<[u8]>>,
 }
 
 /// The paths declared on a shard in one run, with the position in
@@ -164,31 +160,7 @@ impl ClaimsByRun {
 impl RunDeclared {
     /// The position of the component with key `key`, added if new.
     pub(crate) fn component(&mut self, key: &Arc<[u8]>) -> usize {
-        let components = &self.components;
-        let entry = self.positions.entry(
-            hash(key),
-            |&i| components.get(i).is_some_and(|k| **k == **key),
-            |&i| components.get(i).map_or(0, |k| hash(k)),
-        );
-        match entry {
-            hashbrown::hash_table::Entry::Occupied(at) => *at.get(),
-            hashbrown::hash_table::Entry::Vacant(slot) => {
-                let i = self.components.len();
-                slot.insert(i);
-                self.components.push(Arc::clone(key));
-                i
-            }
-        }
-    }
-
-    /// The position of the component with key `key`, if it declared here.
-    fn position(&self, key: &[u8]) -> Option<usize> {
-        let components = &self.components;
-        self.positions
-            .find(hash(key), |&i| {
-                components.get(i).is_some_and(|k| **k == *key)
-            })
-            .copied()
+        self.components.insert_with(&**key, || Arc::clone(key)).0
     }
 
     /// How many paths were claimed.
@@ -225,14 +197,9 @@ impl RunDeclared {
     /// The position of the component other than the one keyed `key` that
     /// claimed `path`, if one did.
     pub(crate) fn claimed_by_other_than(&mut self, key: &[u8], path: &[u8]) -> Option<usize> {
-        let me = self.position(key);
+        let me = self.components.position(key);
         self.paths.claimed_by_other(me, path)
     }
-}
-
-/// The hash a component key is found by.
-fn hash(key: &[u8]) -> u64 {
-    FxBuildHasher.hash_one(key)
 }
 
 #[cfg(test)]
