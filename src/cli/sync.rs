@@ -612,7 +612,7 @@ async fn live(
                     last = job.summarize(&report, stopping.is_requested());
                 }
                 WatchEvent::Failed { error, .. } => {
-                    tracing::error!("the sync failed: {error}; waiting for the next change");
+                    tracing::error!("the sync failed: {error}; {}", after_failure(tick));
                 }
                 _ => {}
             },
@@ -630,6 +630,18 @@ async fn live(
     })
 }
 
+/// When a live sync whose run failed runs again: at the next change, or
+/// for a member of a worker group also at its next tick.
+fn after_failure(tick: Option<Duration>) -> String {
+    match tick {
+        Some(tick) => format!(
+            "running again within {} ms, or at the next change",
+            tick.as_millis()
+        ),
+        None => "waiting for the next change".to_string(),
+    }
+}
+
 /// The first few changed paths, for a log line.
 fn abbreviate(changes: &[String]) -> String {
     const SHOWN: usize = 5;
@@ -643,4 +655,18 @@ fn abbreviate(changes: &[String]) -> String {
         text.push_str(&format!(" and {} more", changes.len() - SHOWN));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_live_sync_says_a_group_member_runs_again_at_its_tick_and_others_at_a_change() {
+        assert_eq!(
+            after_failure(Some(Duration::from_millis(666))),
+            "running again within 666 ms, or at the next change"
+        );
+        assert_eq!(after_failure(None), "waiting for the next change");
+    }
 }
