@@ -188,10 +188,14 @@ where
     child.enter_activity();
     let token = engine.work.token();
     let fut = task(CancelGuard::arm(child));
-    let handle = engine.user.spawn(async move {
-        let _counted = token;
-        fut.await
-    });
+    // The work token goes when the future does: once it completes, or
+    // when the task is aborted. (An `async` block awaiting `fut` would
+    // hold it twice, as what it captured and as what it awaits: twice the
+    // task's size, for every component in flight.)
+    let handle = engine.user.spawn(fut.map(move |out| {
+        drop(token);
+        out
+    }));
     engine.tasks.track(&handle);
     AbortOnDrop(handle)
 }
