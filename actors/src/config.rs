@@ -74,6 +74,12 @@ pub struct RetryPolicy {
     pub call_timeout: Option<Duration>,
 }
 
+/// `first` doubled `doublings` times (at most 20), and capped at `max`:
+/// the delay of an exponential backoff, before any jitter.
+pub(crate) fn doubled(first: Duration, max: Duration, doublings: u32) -> Duration {
+    first.saturating_mul(1u32 << doublings.min(20)).min(max)
+}
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
@@ -92,6 +98,14 @@ mod tests {
     #[test]
     fn default_retry_policy_survives_two_consecutive_failures() {
         assert!(RetryPolicy::default().max_attempts >= 3);
+    }
+
+    #[test]
+    fn a_doubled_delay_doubles_from_the_first_and_stops_at_the_cap() {
+        let ms = Duration::from_millis;
+        let delays: Vec<_> = (0..5).map(|n| doubled(ms(50), ms(500), n)).collect();
+        assert_eq!(delays, [ms(50), ms(100), ms(200), ms(400), ms(500)]);
+        assert_eq!(doubled(ms(50), Duration::MAX, 40), ms(50) * (1 << 20));
     }
 
     #[test]

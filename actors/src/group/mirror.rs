@@ -19,6 +19,7 @@ use std::collections::BTreeSet;
 use super::coordinator::LogEntry;
 use super::member::{component_partition, Member};
 use super::partition::PartitionId;
+use crate::config::doubled;
 use crate::error::{Error, Result};
 use crate::ledger::record::{ComponentRecord, Intent, LedgerOp};
 use crate::ledger::Ledger;
@@ -246,7 +247,8 @@ async fn append(member: &Member, partition: PartitionId, entries: Vec<LogEntry>)
         }
         match result {
             Err(e) if e.is_retriable() && !e.is_fenced() && attempt < ATTEMPTS => {
-                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                let delay = doubled(Duration::from_millis(100), Duration::MAX, attempt - 1);
+                tokio::time::sleep(delay).await;
             }
             other => return other,
         }

@@ -12,6 +12,7 @@ use super::member::{component_partition, Holding, Member};
 use super::partition::PartitionId;
 use super::restore::{forget_partition, restore_partition};
 use crate::actors::pipeline::Engine;
+use crate::config::doubled;
 use crate::error::{ComponentFailure, Error, ErrorKind, Result};
 use crate::model::{keycode, StableKey};
 
@@ -75,11 +76,7 @@ fn join_retry_delay(e: &Error, attempt: u32, elapsed: Duration, ttl: Duration) -
         return None;
     }
     let first = Duration::from_millis(50);
-    Some(
-        (first * 2u32.saturating_pow(attempt.min(16)))
-            .min(ttl / 4)
-            .max(first),
-    )
+    Some(doubled(first, (ttl / 4).max(first), attempt))
 }
 
 /// How many join delays a member waits at most for others to join.

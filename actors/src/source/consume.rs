@@ -110,10 +110,11 @@ impl ConsumeOptions {
 
     /// The delay before delivery `deliveries + 1` of a failed change.
     fn backoff_after(&self, deliveries: u32) -> Duration {
-        let doublings = deliveries.saturating_sub(1).min(20);
-        self.initial_backoff
-            .saturating_mul(1 << doublings)
-            .min(self.max_backoff)
+        crate::config::doubled(
+            self.initial_backoff,
+            self.max_backoff,
+            deliveries.saturating_sub(1),
+        )
     }
 }
 

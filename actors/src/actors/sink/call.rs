@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::SinkEnv;
-use crate::config::RetryPolicy;
+use crate::config::{doubled, RetryPolicy};
 use crate::error::{Error, Result};
 use crate::group::Fence;
 use crate::model::sink::{panic_error, EncodedAction, SinkCore};
@@ -12,10 +12,11 @@ use crate::model::sink::{panic_error, EncodedAction, SinkCore};
 /// The delay before retry number `attempt` (1-based): exponential, capped,
 /// with "equal jitter" (between half and all of the exponential delay).
 pub(crate) fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
-    let exp = policy
-        .initial_backoff
-        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
-    let capped = exp.min(policy.max_backoff);
+    let capped = doubled(
+        policy.initial_backoff,
+        policy.max_backoff,
+        attempt.saturating_sub(1),
+    );
     let half = capped / 2;
     half + half.mul_f64(fastrand::f64())
 }
