@@ -39,13 +39,12 @@ pub(crate) async fn join(group: WorkerGroup) -> Result<Arc<Member>> {
     let started = tokio::time::Instant::now();
     let mut attempt = 0;
     loop {
-        let joined = match member.ensure_joined().await {
-            Ok(_) => settle_joins(&member).await,
-            Err(e) => Err(e),
+        let joined = async {
+            member.ensure_joined().await?;
+            settle_joins(&member).await
         };
-        let e = match joined {
-            Ok(()) => return Ok(member),
-            Err(e) => e,
+        let Err(e) = joined.await else {
+            return Ok(member);
         };
         let ttl = member.group.lease_ttl.unwrap_or(super::DEFAULT_LEASE_TTL);
         let Some(delay) = join_retry_delay(&e, attempt, started.elapsed(), ttl) else {

@@ -437,10 +437,10 @@ impl ChildTasks {
     async fn push(&mut self, path: ComponentPath, task: AbortOnDrop<Result<()>>, run: &Run) {
         self.running.push((path, task));
         if self.running.len() >= self.reap_at.max(CHILD_TASKS_REAPED_FROM) {
-            let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
-                .into_iter()
-                .partition(|(_, task)| task.0.is_finished());
-            self.running = running;
+            let done: Vec<_> = self
+                .running
+                .extract_if(.., |(_, task)| task.0.is_finished())
+                .collect();
             self.reap_at = self.running.len() + self.running.len() / 4;
             for (path, task) in done {
                 report_died(run, path, task.await);
