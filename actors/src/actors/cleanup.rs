@@ -20,7 +20,7 @@ use super::reconciler::{
 use super::sink::{PlannedAction, SinkGroups, UnitWaiter};
 use crate::error::{ComponentFailure, Error, Result};
 use crate::ledger::record::{Intent, LedgerOp};
-use crate::ledger::{buf, Ledger};
+use crate::ledger::Ledger;
 use crate::model::erased::ErasedOutput;
 use crate::model::keycode;
 use crate::model::provider::ProviderPath;
@@ -415,8 +415,8 @@ struct Unit {
 
 fn delete_intent(orphan: &Orphan) -> Intent {
     Intent {
-        component: buf(&orphan.component),
-        path: orphan.entry.path.clone(),
+        component: Arc::clone(&orphan.component),
+        path: Arc::from(orphan.entry.path.as_slice()),
         record: None,
         gen: orphan.entry.gen,
         child_gen: orphan.entry.child_gen,

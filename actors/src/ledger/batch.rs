@@ -10,8 +10,9 @@ use super::record::ComponentRecord;
 use super::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 use super::stored::{ShallowEntry, StoredEntry};
 use super::{
-    container_key, delta, encode, key, pack, split_container_key, LayoutChanges, Ledger, PACK_MIN,
-    P_CHILDREN, P_COMPONENT, P_CONTAINER, P_DELTA, P_FAILED_RUNS, P_MEMO, P_PACK, SEQ_KEY,
+    buf, container_key, delta, encode, key, pack, split_container_key, LayoutChanges, Ledger,
+    PACK_MIN, P_CHILDREN, P_COMPONENT, P_CONTAINER, P_DELTA, P_FAILED_RUNS, P_MEMO, P_PACK,
+    SEQ_KEY,
 };
 use crate::error::{Error, Result};
 use crate::model::{keycode, StableKey};
@@ -155,7 +156,7 @@ impl BatchBuilder<'_> {
     /// was planned; a state that moved is committed in its new owner, so the
     /// other components the owner index names are looked at too.
     fn already_committed(&mut self, intent: &Intent) -> Result<bool> {
-        let mut holders: Vec<Arc<[u8]>> = vec![Arc::from(intent.component.as_slice())];
+        let mut holders: Vec<Arc<[u8]>> = vec![Arc::clone(&intent.component)];
         holders.extend(self.ledger.owner_candidates(&intent.path));
         for holder in holders {
             let entry = self.entry(&holder)?;
@@ -170,7 +171,9 @@ impl BatchBuilder<'_> {
             return Ok(entry.states.get(i).is_some_and(|s| {
                 !s.may_be_missing
                     && s.records.len() == 1
-                    && s.records.first() == Some(record)
+                    && s.records
+                        .first()
+                        .is_some_and(|r| r.as_slice() == &record[..])
                     && s.gen == intent.gen
                     && (intent.child_gen.is_none() || s.child_gen == intent.child_gen)
             }));
@@ -351,10 +354,7 @@ impl BatchBuilder<'_> {
         // The component's states may now differ from what its memo key
         // stands for: it must run again.
         self.del(key(P_MEMO, &intent.component));
-        self.note_container(
-            intent.container.as_ref().map(|c| c.as_slice()),
-            &intent.component,
-        );
+        self.note_container(intent.container.as_deref(), &intent.component);
         let entry = self.entry(&intent.component)?;
         match entry.find(&intent.path) {
             Ok(i) => {
@@ -366,8 +366,8 @@ impl BatchBuilder<'_> {
                 entry.states.insert(
                     i,
                     StateEntry {
-                        path: intent.path.clone(),
-                        records: intent.record.iter().cloned().collect(),
+                        path: buf(&intent.path),
+                        records: intent.record.iter().map(|r| buf(r)).collect(),
                         may_be_missing: true,
                         gen: intent.gen,
                         child_gen: intent.child_gen,
@@ -788,8 +788,8 @@ struct NewPack {
 /// fall below the intent's.
 fn fold_into(s: &mut StateEntry, intent: &Intent) {
     if let Some(r) = &intent.record {
-        if !s.records.contains(r) {
-            s.records.push(r.clone());
+        if !s.records.iter().any(|have| have.as_slice() == &r[..]) {
+            s.records.push(buf(r));
         }
     }
     s.may_be_missing = true;

@@ -190,6 +190,7 @@ pub(crate) fn encode(
 mod tests {
     use std::collections::BTreeMap;
     use std::path::Path;
+    use std::sync::Arc;
 
     use super::super::record::{ComponentEntry, Intent, LedgerOp};
     use super::super::{buf, key, P_COMPONENT, P_DELTA};
@@ -369,9 +370,9 @@ mod tests {
                 }
                 s.may_be_missing = true;
                 ops.push(LedgerOp::Fold(Intent {
-                    component: buf(COMPONENT),
-                    path: buf(&p),
-                    record: Some(record),
+                    component: Arc::from(COMPONENT),
+                    path: Arc::from(p.as_slice()),
+                    record: Some(Arc::from(record.as_slice())),
                     gen: 0,
                     child_gen: None,
                     container: None,

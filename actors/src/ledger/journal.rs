@@ -352,13 +352,13 @@ fn parse(bytes: &[u8]) -> Result<Parsed, JournalError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_bytes::ByteBuf;
+    use std::sync::Arc;
 
     fn intent(path: &str) -> Intent {
         Intent {
-            component: ByteBuf::from(b"c".to_vec()),
-            path: ByteBuf::from(path.as_bytes().to_vec()),
-            record: Some(ByteBuf::from(b"r".to_vec())),
+            component: Arc::from(&b"c"[..]),
+            path: Arc::from(path.as_bytes()),
+            record: Some(Arc::from(&b"r"[..])),
             gen: 1,
             child_gen: None,
             container: None,

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
+use std::sync::Arc;
 
 use crate::model::provider::ChildGeneration;
 use crate::model::StableKey;
@@ -66,6 +67,16 @@ pub(crate) enum RecordsOut<'a> {
     Many(&'a [ByteBuf]),
 }
 
+impl RecordsOut<'_> {
+    /// The records' bytes, without their framing.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            RecordsOut::One(record) => record.len(),
+            RecordsOut::Many(records) => records.iter().map(|r| r.len()).sum(),
+        }
+    }
+}
+
 impl Serialize for RecordsOut<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -96,17 +107,64 @@ impl ComponentEntry {
 
 /// A record written before an action is applied: the state may now be in
 /// its new form. Folded into the component entry on failure or recovery.
+///
+/// Its byte strings are shared with the declaration and the outcome they
+/// come from (a first run writes an intent for every state it declares),
+/// and encoded as MessagePack binaries, as byte buffers are.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Intent {
     /// The component whose entry holds (or will hold) the state.
-    pub component: ByteBuf,
-    pub path: ByteBuf,
+    #[serde(with = "shared_bytes")]
+    pub component: Arc<[u8]>,
+    #[serde(with = "shared_bytes")]
+    pub path: Arc<[u8]>,
     /// The record after the action; `None` for a delete.
-    pub record: Option<ByteBuf>,
+    #[serde(with = "shared_bytes::option")]
+    pub record: Option<Arc<[u8]>>,
     pub gen: u64,
     pub child_gen: Option<ChildGeneration>,
     /// The container the state is below, if any.
-    pub container: Option<ByteBuf>,
+    #[serde(with = "shared_bytes::option")]
+    pub container: Option<Arc<[u8]>>,
+}
+
+/// Shared byte strings (`Arc<[u8]>`) encoded as binaries, exactly as a
+/// [`ByteBuf`] is (serde's own `Arc<[u8]>` is a sequence of integers).
+mod shared_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_bytes::ByteBuf;
+    use std::sync::Arc;
+
+    pub(super) fn serialize<S: Serializer>(bytes: &Arc<[u8]>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<[u8]>, D::Error> {
+        ByteBuf::deserialize(d).map(|b| Arc::from(b.into_vec()))
+    }
+
+    /// The same, for an optional one.
+    pub(super) mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+        use serde_bytes::{ByteBuf, Bytes};
+        use std::sync::Arc;
+
+        pub(in super::super) fn serialize<S: Serializer>(
+            bytes: &Option<Arc<[u8]>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match bytes {
+                Some(b) => s.serialize_some(Bytes::new(b)),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Arc<[u8]>>, D::Error> {
+            Option::<ByteBuf>::deserialize(d).map(|b| b.map(|b| Arc::from(b.into_vec())))
+        }
+    }
 }
 
 /// One change to the ledger. The ledger actor applies a list of them
@@ -291,6 +349,64 @@ mod tests {
             failure: None,
         })?;
         assert_eq!(borrowed, whole);
+        Ok(())
+    }
+
+    /// An intent as earlier builds encoded it, with byte buffers.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct BufferedIntent {
+        component: ByteBuf,
+        path: ByteBuf,
+        record: Option<ByteBuf>,
+        gen: u64,
+        child_gen: Option<ChildGeneration>,
+        container: Option<ByteBuf>,
+    }
+
+    #[test]
+    fn an_intent_with_shared_bytes_encodes_as_one_with_byte_buffers_and_reads_it_back(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        for (record, container) in [(Some(&b"r1"[..]), Some(&b"c"[..])), (None, None)] {
+            let shared = Intent {
+                component: Arc::from(&b"comp"[..]),
+                path: Arc::from(&b"p1"[..]),
+                record: record.map(Arc::from),
+                gen: 7,
+                child_gen: Some(ChildGeneration {
+                    current: 3,
+                    destructive_floor: 1,
+                }),
+                container: container.map(Arc::from),
+            };
+            let buffered = BufferedIntent {
+                component: ByteBuf::from(&b"comp"[..]),
+                path: ByteBuf::from(&b"p1"[..]),
+                record: record.map(ByteBuf::from),
+                gen: 7,
+                child_gen: Some(ChildGeneration {
+                    current: 3,
+                    destructive_floor: 1,
+                }),
+                container: container.map(ByteBuf::from),
+            };
+            let bytes = rmp_serde::to_vec(&buffered)?;
+            assert_eq!(rmp_serde::to_vec(&shared)?, bytes);
+            let read: Intent = rmp_serde::from_slice(&bytes)?;
+            assert_eq!(&*read.component, b"comp");
+            assert_eq!(&*read.path, b"p1");
+            assert_eq!(read.record.as_deref(), record);
+            assert_eq!(read.container.as_deref(), container);
+            assert_eq!(
+                (read.gen, read.child_gen),
+                (
+                    7,
+                    Some(ChildGeneration {
+                        current: 3,
+                        destructive_floor: 1
+                    })
+                )
+            );
+        }
         Ok(())
     }
 }

@@ -197,9 +197,9 @@ fn recovered(component: &str, path: &str, record: Option<&str>) -> LedgerOp {
 
 fn intent(component: &str, path: &str, record: Option<&str>) -> Intent {
     Intent {
-        component: buf(component.as_bytes()),
-        path: buf(path.as_bytes()),
-        record: record.map(|r| buf(r.as_bytes())),
+        component: Arc::from(component.as_bytes()),
+        path: Arc::from(path.as_bytes()),
+        record: record.map(|r| Arc::from(r.as_bytes())),
         gen: 0,
         child_gen: None,
         container: None,

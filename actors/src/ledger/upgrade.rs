@@ -798,12 +798,12 @@ mod tests {
             ledger.put_intents(
                 1,
                 &[Intent {
-                    component: buf(&file_of(7)),
-                    path: buf(&row_path(OLD, 7)),
-                    record: Some(buf(b"r")),
+                    component: Arc::from(file_of(7).as_slice()),
+                    path: Arc::from(row_path(OLD, 7).as_slice()),
+                    record: Some(Arc::from(&b"r"[..])),
                     gen: 0,
                     child_gen: None,
-                    container: Some(buf(&table_path(OLD))),
+                    container: Some(Arc::from(table_path(OLD).as_slice())),
                 }],
             )?;
             ledger.sync_intents()?;

@@ -25,7 +25,7 @@ pub(crate) struct ErasedOutput {
     /// sink call that carries it.
     pub typed: Option<TypedAction>,
     pub sink: Arc<SinkCore>,
-    pub record: Option<Vec<u8>>,
+    pub record: Option<Arc<[u8]>>,
     pub child_invalidation: Option<TargetChildInvalidation>,
 }
 

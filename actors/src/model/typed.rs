@@ -57,7 +57,7 @@ where
         } = out;
         let kind = action.kind();
         let bytes = encode::to_arc(action.inner())?;
-        let record = tracking_record.as_ref().map(encode::to_vec).transpose()?;
+        let record = tracking_record.as_ref().map(encode::to_arc).transpose()?;
         let typed: TypedAction = Box::new(action.into_inner());
         Ok(Some(ErasedOutput {
             kind,

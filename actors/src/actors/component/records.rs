@@ -223,7 +223,7 @@ impl<'a> NewEntry<'a> {
     }
 
     fn push(&mut self, d: &'a Declaration, entry: StateEntryOut<'a>) {
-        self.size += entry.path.len() + 48;
+        self.size += entry.path.len() + entry.records.len() + 48;
         self.states.push(NewState {
             entry,
             path: &d.path,
@@ -287,7 +287,7 @@ pub(super) fn is_refresh(state: &ComponentState, d: &Declaration, r: &Reconciled
         && prev.gen == generation(&d.provider).current
         && r.location.as_deref() == Some(&*state.key)
         && match (&out.record, prev.records.as_slice()) {
-            (Some(record), [committed]) => committed.as_slice() == record.as_slice(),
+            (Some(record), [committed]) => committed.as_slice() == &record[..],
             _ => false,
         }
 }
@@ -373,7 +373,7 @@ pub(super) fn intent_for(
     if let Some(prev) = &r.prev {
         let gen_same = r.child_gen.is_none() || r.child_gen == prev.child_gen;
         let covered = match &out.record {
-            Some(rec) => prev.records.iter().any(|p| p.as_slice() == rec.as_slice()),
+            Some(rec) => prev.records.iter().any(|p| p.as_slice() == &rec[..]),
             None => prev.may_be_missing,
         };
         if covered && gen_same && prev.gen == generation(&d.provider).current {
@@ -384,14 +384,13 @@ pub(super) fn intent_for(
 }
 
 pub(super) fn full_intent(state: &ComponentState, d: &Declaration, r: &Reconciled) -> Intent {
-    let component = r.location.as_deref().unwrap_or(&state.key);
     Intent {
-        component: buf(component),
-        path: buf(&d.path),
-        record: r.output.as_ref().and_then(|o| o.record.as_deref().map(buf)),
+        component: Arc::clone(r.location.as_ref().unwrap_or(&state.key)),
+        path: Arc::clone(&d.path),
+        record: r.output.as_ref().and_then(|o| o.record.clone()),
         gen: generation(&d.provider).current,
         child_gen: r.child_gen,
-        container: d.provider.path.container.as_deref().map(buf),
+        container: d.provider.path.container.clone(),
     }
 }
 
