@@ -141,7 +141,10 @@ impl LedgerActor {
         let (tx, rx) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("weir-ledger".into())
-            .spawn(move || run(ledger, rx, mirror))?;
+            .spawn(move || {
+                super::threads::run_as_batch_work();
+                run(ledger, rx, mirror)
+            })?;
         Ok((
             LedgerActor {
                 tx: tx.clone(),

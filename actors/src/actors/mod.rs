@@ -6,7 +6,8 @@
 //! - [`sink`]: batches actions per sink identity, splits and retries;
 //! - [`ledger`]: the single writer of the sled ledger;
 //! - [`cleanup`]: deletes what is no longer declared at the end of a run;
-//! - [`pipeline`]: starts and stops all of them.
+//! - [`pipeline`]: starts and stops all of them;
+//! - [`threads`]: how their threads are scheduled.
 
 pub(crate) mod cleanup;
 pub(crate) mod component;
@@ -17,3 +18,4 @@ pub(crate) mod pipeline;
 pub(crate) mod reconciler;
 pub(crate) mod sink;
 pub(crate) mod tasks;
+pub(crate) mod threads;

@@ -2,7 +2,8 @@
 //!
 //! weir runs its own actix `System` on a dedicated thread, with one arbiter
 //! (thread) per reconciler shard and one for the sink actors; the ledger
-//! actor has a thread of its own. User code and sink calls run on the
+//! actor has a thread of its own. Those threads run as batch work (see
+//! [`threads`](super::threads)). User code and sink calls run on the
 //! user's tokio runtime, captured when the `App` is built. Stopping the
 //! engine stops every arbiter, joins every thread and closes the ledger.
 
@@ -17,6 +18,7 @@ use actix::{Actor, Addr, Arbiter, ArbiterHandle, System};
 use super::ledger::{LedgerActor, LedgerHandle};
 use super::reconciler::{Claims, ReconcilerActor};
 pub(crate) use super::tasks::{AbortOnDrop, InFlight, Tasks};
+use super::threads::run_as_batch_work;
 use crate::config::{BatchPolicy, RetryPolicy};
 use crate::error::{Error, Result};
 use crate::group::member::Member;
@@ -168,6 +170,7 @@ impl Engine {
                     let mut shards = Vec::with_capacity(shard_count);
                     for (i, claims) in shard_claims.into_iter().enumerate() {
                         let arbiter = Arbiter::new();
+                        arbiter.spawn_fn(run_as_batch_work);
                         let (ledger, user) = (shard_ledger.clone(), shard_user.clone());
                         shards.push(ReconcilerActor::start_in_arbiter(
                             &arbiter.handle(),
@@ -177,6 +180,7 @@ impl Engine {
                     }
                     drop(shard_ledger);
                     let sink_arbiter = Arbiter::new();
+                    sink_arbiter.spawn_fn(run_as_batch_work);
                     let sink_handle = sink_arbiter.handle();
                     arbiters.push(sink_arbiter);
                     let _ = tx.send((shards, sink_handle, arbiters, System::current()));
