@@ -21,7 +21,9 @@ fn threads() -> Result<Vec<(String, u32)>> {
         let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
             continue; // It ended meanwhile.
         };
-        let name = std::fs::read_to_string(dir.join("comm"))?.trim().to_string();
+        let name = std::fs::read_to_string(dir.join("comm"))?
+            .trim()
+            .to_string();
         // The name in parentheses may hold spaces: fields count from
         // the state, field 3, after its closing one.
         let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);

@@ -86,7 +86,7 @@ struct BatchBuilder<'a> {
     /// Children to drop from each parent's list, applied once at the end.
     child_removals: HashMap<Vec<u8>, HashSet<StableKey>>,
     /// Whole entries already encoded by their component, stored as given.
-    raw_puts: HashMap<Vec<u8>, Arc<[u8]>>,
+    raw_puts: HashMap<Vec<u8>, sled::IVec>,
     /// Keys written or removed, and bytes written, for metrics.
     keys: u64,
     bytes: u64,
@@ -122,7 +122,7 @@ impl BatchBuilder<'_> {
         if !self.entries.contains_key(component) {
             let edit = match self.raw_puts.remove(component) {
                 Some(raw) => {
-                    let given = StoredEntry::parse(self.ledger, sled::IVec::from(&*raw), None)?;
+                    let given = StoredEntry::parse(self.ledger, raw, None)?;
                     EntryEdit::read(given, false)
                 }
                 None => match self.ledger.stored_bytes(component)? {
@@ -212,9 +212,9 @@ impl BatchBuilder<'_> {
     /// is large (deleting its key in the first tree, which may hold a
     /// smaller value or a tombstone), else to the first tree (deleting
     /// its key in the other when `was_large`).
-    fn put_own(&mut self, component: &[u8], value: impl AsRef<[u8]>, was_large: bool) {
+    fn put_own(&mut self, component: &[u8], value: impl Into<sled::IVec>, was_large: bool) {
         let k = key(P_COMPONENT, component);
-        let value = value.as_ref();
+        let value: sled::IVec = value.into();
         if value.len() >= delta::MIN_OWN {
             // Counted as a key written here, and one removed by `del`.
             self.keys += 1;
@@ -327,7 +327,7 @@ impl BatchBuilder<'_> {
     fn put_entry(
         &mut self,
         component: Vec<u8>,
-        encoded: Arc<[u8]>,
+        encoded: sled::IVec,
         indexed: Vec<Arc<[u8]>>,
         containers: Vec<Vec<u8>>,
     ) -> Result<()> {
@@ -585,7 +585,7 @@ impl BatchBuilder<'_> {
     /// are enough (large ones go to their own tree). Returns the new pack,
     /// with its members.
     fn write_new_entries(&mut self) -> Option<NewPack> {
-        let raw: Vec<(Vec<u8>, Arc<[u8]>)> =
+        let raw: Vec<(Vec<u8>, sled::IVec)> =
             std::mem::take(&mut self.raw_puts).into_iter().collect();
         // An entry given whole replaces any delta (none is expected: only a
         // component without an entry gives its entry whole).

@@ -51,14 +51,81 @@ pub(crate) struct ComponentEntry {
 
 /// A state entry to encode, borrowing its parts: it encodes exactly as the
 /// [`StateEntry`] with the same fields (a new component's entry is encoded
-/// from its declarations without copying each state first).
-#[derive(Serialize)]
+/// from its declarations without copying each state first; see
+/// [`encode_new_entry`]).
 pub(crate) struct StateEntryOut<'a> {
     pub path: &'a serde_bytes::Bytes,
     pub records: RecordsOut<'a>,
     pub may_be_missing: bool,
     pub gen: u64,
     pub child_gen: Option<ChildGeneration>,
+}
+
+impl StateEntryOut<'_> {
+    /// Appends the state to `out` as serde encodes it: an array of its
+    /// five fields, structs as arrays, byte strings as binaries, integers
+    /// in their shortest form.
+    fn write_to(&self, out: &mut Vec<u8>) -> Result<(), ValueWriteError> {
+        use rmp::encode::{write_array_len, write_bin, write_uint};
+        write_array_len(out, 5)?;
+        write_bin(out, self.path)?;
+        match &self.records {
+            RecordsOut::One(record) => {
+                write_array_len(out, 1)?;
+                write_bin(out, record)?;
+            }
+            RecordsOut::Many(records) => {
+                write_array_len(out, len_u32(records.len())?)?;
+                for record in records.iter() {
+                    write_bin(out, record)?;
+                }
+            }
+        }
+        rmp::encode::write_bool(out, self.may_be_missing)
+            .map_err(ValueWriteError::InvalidMarkerWrite)?;
+        write_uint(out, self.gen)?;
+        match self.child_gen {
+            None => rmp::encode::write_nil(out).map_err(ValueWriteError::InvalidMarkerWrite)?,
+            Some(ChildGeneration {
+                current,
+                destructive_floor,
+            }) => {
+                write_array_len(out, 2)?;
+                write_uint(out, current)?;
+                write_uint(out, destructive_floor)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The error of writing MessagePack into memory (which cannot fail but
+/// for a list too long to encode).
+type ValueWriteError = rmp::encode::ValueWriteError<std::io::Error>;
+
+/// A list's length, as MessagePack encodes it.
+fn len_u32(len: usize) -> Result<u32, ValueWriteError> {
+    u32::try_from(len).map_err(|_| {
+        ValueWriteError::InvalidDataWrite(std::io::Error::other("a list too long to encode"))
+    })
+}
+
+/// A component entry of `states` and no failure, encoded into a buffer
+/// of `room` bytes: the bytes serde gives for the [`ComponentEntry`] of
+/// those states, written directly rather than through serde.
+pub(crate) fn encode_new_entry<'a>(
+    states: impl ExactSizeIterator<Item = &'a StateEntryOut<'a>>,
+    room: usize,
+) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    let mut out = Vec::with_capacity(room);
+    rmp::encode::write_array_len(&mut out, 2)?;
+    rmp::encode::write_array_len(&mut out, len_u32(states.len())?)?;
+    for state in states {
+        state.write_to(&mut out)?;
+    }
+    rmp::encode::write_nil(&mut out)
+        .map_err(|e| rmp_serde::encode::Error::from(ValueWriteError::InvalidMarkerWrite(e)))?;
+    Ok(out)
 }
 
 /// The records of a [`StateEntryOut`]: encodes as a list of byte strings.
@@ -75,23 +142,6 @@ impl RecordsOut<'_> {
             RecordsOut::Many(records) => records.iter().map(|r| r.len()).sum(),
         }
     }
-}
-
-impl Serialize for RecordsOut<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            RecordsOut::One(record) => s.collect_seq(std::iter::once(record)),
-            RecordsOut::Many(records) => s.collect_seq(records.iter()),
-        }
-    }
-}
-
-/// A component entry to encode from borrowed states: encodes exactly as a
-/// [`ComponentEntry`] with those states and no failure.
-#[derive(Serialize)]
-pub(crate) struct ComponentEntryOut<'a> {
-    pub states: &'a [StateEntryOut<'a>],
-    pub failure: Option<&'a str>,
 }
 
 impl ComponentEntry {
@@ -187,8 +237,9 @@ pub(crate) enum LedgerOp {
     PutEntry {
         component: Vec<u8>,
         /// Shared, so that a group commit's ops copy cheaply (see
-        /// `apply_group`).
-        encoded: std::sync::Arc<[u8]>,
+        /// `apply_group`), and in sled's own shared form, so that a large
+        /// entry is written as it is, without a copy on the ledger's thread.
+        encoded: sled::IVec,
         /// The paths of its states, to index.
         indexed: Vec<std::sync::Arc<[u8]>>,
         /// The containers its states are below.
@@ -304,51 +355,75 @@ pub(crate) struct ComponentRecord {
 mod tests {
     use super::*;
 
+    /// A random state: paths, records and integers around the sizes where
+    /// MessagePack's encodings change.
+    /// (Records of 70 000 bytes only where `large` says so.)
+    fn random_state(rng: &mut fastrand::Rng, i: usize, large: bool) -> StateEntry {
+        let bytes = |rng: &mut fastrand::Rng| -> ByteBuf {
+            let len = match rng.u8(0..20) {
+                0 if large => 70_000,
+                1 => rng.usize(250..300),
+                _ => rng.usize(0..40),
+            };
+            ByteBuf::from(vec![rng.u8(..); len])
+        };
+        let int = |rng: &mut fastrand::Rng| -> u64 {
+            *[
+                0,
+                1,
+                127,
+                128,
+                255,
+                256,
+                65_535,
+                65_536,
+                5_000_000_000,
+                u64::MAX,
+            ]
+            .get(rng.usize(0..10))
+            .unwrap_or(&0)
+        };
+        StateEntry {
+            path: ByteBuf::from(format!("p{i:08}").into_bytes()),
+            records: (0..rng.usize(0..4)).map(|_| bytes(rng)).collect(),
+            may_be_missing: rng.bool(),
+            gen: int(rng),
+            child_gen: rng.bool().then(|| ChildGeneration {
+                current: int(rng),
+                destructive_floor: int(rng),
+            }),
+        }
+    }
+
     #[test]
-    fn an_entry_encoded_from_borrowed_states_is_the_entry_encoded_whole(
+    fn a_new_entry_encoded_directly_is_the_entry_serde_encodes(
     ) -> Result<(), rmp_serde::encode::Error> {
-        let child_gen = Some(ChildGeneration::default());
-        let states = vec![
-            StateEntry {
-                path: ByteBuf::from(b"p1".to_vec()),
-                records: vec![ByteBuf::from(b"r1".to_vec())],
-                may_be_missing: false,
-                gen: 3,
-                child_gen,
-            },
-            StateEntry {
-                path: ByteBuf::from(b"p2".to_vec()),
-                records: vec![ByteBuf::from(b"a".to_vec()), ByteBuf::from(b"b".to_vec())],
-                may_be_missing: true,
-                gen: 0,
-                child_gen: None,
-            },
-        ];
-        let whole = rmp_serde::to_vec(&ComponentEntry {
-            states: states.clone(),
-            failure: None,
-        })?;
-        let out = [
-            StateEntryOut {
-                path: serde_bytes::Bytes::new(b"p1"),
-                records: RecordsOut::One(serde_bytes::Bytes::new(b"r1")),
-                may_be_missing: false,
-                gen: 3,
-                child_gen,
-            },
-            StateEntryOut {
-                path: serde_bytes::Bytes::new(b"p2"),
-                records: RecordsOut::Many(&states[1].records),
-                may_be_missing: true,
-                gen: 0,
-                child_gen: None,
-            },
-        ];
-        let borrowed = rmp_serde::to_vec(&ComponentEntryOut {
-            states: &out,
-            failure: None,
-        })?;
-        assert_eq!(borrowed, whole);
+        let mut rng = fastrand::Rng::with_seed(11);
+        for count in [0, 1, 15, 16, 300, 70_000] {
+            let states: Vec<StateEntry> = (0..count)
+                .map(|i| random_state(&mut rng, i, count <= 300))
+                .collect();
+            let whole = rmp_serde::to_vec(&ComponentEntry {
+                states: states.clone(),
+                failure: None,
+            })?;
+            let out: Vec<StateEntryOut<'_>> = states
+                .iter()
+                .map(|s| StateEntryOut {
+                    path: serde_bytes::Bytes::new(&s.path),
+                    // One record either way: borrowed alone, or as a list.
+                    records: match s.records.as_slice() {
+                        [one] if s.gen % 2 == 0 => RecordsOut::One(serde_bytes::Bytes::new(one)),
+                        many => RecordsOut::Many(many),
+                    },
+                    may_be_missing: s.may_be_missing,
+                    gen: s.gen,
+                    child_gen: s.child_gen,
+                })
+                .collect();
+            let direct = encode_new_entry(out.iter(), 16)?;
+            assert!(direct == whole, "{count} states encode differently");
+        }
         Ok(())
     }
 

@@ -8,7 +8,7 @@ use crate::actors::reconciler::Orphan;
 use crate::error::Result;
 use crate::ledger::buf;
 use crate::ledger::record::{
-    ComponentEntryOut, Intent, LedgerOp, RecordsOut, StateEntry, StateEntryOut,
+    encode_new_entry, Intent, LedgerOp, RecordsOut, StateEntry, StateEntryOut,
 };
 use crate::model::action::ActionCounts;
 use crate::model::erased::ErasedOutput;
@@ -250,18 +250,10 @@ impl<'a> NewEntry<'a> {
         containers.sort();
         containers.dedup();
         let indexed = self.states.iter().map(|s| Arc::clone(s.path)).collect();
-        let states: Vec<StateEntryOut<'a>> = self.states.into_iter().map(|s| s.entry).collect();
-        let mut encoded = Vec::with_capacity(self.size + 16);
-        rmp_serde::encode::write(
-            &mut encoded,
-            &ComponentEntryOut {
-                states: &states,
-                failure: None,
-            },
-        )?;
+        let encoded = encode_new_entry(self.states.iter().map(|s| &s.entry), self.size + 16)?;
         Ok(Some(LedgerOp::PutEntry {
             component: own,
-            encoded: Arc::from(encoded),
+            encoded: sled::IVec::from(encoded),
             indexed,
             containers,
         }))
