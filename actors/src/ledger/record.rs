@@ -441,16 +441,17 @@ mod tests {
     #[test]
     fn an_intent_with_shared_bytes_encodes_as_one_with_byte_buffers_and_reads_it_back(
     ) -> Result<(), Box<dyn std::error::Error>> {
+        let child_gen = Some(ChildGeneration {
+            current: 3,
+            destructive_floor: 1,
+        });
         for (record, container) in [(Some(&b"r1"[..]), Some(&b"c"[..])), (None, None)] {
             let shared = Intent {
                 component: Arc::from(&b"comp"[..]),
                 path: Arc::from(&b"p1"[..]),
                 record: record.map(Arc::from),
                 gen: 7,
-                child_gen: Some(ChildGeneration {
-                    current: 3,
-                    destructive_floor: 1,
-                }),
+                child_gen,
                 container: container.map(Arc::from),
             };
             let buffered = BufferedIntent {
@@ -458,10 +459,7 @@ mod tests {
                 path: ByteBuf::from(&b"p1"[..]),
                 record: record.map(ByteBuf::from),
                 gen: 7,
-                child_gen: Some(ChildGeneration {
-                    current: 3,
-                    destructive_floor: 1,
-                }),
+                child_gen,
                 container: container.map(ByteBuf::from),
             };
             let bytes = rmp_serde::to_vec(&buffered)?;
@@ -471,16 +469,7 @@ mod tests {
             assert_eq!(&*read.path, b"p1");
             assert_eq!(read.record.as_deref(), record);
             assert_eq!(read.container.as_deref(), container);
-            assert_eq!(
-                (read.gen, read.child_gen),
-                (
-                    7,
-                    Some(ChildGeneration {
-                        current: 3,
-                        destructive_floor: 1
-                    })
-                )
-            );
+            assert_eq!((read.gen, read.child_gen), (7, child_gen));
         }
         Ok(())
     }
