@@ -138,7 +138,7 @@ pub(super) async fn reconcile_waves(
         }
         waves.out.waves.push(wave);
     }
-    if let Some(i) = waves.done.iter().position(|d| !d) {
+    if let Some(i) = (0..decls.len()).find(|&i| !waves.is_done(i)) {
         let d = &decls[i];
         return Err(Error::Reconcile {
             provider: d.provider.path.name.to_string(),
@@ -157,9 +157,11 @@ struct Waves {
     out: Reconciliation,
     /// The shard that reads the component's whole entry.
     home: usize,
-    /// Per declaration: sent to its shard (early, or in a wave).
+    /// Per declaration: sent to its shard (early, or in a wave); those
+    /// past its end were not (it is sized at the first one sent).
     done: Vec<bool>,
-    /// Per declaration: sent early, while the code ran.
+    /// Per declaration: sent early, while the code ran; those past its end
+    /// were not (it is empty when none was).
     sent_early: Vec<bool>,
     /// Per shard: sent chunks early (it gets a last message).
     chunked: Vec<bool>,
@@ -206,7 +208,11 @@ impl Replies {
         }
         let wave = match self.wave {
             None => Vec::new(),
-            Some(WaveReplies::One(rx)) => vec![Some(rx.await.map_err(shard_stopped)?)],
+            Some(WaveReplies::One(rx)) => {
+                let is_home = self.homes.first().copied().unwrap_or(false);
+                all.push((is_home, rx.await.map_err(shard_stopped)?));
+                return Ok(all);
+            }
             Some(WaveReplies::Gathered(rx)) => rx.await.map_err(shard_stopped)?,
         };
         for (is_home, reply) in self.homes.into_iter().zip(wave) {
@@ -219,6 +225,16 @@ impl Replies {
 }
 
 impl Waves {
+    /// Whether declaration `i` was sent to its shard.
+    fn is_done(&self, i: usize) -> bool {
+        self.done.get(i).copied().unwrap_or(false)
+    }
+
+    /// Whether declaration `i` was sent while the code ran.
+    fn was_sent_early(&self, i: usize) -> bool {
+        self.sent_early.get(i).copied().unwrap_or(false)
+    }
+
     fn new(state: &ComponentState, decls: &[Declaration], early: Early) -> Self {
         let n = state.run.engine.shards.len();
         // The home shard reads the whole entry once: it hands its reading
@@ -229,9 +245,6 @@ impl Waves {
         let home = decls
             .first()
             .map_or_else(|| shard_of(&state.key, n), |d| shard_of(&d.path, n));
-        let sent_early: Vec<bool> = (0..decls.len())
-            .map(|i| early.sent.get(i).copied().unwrap_or(false))
-            .collect();
         Self {
             out: Reconciliation {
                 results: Outcomes::new(decls.len()),
@@ -243,8 +256,8 @@ impl Waves {
                 fresh: false,
             },
             home,
-            done: sent_early.clone(),
-            sent_early,
+            done: early.sent.clone(),
+            sent_early: early.sent,
             chunked: early.shards,
             early_replies: early.replies,
             first: true,
@@ -261,14 +274,19 @@ impl Waves {
     fn send_next(&mut self, state: &ComponentState, decls: &mut [Declaration]) -> Option<SentWave> {
         let n = state.run.engine.shards.len();
         let ready: Vec<usize> = (0..decls.len())
-            .filter(|&i| !self.done[i] && decls[i].provider.resolved.get().is_some())
+            .filter(|&i| !self.is_done(i) && decls[i].provider.resolved.get().is_some())
             .collect();
         if !self.first && ready.is_empty() {
             return None;
         }
         let mut per_shard = ShardBatch::for_shards(n, ready.len());
+        if !ready.is_empty() {
+            self.done.resize(decls.len(), false);
+        }
         for &i in &ready {
-            self.done[i] = true;
+            if let Some(done) = self.done.get_mut(i) {
+                *done = true;
+            }
             let Some(d) = decls.get_mut(i) else {
                 continue;
             };
@@ -282,9 +300,10 @@ impl Waves {
         } else {
             Vec::new()
         };
-        let wave: Vec<usize> = if first {
+        // The first wave also takes the declarations sent early, if any.
+        let wave: Vec<usize> = if first && !self.sent_early.is_empty() {
             (0..decls.len())
-                .filter(|&i| self.sent_early[i] || ready.binary_search(&i).is_ok())
+                .filter(|&i| self.was_sent_early(i) || ready.binary_search(&i).is_ok())
                 .collect()
         } else {
             ready
