@@ -110,22 +110,38 @@ fn len_u32(len: usize) -> Result<u32, ValueWriteError> {
     })
 }
 
-/// A component entry of `states` and no failure, encoded into a buffer
-/// of `room` bytes: the bytes serde gives for the [`ComponentEntry`] of
-/// those states, written directly rather than through serde.
+/// A component entry of `states` and no failure, encoded, in sled's
+/// shared form: the bytes serde gives for the [`ComponentEntry`] of those
+/// states, written directly rather than through serde. `size` is about
+/// how many bytes they take: a small entry is written into the thread's
+/// kept buffer and copied once, a large one into a buffer of its own.
 pub(crate) fn encode_new_entry<'a>(
     states: impl ExactSizeIterator<Item = &'a StateEntryOut<'a>>,
-    room: usize,
-) -> Result<Vec<u8>, rmp_serde::encode::Error> {
-    let mut out = Vec::with_capacity(room);
-    rmp::encode::write_array_len(&mut out, 2)?;
-    rmp::encode::write_array_len(&mut out, len_u32(states.len())?)?;
-    for state in states {
-        state.write_to(&mut out)?;
+    size: usize,
+) -> Result<sled::IVec, rmp_serde::encode::Error> {
+    if size < crate::model::encode::MAX_KEPT_BUFFER {
+        return crate::model::encode::with_buffer(|out| {
+            write_new_entry(out, states).map(|()| sled::IVec::from(&out[..]))
+        });
     }
-    rmp::encode::write_nil(&mut out)
+    let mut out = Vec::with_capacity(size);
+    write_new_entry(&mut out, states)?;
+    Ok(sled::IVec::from(out))
+}
+
+/// Appends the entry of `states` and no failure to `out`.
+fn write_new_entry<'a>(
+    out: &mut Vec<u8>,
+    states: impl ExactSizeIterator<Item = &'a StateEntryOut<'a>>,
+) -> Result<(), rmp_serde::encode::Error> {
+    rmp::encode::write_array_len(out, 2)?;
+    rmp::encode::write_array_len(out, len_u32(states.len())?)?;
+    for state in states {
+        state.write_to(out)?;
+    }
+    rmp::encode::write_nil(out)
         .map_err(|e| rmp_serde::encode::Error::from(ValueWriteError::InvalidMarkerWrite(e)))?;
-    Ok(out)
+    Ok(())
 }
 
 /// The records of a [`StateEntryOut`]: encodes as a list of byte strings.
@@ -421,8 +437,11 @@ mod tests {
                     child_gen: s.child_gen,
                 })
                 .collect();
-            let direct = encode_new_entry(out.iter(), 16)?;
-            assert!(direct == whole, "{count} states encode differently");
+            // Sized small and large: through the kept buffer, and not.
+            for size in [16, crate::model::encode::MAX_KEPT_BUFFER] {
+                let direct = encode_new_entry(out.iter(), size)?;
+                assert!(*direct == *whole, "{count} states encode differently");
+            }
         }
         Ok(())
     }

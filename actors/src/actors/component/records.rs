@@ -253,7 +253,7 @@ impl<'a> NewEntry<'a> {
         let encoded = encode_new_entry(self.states.iter().map(|s| &s.entry), self.size + 16)?;
         Ok(Some(LedgerOp::PutEntry {
             component: own,
-            encoded: sled::IVec::from(encoded),
+            encoded,
             indexed,
             containers,
         }))
