@@ -560,8 +560,7 @@ impl Ledger {
                 *providers.entry(name).or_default() += 1;
             }
             if let Some(cause) = &entry.failure {
-                let path = keycode::decode_component(component)
-                    .map(crate::model::ComponentPath::from_segments)
+                let path = keycode::decode_component_path(component)
                     .ok_or_else(|| self.corrupt("a component key is malformed"))?;
                 failures.push((path, cause.clone()));
             }

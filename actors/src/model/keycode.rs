@@ -292,6 +292,11 @@ pub(crate) fn decode_component(bytes: &[u8]) -> Option<Vec<StableKey>> {
         .collect()
 }
 
+/// The component path a key made by [`component_key`] encodes.
+pub(crate) fn decode_component_path(bytes: &[u8]) -> Option<super::ComponentPath> {
+    decode_component(bytes).map(super::ComponentPath::from_segments)
+}
+
 /// Whether `path` lies below `ancestor` (a state or provider path): it
 /// continues it with more segments (a child's key, an attachment). Being
 /// a byte prefix is not enough: a text or bytes key ends with a zero,

@@ -374,7 +374,6 @@ impl ComponentState {
             shard.do_send(ReconcileBatch {
                 run_id: run.id,
                 component: Arc::clone(&self.key),
-                component_path: self.path.clone(),
                 decls: batch.decls,
                 providers: batch.providers,
                 home,

@@ -172,8 +172,7 @@ impl RunDeclared {
     pub(crate) fn path_of(&self, i: usize) -> ComponentPath {
         self.components
             .get(i)
-            .and_then(|key| keycode::decode_component(key))
-            .map(ComponentPath::from_segments)
+            .and_then(|key| keycode::decode_component_path(key))
             .unwrap_or_default()
     }
 

@@ -130,7 +130,6 @@ pub(crate) struct Outcome {
 pub(crate) struct ReconcileBatch {
     pub run_id: u64,
     pub component: Arc<[u8]>,
-    pub component_path: ComponentPath,
     pub decls: Vec<ShardDecl>,
     /// The providers the declarations name (by index).
     pub providers: Vec<Arc<ProviderCore>>,

@@ -333,7 +333,8 @@ fn no_provider(msg: &ReconcileBatch, d: &ShardDecl) -> Outcome {
         prev: None,
         result: Err(Error::Usage(format!(
             "declaration {} of component {} names no provider of its batch",
-            d.idx, msg.component_path
+            d.idx,
+            keycode::decode_component_path(&msg.component).unwrap_or_default()
         ))),
     }
 }
