@@ -1,8 +1,11 @@
 //! What the ledger stores, and the operations that change it.
 
+use rmp::Marker;
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 use std::sync::Arc;
+
+use super::scan::write_array_len;
 
 use crate::model::provider::ChildGeneration;
 use crate::model::StableKey;
@@ -65,49 +68,41 @@ impl StateEntryOut<'_> {
     /// Appends the state to `out` as serde encodes it: an array of its
     /// five fields, structs as arrays, byte strings as binaries, integers
     /// in their shortest form.
-    fn write_to(&self, out: &mut Vec<u8>) -> Result<(), ValueWriteError> {
-        use rmp::encode::{write_array_len, write_bin, write_uint};
-        write_array_len(out, 5)?;
+    fn write_to(&self, out: &mut Vec<u8>) -> Result<(), rmp::encode::ValueWriteError> {
+        use rmp::encode::{write_bin, write_uint};
+        write_array_len(out, 5);
         write_bin(out, self.path)?;
         match &self.records {
             RecordsOut::One(record) => {
-                write_array_len(out, 1)?;
+                write_array_len(out, 1);
                 write_bin(out, record)?;
             }
             RecordsOut::Many(records) => {
-                write_array_len(out, len_u32(records.len())?)?;
+                write_array_len(out, records.len());
                 for record in records.iter() {
                     write_bin(out, record)?;
                 }
             }
         }
-        rmp::encode::write_bool(out, self.may_be_missing)
-            .map_err(ValueWriteError::InvalidMarkerWrite)?;
+        out.push(if self.may_be_missing {
+            Marker::True.to_u8()
+        } else {
+            Marker::False.to_u8()
+        });
         write_uint(out, self.gen)?;
         match self.child_gen {
-            None => rmp::encode::write_nil(out).map_err(ValueWriteError::InvalidMarkerWrite)?,
+            None => out.push(Marker::Null.to_u8()),
             Some(ChildGeneration {
                 current,
                 destructive_floor,
             }) => {
-                write_array_len(out, 2)?;
+                write_array_len(out, 2);
                 write_uint(out, current)?;
                 write_uint(out, destructive_floor)?;
             }
         }
         Ok(())
     }
-}
-
-/// The error of writing MessagePack into memory (which cannot fail but
-/// for a list too long to encode).
-type ValueWriteError = rmp::encode::ValueWriteError<std::io::Error>;
-
-/// A list's length, as MessagePack encodes it.
-fn len_u32(len: usize) -> Result<u32, ValueWriteError> {
-    u32::try_from(len).map_err(|_| {
-        ValueWriteError::InvalidDataWrite(std::io::Error::other("a list too long to encode"))
-    })
 }
 
 /// A component entry of `states` and no failure, encoded, in sled's
@@ -121,7 +116,8 @@ pub(crate) fn encode_new_entry<'a>(
 ) -> Result<sled::IVec, rmp_serde::encode::Error> {
     if size < crate::model::encode::MAX_KEPT_BUFFER {
         return crate::model::encode::with_buffer(|out| {
-            write_new_entry(out, states).map(|()| sled::IVec::from(&out[..]))
+            write_new_entry(out, states)?;
+            Ok(sled::IVec::from(&out[..]))
         });
     }
     let mut out = Vec::with_capacity(size);
@@ -133,14 +129,13 @@ pub(crate) fn encode_new_entry<'a>(
 fn write_new_entry<'a>(
     out: &mut Vec<u8>,
     states: impl ExactSizeIterator<Item = &'a StateEntryOut<'a>>,
-) -> Result<(), rmp_serde::encode::Error> {
-    rmp::encode::write_array_len(out, 2)?;
-    rmp::encode::write_array_len(out, len_u32(states.len())?)?;
+) -> Result<(), rmp::encode::ValueWriteError> {
+    write_array_len(out, 2);
+    write_array_len(out, states.len());
     for state in states {
         state.write_to(out)?;
     }
-    rmp::encode::write_nil(out)
-        .map_err(|e| rmp_serde::encode::Error::from(ValueWriteError::InvalidMarkerWrite(e)))?;
+    out.push(Marker::Null.to_u8());
     Ok(())
 }
 
