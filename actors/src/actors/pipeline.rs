@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use actix::{Actor, Addr, Arbiter, ArbiterHandle, System};
 
 use super::ledger::{LedgerActor, LedgerHandle};
-use super::reconciler::{Claims, ReconcilerActor};
+use super::reconciler::{Claims, ReconcilerActor, SharedReads};
 pub(crate) use super::tasks::{AbortOnDrop, InFlight, Tasks};
 use super::threads::run_as_batch_work;
 use crate::config::{BatchPolicy, RetryPolicy};
@@ -159,6 +159,7 @@ impl Engine {
         let shard_count = config.shards;
         let claims: Vec<Arc<Claims>> = (0..shard_count).map(|_| Arc::default()).collect();
         let shard_claims = claims.clone();
+        let reads = Arc::new(SharedReads::default());
         let shard_ledger = ledger.clone();
         let shard_user = user.clone();
         let thread = std::thread::Builder::new()
@@ -172,9 +173,10 @@ impl Engine {
                         let arbiter = Arbiter::new();
                         arbiter.spawn_fn(run_as_batch_work);
                         let (ledger, user) = (shard_ledger.clone(), shard_user.clone());
+                        let reads = Arc::clone(&reads);
                         shards.push(ReconcilerActor::start_in_arbiter(
                             &arbiter.handle(),
-                            move |_| ReconcilerActor::new(i, ledger, claims, user),
+                            move |_| ReconcilerActor::new(i, ledger, claims, reads, user),
                         ));
                         arbiters.push(arbiter);
                     }

@@ -15,16 +15,19 @@
 //! This file holds the actor and its handlers; [`message`] the messages,
 //! [`claims`] which component declared each state in a run (shared with
 //! components found unchanged, which claim their states without a
-//! message), [`lookup`] the search for a state's previous records, and
-//! [`cursor`] the cursor that finds declarations in a sorted entry.
+//! message), [`lookup`] the search for a state's previous records,
+//! [`cursor`] the cursor that finds declarations in a sorted entry, and
+//! [`reads`] the entries of large components, read once for all shards.
 
 mod claims;
 mod cursor;
 mod lookup;
 mod message;
+mod reads;
 pub(crate) use claims::Claims;
 use claims::RunDeclared;
 pub(crate) use message::Declaration;
+pub(crate) use reads::SharedReads;
 
 use cursor::Cursor;
 use lookup::{effective_prev, lookup_elsewhere, reconcile_declared, state_count};
@@ -72,6 +75,8 @@ pub(crate) struct ReconcilerActor {
     /// The entries of components reconciled in several messages, by
     /// component, with the run they were read in.
     entries: HashMap<Arc<[u8]>, KeptEntry>,
+    /// The readings of such entries, shared with the other shards.
+    reads: Arc<SharedReads>,
     /// The states in `entries`, bounded by [`MAX_CACHED_STATES`].
     cached_states: usize,
     /// Per run and component: states sent in chunks, not claimed yet.
@@ -88,7 +93,12 @@ struct Claim {
 }
 
 /// A component's entry as read in a run (`None`: it has none yet).
-type KeptEntry = (u64, Arc<Option<StoredEntry>>);
+struct KeptEntry {
+    run_id: u64,
+    entry: Arc<Option<StoredEntry>>,
+    /// Kept so that the other shards share it.
+    _reading: Arc<reads::Reading>,
+}
 
 /// The most states a shard keeps decoded for components reconciled in
 /// several messages: beyond it, such a component's entry is read again
@@ -101,6 +111,7 @@ impl ReconcilerActor {
         index: usize,
         ledger: Ledger,
         claims: Arc<Claims>,
+        reads: Arc<SharedReads>,
         user: tokio::runtime::Handle,
     ) -> Self {
         Self {
@@ -109,6 +120,7 @@ impl ReconcilerActor {
             ledger,
             claims,
             entries: HashMap::default(),
+            reads,
             cached_states: 0,
             pending: HashMap::default(),
             user,
@@ -160,24 +172,34 @@ impl ReconcilerActor {
 
     /// The entry of a component that sends this shard several messages in
     /// a run (chunks declared while its code runs, then the rest): read
-    /// and decoded on its first message, kept until its last.
+    /// (or taken from another shard's reading) on its first message, kept
+    /// until its last.
     fn chunked_entry(&mut self, msg: &ReconcileBatch) -> Result<Arc<Option<StoredEntry>>> {
-        if let Some((run_id, entry)) = self.entries.get(&msg.component) {
-            if *run_id == msg.run_id {
-                return Ok(Arc::clone(entry));
+        if let Some(kept) = self.entries.get(&msg.component) {
+            if kept.run_id == msg.run_id {
+                return Ok(Arc::clone(&kept.entry));
             }
         }
         // Kept from another run: stale.
         self.forget_entry(&msg.component);
-        let entry = Arc::new(self.ledger.stored(&msg.component)?);
+        let reading = self.reads.reading(msg.run_id, &msg.component);
+        let shared = reading.get_or_init(|| self.ledger.stored(&msg.component).ok().map(Arc::new));
+        let entry = match shared {
+            Some(entry) => Arc::clone(entry),
+            None => Arc::new(self.ledger.stored(&msg.component)?),
+        };
         let Chunk::More(gate) = &msg.chunk else {
             return Ok(entry);
         };
         let size = state_count(&entry);
         if self.cached_states + size <= MAX_CACHED_STATES {
             self.cached_states += size;
-            self.entries
-                .insert(Arc::clone(&msg.component), (msg.run_id, Arc::clone(&entry)));
+            let kept = KeptEntry {
+                run_id: msg.run_id,
+                entry: Arc::clone(&entry),
+                _reading: reading,
+            };
+            self.entries.insert(Arc::clone(&msg.component), kept);
         } else {
             gate.stop.store(true, Ordering::SeqCst);
         }
@@ -186,8 +208,8 @@ impl ReconcilerActor {
 
     /// Lets go of a component's kept entry.
     fn forget_entry(&mut self, component: &[u8]) {
-        if let Some((_, entry)) = self.entries.remove(component) {
-            self.cached_states = self.cached_states.saturating_sub(state_count(&entry));
+        if let Some(kept) = self.entries.remove(component) {
+            self.cached_states = self.cached_states.saturating_sub(state_count(&kept.entry));
         }
     }
 
