@@ -64,7 +64,7 @@ impl Ledger {
 }
 
 /// Paths a component comes to hold: (component, paths).
-type IndexRun = (Vec<u8>, Vec<Arc<[u8]>>);
+type IndexRun = (Vec<u8>, Vec<u64>);
 
 struct BatchBuilder<'a> {
     ledger: &'a Ledger,
@@ -244,7 +244,7 @@ impl BatchBuilder<'_> {
     }
 
     fn index_add(&mut self, component: &[u8], path: &[u8]) {
-        let path = Arc::from(path);
+        let path = keycode::stable_hash(path);
         match self.index_adds.last_mut() {
             Some((last, paths)) if last.as_slice() == component => paths.push(path),
             _ => self.index_adds.push((component.to_vec(), vec![path])),
@@ -328,7 +328,7 @@ impl BatchBuilder<'_> {
         &mut self,
         component: Vec<u8>,
         encoded: sled::IVec,
-        indexed: Vec<Arc<[u8]>>,
+        indexed: Vec<u64>,
         containers: Vec<Vec<u8>>,
     ) -> Result<()> {
         self.index_adds.push((component.clone(), indexed));

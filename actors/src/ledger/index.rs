@@ -36,20 +36,22 @@ impl OwnerIndex {
 
     pub(crate) fn add(&mut self, path: &[u8], component: &[u8]) {
         let id = self.intern(component);
-        self.add_id(path, id);
+        self.add_id(stable_hash(path), id);
     }
 
-    /// Adds `component` as a holder of each of `paths`.
-    pub(crate) fn add_all<P: AsRef<[u8]>>(&mut self, component: &[u8], paths: &[P]) {
+    /// Adds `component` as a holder of each path of which `hashes` holds
+    /// the [`stable_hash`]: worked out where the paths were at hand (a
+    /// component's thread, as it encodes its entry), so that the ledger's
+    /// thread reads none of them.
+    pub(crate) fn add_all(&mut self, component: &[u8], hashes: &[u64]) {
         let id = self.intern(component);
-        self.slots.reserve(paths.len());
-        for path in paths {
-            self.add_id(path.as_ref(), id);
+        self.slots.reserve(hashes.len());
+        for &h in hashes {
+            self.add_id(h, id);
         }
     }
 
-    fn add_id(&mut self, path: &[u8], id: u32) {
-        let h = stable_hash(path);
+    fn add_id(&mut self, h: u64, id: u32) {
         match self.slots.get_mut(&h) {
             None => {
                 self.slots.insert(h, Slot::One(id));
@@ -132,7 +134,8 @@ mod tests {
         let paths: Vec<Vec<u8>> = (0..50).map(|i| format!("p{i}").into_bytes()).collect();
         let mut at_once = OwnerIndex::default();
         at_once.add(b"p7", b"other");
-        at_once.add_all(b"c", &paths);
+        let hashes: Vec<u64> = paths.iter().map(|p| stable_hash(p)).collect();
+        at_once.add_all(b"c", &hashes);
         let mut one_by_one = OwnerIndex::default();
         one_by_one.add(b"p7", b"other");
         for p in &paths {

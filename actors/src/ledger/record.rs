@@ -251,8 +251,9 @@ pub(crate) enum LedgerOp {
         /// `apply_group`), and in sled's own shared form, so that a large
         /// entry is written as it is, without a copy on the ledger's thread.
         encoded: sled::IVec,
-        /// The paths of its states, to index.
-        indexed: Vec<std::sync::Arc<[u8]>>,
+        /// The [`stable_hash`](crate::model::keycode::stable_hash) of each
+        /// of its states' paths, to index.
+        indexed: Vec<u64>,
         /// The containers its states are below.
         containers: Vec<Vec<u8>>,
     },

@@ -157,7 +157,7 @@ fn fresh(component: &str, path: &str) -> LedgerOp {
     LedgerOp::PutEntry {
         component: component.as_bytes().to_vec(),
         encoded: rmp_serde::to_vec(&entry).unwrap_or_default().into(),
-        indexed: vec![Arc::from(path.as_bytes())],
+        indexed: vec![keycode::stable_hash(path.as_bytes())],
         containers: Vec::new(),
     }
 }
@@ -980,7 +980,7 @@ fn sized(component: &str, n: usize, bytes: usize) -> LedgerOp {
         .collect();
     let indexed = states
         .iter()
-        .map(|s| Arc::from(s.path.as_slice()))
+        .map(|s| keycode::stable_hash(&s.path))
         .collect();
     LedgerOp::PutEntry {
         component: component.as_bytes().to_vec(),

@@ -674,7 +674,7 @@ mod tests {
     ) -> Result<LedgerOp> {
         let indexed = states
             .iter()
-            .map(|s| Arc::from(s.path.as_slice()))
+            .map(|s| crate::model::keycode::stable_hash(&s.path))
             .collect();
         let encoded = rmp_serde::to_vec(&ComponentEntry {
             states,

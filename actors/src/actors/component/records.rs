@@ -12,6 +12,7 @@ use crate::ledger::record::{
 };
 use crate::model::action::ActionCounts;
 use crate::model::erased::ErasedOutput;
+use crate::model::keycode::stable_hash;
 use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::{ActionKind, StableKey};
 use crate::sync::lock;
@@ -249,7 +250,7 @@ impl<'a> NewEntry<'a> {
         }
         containers.sort();
         containers.dedup();
-        let indexed = self.states.iter().map(|s| Arc::clone(s.path)).collect();
+        let indexed = self.states.iter().map(|s| stable_hash(s.path)).collect();
         let encoded = encode_new_entry(self.states.iter().map(|s| &s.entry), self.size + 16)?;
         Ok(Some(LedgerOp::PutEntry {
             component: own,
