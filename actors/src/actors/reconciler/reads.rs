@@ -29,7 +29,10 @@ pub(crate) type Reading = OnceLock<Option<Arc<Option<StoredEntry>>>>;
 
 /// The readings kept by some shard, by run and component.
 #[derive(Default)]
-pub(crate) struct SharedReads(Mutex<HashMap<(u64, Arc<[u8]>), Weak<Reading>>>);
+pub(crate) struct SharedReads(Mutex<Readings>);
+
+/// Readings by run and component, each while a shard keeps it.
+type Readings = HashMap<(u64, Arc<[u8]>), Weak<Reading>>;
 
 /// The readings listed from which those no shard keeps are let go.
 const PRUNED_FROM: usize = 64;
