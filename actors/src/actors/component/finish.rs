@@ -320,15 +320,15 @@ async fn apply_waves(
             let (Some(r), Some(d)) = (reconciled.results.get_mut(i), decls.get(i)) else {
                 continue;
             };
-            let typed = r.output.as_mut().and_then(|o| o.typed.take());
+            let typed = r.output_mut().and_then(|o| o.typed.take());
             let r = &*r;
-            let Some(out_action) = &r.output else {
+            let Some(out_action) = r.output() else {
                 continue;
             };
             // A container's refresh is applied like any action: its sink
             // is called on every run that returns one (it needs no intent:
             // its records do not change, and it counts as unchanged).
-            let refresh = is_refresh(state, d, r);
+            let refresh = is_refresh(d, r);
             let planned = PlannedAction {
                 action: EncodedAction {
                     kind: out_action.kind,
@@ -481,8 +481,8 @@ fn note_preview(state: &ComponentState, decls: &[Declaration], results: &Outcome
     let run = &state.run;
     let mut preview = lock(&run.preview_actions);
     for (i, r) in results.iter() {
-        if let (Some(out), Some(d)) = (r.output.as_ref(), decls.get(i)) {
-            if is_refresh(state, d, r) {
+        if let (Some(out), Some(d)) = (r.output(), decls.get(i)) {
+            if is_refresh(d, r) {
                 continue;
             }
             preview.push(PreviewAction {
@@ -508,8 +508,8 @@ fn root_actions_pending(
         .iter()
         .filter_map(|(i, r)| {
             let d = decls.get(i)?;
-            let out = r.output.as_ref()?;
-            (!is_refresh(state, d, r)).then(|| {
+            let out = r.output()?;
+            (!is_refresh(d, r)).then(|| {
                 format!(
                     "{} {} of {}",
                     out.kind.as_str(),

@@ -4,7 +4,7 @@
 use rustc_hash::FxHashSet as HashSet;
 use std::sync::Arc;
 
-use crate::actors::reconciler::Orphan;
+use crate::actors::reconciler::{Found, Orphan};
 use crate::error::Result;
 use crate::ledger::buf;
 use crate::ledger::record::{
@@ -49,9 +49,9 @@ pub(super) fn success_records(
         let Some(d) = decls.get(i) else {
             continue;
         };
-        match &r.output {
+        match r.output() {
             None => records.unchanged_state(d, r),
-            Some(_) if is_refresh(state, d, r) => records.unchanged += 1,
+            Some(_) if is_refresh(d, r) => records.unchanged += 1,
             Some(out) => records.applied(d, r, out),
         }
     }
@@ -88,9 +88,7 @@ struct Records<'a> {
 impl<'a> Records<'a> {
     /// The component that held the state, when another one did.
     fn moved_from(&self, r: &'a Reconciled) -> Option<&'a Arc<[u8]>> {
-        r.location
-            .as_ref()
-            .filter(|l| l.as_ref() != self.own.as_slice())
+        r.moved_from().filter(|l| l.as_ref() != self.own.as_slice())
     }
 
     /// A state that needs no action: it only moves here, if another
@@ -137,7 +135,12 @@ impl<'a> Records<'a> {
         match &out.record {
             Some(record) => self.written(d, r, record),
             None => {
-                if let Some(loc) = &r.location {
+                let held_by = match &r.location {
+                    Found::Nowhere => None,
+                    Found::Own => Some(self.own.as_slice()),
+                    Found::In(component) => Some(&component[..]),
+                };
+                if let Some(loc) = held_by {
                     self.ops.push(LedgerOp::Remove {
                         component: loc.to_vec(),
                         path: d.path.to_vec(),
@@ -183,7 +186,7 @@ impl<'a> Records<'a> {
             // New here, or moved here: the component is not indexed as the
             // state's owner nor noted as a holder of its container yet.
             // (A state its entry holds already was both when it came.)
-            let new_here = r.location.is_none() || moved_from.is_some();
+            let new_here = matches!(r.location, Found::Nowhere) || moved_from.is_some();
             if !same {
                 self.ops.push(LedgerOp::Put {
                     component: self.own.clone(),
@@ -269,8 +272,8 @@ impl<'a> NewEntry<'a> {
 /// writes no record, counts as unchanged (as a `None` from a leaf would),
 /// and is left out of a preview. When it fails, the component fails and
 /// the container's records stay as they were: a refresh changes none.
-pub(super) fn is_refresh(state: &ComponentState, d: &Declaration, r: &Reconciled) -> bool {
-    let (Some(out), Some(prev)) = (&r.output, &r.prev) else {
+pub(super) fn is_refresh(d: &Declaration, r: &Reconciled) -> bool {
+    let (Some(out), Some(prev)) = (r.output(), &r.prev) else {
         return false;
     };
     d.child.is_some()
@@ -278,7 +281,7 @@ pub(super) fn is_refresh(state: &ComponentState, d: &Declaration, r: &Reconciled
         && out.child_invalidation.is_none()
         && !prev.may_be_missing
         && prev.gen == generation(&d.provider).current
-        && r.location.as_deref() == Some(&*state.key)
+        && matches!(r.location, Found::Own)
         && match (&out.record, prev.records.as_slice()) {
             (Some(record), [committed]) => committed.as_slice() == &record[..],
             _ => false,
@@ -362,7 +365,7 @@ pub(super) fn intent_for(
     d: &Declaration,
     r: &Reconciled,
 ) -> Option<Intent> {
-    let out = r.output.as_ref()?;
+    let out = r.output()?;
     if let Some(prev) = &r.prev {
         let gen_same = r.child_gen.is_none() || r.child_gen == prev.child_gen;
         let covered = match &out.record {
@@ -378,9 +381,9 @@ pub(super) fn intent_for(
 
 pub(super) fn full_intent(state: &ComponentState, d: &Declaration, r: &Reconciled) -> Intent {
     Intent {
-        component: Arc::clone(r.location.as_ref().unwrap_or(&state.key)),
+        component: Arc::clone(r.location(&state.key).unwrap_or(&state.key)),
         path: Arc::clone(&d.path),
-        record: r.output.as_ref().and_then(|o| o.record.clone()),
+        record: r.output().and_then(|o| o.record.clone()),
         gen: generation(&d.provider).current,
         child_gen: r.child_gen,
         container: d.provider.path.container.clone(),

@@ -6,12 +6,11 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::actors::reconciler::{
-    shard_of, shard_stopped, Chunk, Found, Gather, Gathered, ReplyTo, ShardBatch, ShardReply,
+    shard_of, shard_stopped, Chunk, Gather, Gathered, Outcome, ReplyTo, ShardBatch, ShardReply,
 };
 use crate::error::{Error, Result};
 use crate::ledger::record::StateEntry;
 use crate::ledger::stored::StoredEntry;
-use crate::model::erased::ErasedOutput;
 use crate::model::provider::{ChildGeneration, ProviderCore};
 use crate::model::{ActionKind, StableKey, TargetChildInvalidation};
 use crate::run::Run;
@@ -19,13 +18,7 @@ use crate::run::Run;
 use super::{guarded, resolve_provider, ComponentState, Declaration, Early, Seen};
 
 /// What reconciliation found for one declaration.
-pub(super) struct Reconciled {
-    pub(super) location: Option<Arc<[u8]>>,
-    pub(super) prev: Option<StateEntry>,
-    pub(super) output: Option<ErasedOutput>,
-    /// For containers: the generation given to the children.
-    pub(super) child_gen: Option<ChildGeneration>,
-}
+pub(super) type Reconciled = Outcome;
 
 /// What reconciliation found, by declaration index. Most declarations of
 /// a re-run have no outcome (the shards only count the states that need
@@ -42,7 +35,7 @@ pub(super) struct Outcomes {
     slot: Vec<(usize, usize)>,
     declarations: usize,
     /// The replies' outcomes, each with its declaration's index.
-    parts: Vec<Vec<(usize, Reconciled)>>,
+    parts: Vec<Vec<Reconciled>>,
 }
 
 /// The slot of a declaration without an outcome.
@@ -59,7 +52,7 @@ impl Outcomes {
 
     /// Records a reply's outcomes, by declaration index (an index out of
     /// range is dropped: every index comes from the component's own list).
-    fn add(&mut self, outcomes: Vec<(usize, Reconciled)>) {
+    fn add(&mut self, outcomes: Vec<Reconciled>) {
         if outcomes.is_empty() {
             return;
         }
@@ -67,8 +60,8 @@ impl Outcomes {
             self.slot = vec![NO_OUTCOME; self.declarations];
         }
         let part = self.parts.len();
-        for (at, (idx, _)) in outcomes.iter().enumerate() {
-            if let Some(slot) = self.slot.get_mut(*idx) {
+        for (at, outcome) in outcomes.iter().enumerate() {
+            if let Some(slot) = self.slot.get_mut(outcome.idx) {
                 *slot = (part, at);
             }
         }
@@ -77,12 +70,12 @@ impl Outcomes {
 
     pub(super) fn get(&self, idx: usize) -> Option<&Reconciled> {
         let &(part, at) = self.slot.get(idx)?;
-        self.parts.get(part)?.get(at).map(|(_, r)| r)
+        self.parts.get(part)?.get(at)
     }
 
     pub(super) fn get_mut(&mut self, idx: usize) -> Option<&mut Reconciled> {
         let &(part, at) = self.slot.get(idx)?;
-        self.parts.get_mut(part)?.get_mut(at).map(|(_, r)| r)
+        self.parts.get_mut(part)?.get_mut(at)
     }
 
     /// How many declarations have an outcome.
@@ -95,7 +88,7 @@ impl Outcomes {
         self.slot
             .iter()
             .enumerate()
-            .filter_map(|(idx, &(part, at))| Some((idx, &self.parts.get(part)?.get(at)?.1)))
+            .filter_map(|(idx, &(part, at))| Some((idx, self.parts.get(part)?.get(at)?)))
     }
 }
 
@@ -128,7 +121,7 @@ pub(super) async fn reconcile_waves(
 ) -> Result<Reconciliation> {
     let mut waves = Waves::new(state, decls, early);
     while let Some((wave, replies)) = waves.send_next(state, decls) {
-        waves.gather(state, decls, replies).await?;
+        waves.gather(decls, replies).await?;
         for &i in &wave {
             let d = &decls[i];
             let (Some(child), Some(r)) = (&d.child, waves.out.results.get_mut(i)) else {
@@ -327,12 +320,7 @@ impl Waves {
     /// Takes a wave's replies in: the outcomes, the home shard's reading,
     /// and the first error (a handler's, or a state another component
     /// declared first).
-    async fn gather(
-        &mut self,
-        state: &ComponentState,
-        decls: &[Declaration],
-        replies: Replies,
-    ) -> Result<()> {
+    async fn gather(&mut self, decls: &[Declaration], replies: Replies) -> Result<()> {
         let mut errors: Vec<Error> = Vec::new();
         for (is_home, reply) in replies.all().await? {
             if let Some(e) = reply.error {
@@ -350,26 +338,16 @@ impl Waves {
                 self.out.fresh = own.is_none();
                 self.home_entry = reply.entry;
             }
-            let mut found = Vec::with_capacity(reply.outcomes.len());
-            for o in reply.outcomes {
-                match o.result {
-                    Err(e) => errors.push(e),
-                    Ok(output) => found.push((
-                        o.idx,
-                        Reconciled {
-                            location: match o.location {
-                                Found::Nowhere => None,
-                                Found::Own => Some(Arc::clone(&state.key)),
-                                Found::In(component) => Some(component),
-                            },
-                            prev: o.prev,
-                            output,
-                            child_gen: None,
-                        },
-                    )),
+            let mut outcomes = reply.outcomes;
+            // A failed outcome fails the component: the reconciliation
+            // is then dropped, and what the error leaves in its place
+            // never read.
+            for o in outcomes.iter_mut().filter(|o| o.result.is_err()) {
+                if let Err(e) = std::mem::replace(&mut o.result, Ok(None)) {
+                    errors.push(e);
                 }
             }
-            self.out.results.add(found);
+            self.out.results.add(outcomes);
             // States another component declared first.
             for (idx, first_by) in reply.duplicates {
                 if let Some(d) = decls.get(idx) {
@@ -477,7 +455,7 @@ fn resolve_child(
     child: &Arc<ProviderCore>,
     r: &Reconciled,
 ) -> Result<Option<ChildGeneration>> {
-    let Some(out) = &r.output else {
+    let Some(out) = r.output() else {
         return Ok(None);
     };
     if out.kind == ActionKind::Delete {

@@ -31,11 +31,11 @@ pub(crate) use reads::SharedReads;
 
 use cursor::Cursor;
 use lookup::{effective_prev, lookup_elsewhere, reconcile_declared, state_count};
+use message::ShardDecl;
 pub(crate) use message::{
     Chunk, EarlyGate, EndRun, FilterOrphans, Found, Gather, Gathered, Orphan, OrphanOutcome,
-    ReconcileBatch, ReconcileOrphans, ReplyTo, ShardBatch, ShardReply,
+    Outcome, ReconcileBatch, ReconcileOrphans, ReplyTo, ShardBatch, ShardReply,
 };
-use message::{Outcome, ShardDecl};
 
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::Ordering;
@@ -358,6 +358,7 @@ fn no_provider(msg: &ReconcileBatch, d: &ShardDecl) -> Outcome {
             d.idx,
             keycode::decode_component_path(&msg.component).unwrap_or_default()
         ))),
+        child_gen: None,
     }
 }
 
@@ -381,6 +382,7 @@ fn own_outcome(
         location: Found::Own,
         prev,
         result,
+        child_gen: None,
     })
 }
 
@@ -403,6 +405,7 @@ fn elsewhere_outcome(
                 location,
                 prev,
                 result,
+                child_gen: None,
             }
         }
         Err(e) => Outcome {
@@ -410,6 +413,7 @@ fn elsewhere_outcome(
             location: Found::Nowhere,
             prev: None,
             result: Err(e),
+            child_gen: None,
         },
     }
 }
