@@ -353,8 +353,11 @@ pub(crate) fn apply_group(
     mut commits: Vec<Vec<LedgerOp>>,
     note: bool,
 ) -> (Vec<Result<()>>, BTreeSet<Vec<u8>>) {
-    let apply = |ops: Vec<LedgerOp>| -> Result<BTreeSet<Vec<u8>>> {
-        if ops.is_empty() {
+    // Ops handed on as they are: a group of many commits is not gathered
+    // into one list first.
+    let apply = |ops: &mut dyn Iterator<Item = LedgerOp>| -> Result<BTreeSet<Vec<u8>>> {
+        let mut ops = ops.peekable();
+        if ops.peek().is_none() {
             Ok(BTreeSet::new())
         } else if note {
             ledger.apply_touching(ops)
@@ -364,7 +367,7 @@ pub(crate) fn apply_group(
     };
     let count = commits.len();
     if count <= 1 {
-        return match apply(commits.pop().unwrap_or_default()) {
+        return match apply(&mut commits.pop().unwrap_or_default().into_iter()) {
             Ok(touched) => (vec![Ok(())], touched),
             Err(e) => (vec![Err(e)], BTreeSet::new()),
         };
@@ -374,15 +377,15 @@ pub(crate) fn apply_group(
         .flatten()
         .all(LedgerOp::decodes_nothing_stored)
     {
-        return each_commit(count, apply(commits.into_iter().flatten().collect()));
+        return each_commit(count, apply(&mut commits.into_iter().flatten()));
     }
-    if let Ok(touched) = apply(commits.iter().flatten().cloned().collect()) {
+    if let Ok(touched) = apply(&mut commits.iter().flatten().cloned()) {
         return each_commit(count, Ok(touched));
     }
     let mut touched = BTreeSet::new();
     let results = commits
         .into_iter()
-        .map(|ops| apply(ops).map(|t| touched.extend(t)))
+        .map(|ops| apply(&mut ops.into_iter()).map(|t| touched.extend(t)))
         .collect();
     (results, touched)
 }

@@ -20,18 +20,25 @@ use crate::model::{keycode, StableKey};
 impl Ledger {
     /// Applies ops atomically (one sled batch, or one transaction when
     /// they write both trees). Does not flush.
-    pub(crate) fn apply(&self, ops: Vec<LedgerOp>) -> Result<()> {
+    pub(crate) fn apply(&self, ops: impl IntoIterator<Item = LedgerOp>) -> Result<()> {
         self.apply_noting(ops, false).map(|_| ())
     }
 
     /// [`Ledger::apply`], returning the components whose records the ops
     /// changed (for the changelog of a worker group's partitions).
     #[allow(dead_code)] // Used by the member runtime of worker groups.
-    pub(crate) fn apply_touching(&self, ops: Vec<LedgerOp>) -> Result<BTreeSet<Vec<u8>>> {
+    pub(crate) fn apply_touching(
+        &self,
+        ops: impl IntoIterator<Item = LedgerOp>,
+    ) -> Result<BTreeSet<Vec<u8>>> {
         self.apply_noting(ops, true)
     }
 
-    fn apply_noting(&self, ops: Vec<LedgerOp>, note: bool) -> Result<BTreeSet<Vec<u8>>> {
+    fn apply_noting(
+        &self,
+        ops: impl IntoIterator<Item = LedgerOp>,
+        note: bool,
+    ) -> Result<BTreeSet<Vec<u8>>> {
         let mut b = BatchBuilder {
             note,
             touched: BTreeSet::new(),

@@ -408,7 +408,7 @@ mod tests {
         ledger.apply(vec![put(state(&path(1), "changed"))])?;
         assert!(delta(&ledger)?.is_some());
         let all: Vec<Vec<u8>> = model.states.keys().cloned().collect();
-        ledger.apply(all.iter().map(|p| remove(p)).collect())?;
+        ledger.apply(all.iter().map(|p| remove(p)))?;
         assert!(ledger.component(COMPONENT)?.is_none());
         assert!(delta(&ledger)?.is_none(), "the delta outlived its entry");
         assert!(
@@ -444,7 +444,7 @@ mod tests {
         for p in &gone {
             model.states.remove(p);
         }
-        ledger.apply(gone.iter().map(|p| remove(p)).collect())?;
+        ledger.apply(gone.iter().map(|p| remove(p)))?;
         assert!(
             ledger.entries.get(&k)?.is_none(),
             "a small value left large"
@@ -488,15 +488,14 @@ mod tests {
         let moved: Vec<Vec<u8>> = (1000..1400).map(path).collect();
         let k = key(P_COMPONENT, COMPONENT);
         for round in 0..150 {
-            ledger.apply(moved.iter().map(|p| remove(p)).collect())?;
+            ledger.apply(moved.iter().map(|p| remove(p)))?;
             if round == 0 {
                 assert!(ledger.entries.get(&k)?.is_none() && ledger.tree.get(&k)?.is_some());
             }
             ledger.apply(
                 moved
                     .iter()
-                    .map(|p| put(state(p, &format!("round {round}"))))
-                    .collect(),
+                    .map(|p| put(state(p, &format!("round {round}")))),
             )?;
         }
         assert!(own(&ledger)?.is_some());

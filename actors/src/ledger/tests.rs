@@ -535,8 +535,7 @@ fn a_deleted_packed_component_does_not_come_back_and_can_be_created_again() -> R
         ledger.apply(
             ["c2", "x1", "x2", "x3"]
                 .iter()
-                .map(|c| fresh(c, &format!("q{c}")))
-                .collect(),
+                .map(|c| fresh(c, &format!("q{c}"))),
         )?;
         assert!(has(&ledger, "c2"));
         ledger.flush()?;
@@ -601,11 +600,11 @@ fn entries_of_many_packs_read_back_as_written_from_memory_or_from_the_store() ->
     // More packs than are kept in memory: the oldest are read from sled.
     let rounds = 80;
     for round in 0..rounds {
-        let ops = (0..5).map(|i| fresh(&name(round, i), "p")).collect();
+        let ops: Vec<LedgerOp> = (0..5).map(|i| fresh(&name(round, i), "p")).collect();
         ledger.apply(ops)?;
     }
     // The first round's components move to a new pack; theirs goes.
-    let moved = (0..5).map(|i| rewrite(&name(0, i), "p", "r2")).collect();
+    let moved: Vec<LedgerOp> = (0..5).map(|i| rewrite(&name(0, i), "p", "r2")).collect();
     ledger.apply(moved)?;
     for round in 0..rounds {
         let want = if round == 0 { "r2" } else { "r" };
@@ -715,11 +714,7 @@ fn packs_without_live_members_and_useless_tombstones_are_collected() -> Result<(
     {
         let ledger = Ledger::open(dir.path(), 1 << 20)?;
         ledger.apply(fresh_components(4))?;
-        ledger.apply(
-            (0..4)
-                .map(|i| remove(&format!("c{i}"), &format!("p{i}")))
-                .collect(),
-        )?;
+        ledger.apply((0..4).map(|i| remove(&format!("c{i}"), &format!("p{i}"))))?;
         ledger.flush()?;
     }
     let ledger = Ledger::open(dir.path(), 1 << 20)?;
@@ -1016,9 +1011,7 @@ fn an_entry_moving_into_and_out_of_the_tree_of_large_values_is_read_back_there_a
     })?;
     assert_eq!(state_count(&ledger, "big")?, 200, "large, reopened");
     // All but one removed: a delta beside the large value.
-    let removals = (1..200)
-        .map(|i| remove("big", &format!("p{i:06}")))
-        .collect();
+    let removals = (1..200).map(|i| remove("big", &format!("p{i:06}")));
     ledger.apply(removals)?;
     assert_eq!(state_count(&ledger, "big")?, 1);
     ledger.flush()?;

@@ -612,14 +612,12 @@ mod tests {
         let file = |i: usize| file_of(i as i64);
         {
             let ledger = Ledger::open(dir.path(), 1 << 20)?;
-            let ops = (0..files)
-                .map(|i| LedgerOp::Put {
-                    component: file(i),
-                    entry: held(row(old, i), b"r"),
-                    index_owner: true,
-                    container: Some(table_path(old)),
-                })
-                .collect();
+            let ops = (0..files).map(|i| LedgerOp::Put {
+                component: file(i),
+                entry: held(row(old, i), b"r"),
+                index_owner: true,
+                container: Some(table_path(old)),
+            });
             ledger.apply(ops)?;
             mark_format(&ledger, 2)?;
         }
