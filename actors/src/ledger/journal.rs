@@ -468,21 +468,24 @@ mod tests {
         Ok(())
     }
 
-    #[test]
-    fn a_damaged_frame_before_others_is_corruption() -> Result<(), JournalError> {
-        let dir = tempfile::tempdir()?;
-        two_batches(dir.path())?;
-        let file = dir.path().join(JOURNAL_FILE);
+    /// Damages the first frame's payload of the journal in `dir` (more
+    /// follow) and checks that opening it is refused as corrupt.
+    fn first_frame_damaged_is_corruption(dir: &Path) -> Result<(), JournalError> {
+        let file = dir.join(JOURNAL_FILE);
         let mut bytes = std::fs::read(&file)?;
         if let Some(b) = bytes.get_mut(HEADER + 2) {
             *b ^= 0xff;
         }
         std::fs::write(&file, &bytes)?;
-        assert!(matches!(
-            Journal::open(dir.path()),
-            Err(JournalError::Corrupt(_))
-        ));
+        assert!(matches!(Journal::open(dir), Err(JournalError::Corrupt(_))));
         Ok(())
+    }
+
+    #[test]
+    fn a_damaged_frame_before_others_is_corruption() -> Result<(), JournalError> {
+        let dir = tempfile::tempdir()?;
+        two_batches(dir.path())?;
+        first_frame_damaged_is_corruption(dir.path())
     }
 
     /// The journal in `dir` with each frame's checksum field made the
@@ -535,17 +538,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         two_batches(dir.path())?;
         with_old_checksums(dir.path())?;
-        let file = dir.path().join(JOURNAL_FILE);
-        let mut bytes = std::fs::read(&file)?;
-        if let Some(b) = bytes.get_mut(HEADER + 2) {
-            *b ^= 0xff;
-        }
-        std::fs::write(&file, &bytes)?;
-        assert!(matches!(
-            Journal::open(dir.path()),
-            Err(JournalError::Corrupt(_))
-        ));
-        Ok(())
+        first_frame_damaged_is_corruption(dir.path())
     }
 
     #[test]
