@@ -20,9 +20,15 @@
 //! The checksum is the payload's CRC-32 in the low half and [`CRC_MARK`]
 //! in the high half. Journals written before it carry the payload's
 //! [`stable_hash`] instead, and are read as such: a crash can leave one
-//! for a newer build to fold in. (`stable_hash` goes a byte at a time:
-//! about a millisecond of the ledger's thread per megabyte of intents,
-//! 100k intents being about 10 MB; CRC-32 goes at memory speed.)
+//! for a newer build to fold in, and compaction keeps such frames as they
+//! are, so that reader stays. (`stable_hash` goes a byte at a time: about
+//! a millisecond of the ledger's thread per megabyte of intents, 100k
+//! intents being about 10 MB; CRC-32 goes at memory speed. It catches
+//! every burst of damage up to 32 bits long, and other damage but for one
+//! chance in 2^32.) A build from before CRC-32 does not read these frames:
+//! it takes a lone last one for a torn write. Downgrading weir while the
+//! journal holds intents (after a crash, before the next run) is not
+//! supported.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -51,11 +57,8 @@ fn checksum(payload: &[u8]) -> u64 {
 /// Whether `field` is the checksum of `payload`, as written now or as
 /// journals written before CRC-32 have it.
 fn checksum_matches(field: u64, payload: &[u8]) -> bool {
-    if field >> 32 == CRC_MARK {
-        field == checksum(payload)
-    } else {
-        field == stable_hash(payload)
-    }
+    // A former checksum may have the mark's bits in its high half too.
+    (field >> 32 == CRC_MARK && field == checksum(payload)) || field == stable_hash(payload)
 }
 
 /// Rewrite the file without its forgotten frames once they take more than

@@ -86,16 +86,11 @@ struct Records<'a> {
 }
 
 impl<'a> Records<'a> {
-    /// The component that held the state, when another one did.
-    fn moved_from(&self, r: &'a Reconciled) -> Option<&'a Arc<[u8]>> {
-        r.moved_from().filter(|l| l.as_ref() != self.own.as_slice())
-    }
-
     /// A state that needs no action: it only moves here, if another
     /// component held it.
     fn unchanged_state(&mut self, d: &'a Declaration, r: &'a Reconciled) {
         self.unchanged += 1;
-        let (Some(from), Some(prev)) = (self.moved_from(r), &r.prev) else {
+        let (Some(from), Some(prev)) = (r.moved_from(), &r.prev) else {
             return;
         };
         if self.fresh {
@@ -161,7 +156,7 @@ impl<'a> Records<'a> {
         let child_gen = r
             .child_gen
             .or_else(|| r.prev.as_ref().and_then(|p| p.child_gen));
-        let moved_from = self.moved_from(r);
+        let moved_from = r.moved_from();
         if self.fresh {
             // No entry of its own to compare with.
             self.new_entry.push(

@@ -117,9 +117,7 @@ pub(crate) enum Found {
 }
 
 /// What a shard found for one declared state. The component keeps its
-/// shards' outcomes as they come (a first run's 100k of them were moved
-/// into a type of the component's own before, 20 MB copied into fresh
-/// memory).
+/// shards' outcomes as their replies bring them, without copying them.
 pub(crate) struct Outcome {
     pub idx: usize,
     /// The component whose entry held the state, if any.
@@ -154,7 +152,8 @@ impl Outcome {
     }
 
     /// The other component whose entry held the state, if one did: the
-    /// state moves from it.
+    /// state moves from it. (A shard looks in other components' entries
+    /// only for a state the declaring one's does not hold.)
     pub(crate) fn moved_from(&self) -> Option<&Arc<[u8]>> {
         match &self.location {
             Found::In(component) => Some(component),

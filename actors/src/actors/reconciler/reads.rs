@@ -29,12 +29,17 @@ pub(crate) type Reading = OnceLock<Option<Arc<Option<StoredEntry>>>>;
 
 /// The readings kept by some shard, by run and component.
 #[derive(Default)]
-pub(crate) struct SharedReads(Mutex<Readings>);
+pub(crate) struct SharedReads(Mutex<Listed>);
 
-/// Readings by run and component, each while a shard keeps it.
-type Readings = HashMap<(u64, Arc<[u8]>), Weak<Reading>>;
+/// Readings by run and component, each while a shard keeps it, and how
+/// many were still kept when those no shard keeps were last let go.
+#[derive(Default)]
+struct Listed {
+    readings: HashMap<(u64, Arc<[u8]>), Weak<Reading>>,
+    kept_at_pruning: usize,
+}
 
-/// The readings listed from which those no shard keeps are let go.
+/// The fewest readings listed from which those no shard keeps are let go.
 const PRUNED_FROM: usize = 64;
 
 impl SharedReads {
@@ -42,15 +47,20 @@ impl SharedReads {
     /// keeps, or a new one to make (and keep while it is needed).
     pub(crate) fn reading(&self, run_id: u64, component: &Arc<[u8]>) -> Arc<Reading> {
         let key = (run_id, Arc::clone(component));
-        let mut readings = lock(&self.0);
-        if let Some(kept) = readings.get(&key).and_then(Weak::upgrade) {
+        let mut listed = lock(&self.0);
+        if let Some(kept) = listed.readings.get(&key).and_then(Weak::upgrade) {
             return kept;
         }
-        if readings.len() >= PRUNED_FROM {
-            readings.retain(|_, reading| reading.strong_count() > 0);
+        // Let go once the list has doubled since: many readings kept at
+        // once do not make each new one scan them all.
+        if listed.readings.len() >= PRUNED_FROM.max(2 * listed.kept_at_pruning) {
+            listed
+                .readings
+                .retain(|_, reading| reading.strong_count() > 0);
+            listed.kept_at_pruning = listed.readings.len();
         }
         let reading = Arc::new(Reading::new());
-        readings.insert(key, Arc::downgrade(&reading));
+        listed.readings.insert(key, Arc::downgrade(&reading));
         reading
     }
 }
@@ -89,7 +99,11 @@ mod tests {
             let component: Arc<[u8]> = Arc::from(&i.to_be_bytes()[..]);
             drop(reads.reading(1, &component));
         }
-        let listed = reads.0.lock().map(|r| r.len()).unwrap_or(usize::MAX);
+        let listed = reads
+            .0
+            .lock()
+            .map(|l| l.readings.len())
+            .unwrap_or(usize::MAX);
         assert!(listed <= super::PRUNED_FROM, "{listed} readings listed");
     }
 }
