@@ -38,7 +38,7 @@ pub(super) fn success_records(
     fresh: bool,
 ) -> Result<SuccessRecords> {
     let mut records = Records {
-        own: state.key.to_vec(),
+        own: &state.key,
         fresh,
         ops: Vec::with_capacity(if fresh { 0 } else { results.len() }),
         new_entry: NewEntry::with_room(if fresh { results.len() } else { 0 }),
@@ -63,7 +63,7 @@ pub(super) fn success_records(
         actions,
         ..
     } = records;
-    if let Some(put) = new_entry.into_op(own)? {
+    if let Some(put) = new_entry.into_op(own.to_vec())? {
         ops.push(put);
     }
     Ok(SuccessRecords {
@@ -76,7 +76,7 @@ pub(super) fn success_records(
 /// The records of a successful component, gathered outcome by outcome.
 struct Records<'a> {
     /// The component's key.
-    own: Vec<u8>,
+    own: &'a Arc<[u8]>,
     /// It has no entry yet: its states go into one new entry.
     fresh: bool,
     ops: Vec<LedgerOp>,
@@ -106,7 +106,7 @@ impl<'a> Records<'a> {
             );
         } else {
             self.ops.push(LedgerOp::Put {
-                component: self.own.clone(),
+                component: self.own.to_vec(),
                 entry: prev.clone(),
                 index_owner: true,
                 container: container_of(d),
@@ -130,12 +130,7 @@ impl<'a> Records<'a> {
         match &out.record {
             Some(record) => self.written(d, r, record),
             None => {
-                let held_by = match &r.location {
-                    Found::Nowhere => None,
-                    Found::Own => Some(self.own.as_slice()),
-                    Found::In(component) => Some(&component[..]),
-                };
-                if let Some(loc) = held_by {
+                if let Some(loc) = r.location(self.own) {
                     self.ops.push(LedgerOp::Remove {
                         component: loc.to_vec(),
                         path: d.path.to_vec(),
@@ -184,7 +179,7 @@ impl<'a> Records<'a> {
             let new_here = matches!(r.location, Found::Nowhere) || moved_from.is_some();
             if !same {
                 self.ops.push(LedgerOp::Put {
-                    component: self.own.clone(),
+                    component: self.own.to_vec(),
                     entry,
                     index_owner: new_here,
                     container: new_here.then(|| container_of(d)).flatten(),
