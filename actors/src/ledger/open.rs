@@ -580,17 +580,21 @@ impl Opening {
     }
 }
 
-/// Starts sled's pool of IO threads now, while the ledger opens, rather
-/// than at the first commit that writes a full buffer of sled's log. The
-/// pool starts once per process, and starting it is costly: it spawns
-/// seven threads, which spin until the last of them is spawned (sled's
-/// lazily made queue). Amid a run's first commits that took about 4 % of
-/// a 100k-state first run's CPU time (`perf record`, `benches/engine.rs`
-/// flat100k). A flush through the pool starts it; it has nothing to
-/// write yet, and its outcome does not matter (a later flush reports
-/// what fails).
+/// Starts sled's pool of IO threads now, while the first ledger of the
+/// process opens, rather than at the first commit that writes a full
+/// buffer of sled's log. The pool is the process's, and starting it is
+/// costly: it spawns seven threads, which spin until the last of them is
+/// spawned (sled's lazily made queue). Amid a run's first commits that
+/// took about 4 % of a 100k-state first run's CPU time (`perf record`,
+/// `benches/engine.rs` flat100k). A flush through the pool starts it; it
+/// has nothing to write yet, and its outcome does not matter (a later
+/// flush reports what fails). Ledgers opened later in the process find
+/// the pool running, and skip the flush.
 fn start_io_threads(db: &sled::Db) {
-    let _ = futures::executor::block_on(db.flush_async());
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let _ = futures::executor::block_on(db.flush_async());
+    });
 }
 
 /// Why sled did not open a store.
