@@ -1,15 +1,17 @@
-//! The fast path of [`Row::from_serialize`](super::value::Row::from_serialize)
-//! for flat rows.
+//! The fast path of [`Row::from_serialize`](super::value::Row::from_serialize).
 //!
-//! Most rows are a struct (or a map) whose fields are scalars: numbers,
-//! text, booleans, bytes, options of these. Such a row is collected straight
-//! into generic values, field by field, without encoding the whole row to
-//! MessagePack and decoding it back. The values are the ones that round trip
-//! would give (integers keep their sign and width, `f32` stays `F32`, a
-//! `char` is text, `None` and `()` are nil), so the conversion rules that
-//! follow are the same on both paths.
+//! Most rows are a struct (or a map) whose fields are scalars (numbers,
+//! text, booleans, bytes, options of these) or JSON-like values (sequences,
+//! maps and structs of these, as a JSON column holds). Such a row is
+//! collected straight into generic values, field by field, without encoding
+//! the whole row to MessagePack and decoding it back. The values are the
+//! ones that round trip would give (integers keep their sign and width,
+//! `f32` stays `F32`, a `char` is text, `None` and `()` are nil, a struct is
+//! a map of its field names), so the conversion rules that follow are the
+//! same on both paths.
 //!
-//! Anything else (a nested value, an enum, a non-string map key) makes the
+//! Anything else (an enum, a unit or tuple struct, a non-string key at the
+//! top level, a value nested more than [`MAX_DEPTH`] levels) makes the
 //! collector give up, and the row takes the general path, which handles
 //! every shape and bounds nesting.
 
@@ -17,13 +19,21 @@ use std::borrow::Cow;
 use std::fmt;
 
 use rmpv::Value;
-use serde::ser::{self, Impossible, Serialize, SerializeMap, SerializeStruct};
+use serde::ser::{
+    self, Impossible, Serialize, SerializeMap, SerializeSeq, SerializeStruct, SerializeTuple,
+};
 
 /// A row's fields by name, in serialization order.
 pub(super) type Fields = Vec<(Cow<'static, str>, Value)>;
 
-/// The fields of `row` if it is a struct or a map of scalar values, or
-/// `None` if it needs the general path.
+/// The deepest a field's value may nest on the fast path: a scalar is 0, a
+/// list of scalars 1. Deeper values take the general path, which bounds
+/// nesting at [`MAX_NESTING`](super::value::MAX_NESTING) levels with errors
+/// of its own, so that the fast path never accepts what it would refuse.
+pub(super) const MAX_DEPTH: usize = 32;
+
+/// The fields of `row` if it is a struct or a map of scalar or JSON-like
+/// values, or `None` if it needs the general path.
 pub(super) fn flat_fields<T: Serialize + ?Sized>(row: &T) -> Option<Fields> {
     row.serialize(RowCollector).ok()
 }
@@ -159,8 +169,10 @@ impl SerializeStruct for StructFields {
         key: &'static str,
         value: &T,
     ) -> Result<(), NotFlat> {
-        self.0
-            .push((Cow::Borrowed(key), value.serialize(ScalarCollector)?));
+        self.0.push((
+            Cow::Borrowed(key),
+            value.serialize(ValueCollector::field())?,
+        ));
         Ok(())
     }
 
@@ -180,7 +192,7 @@ impl SerializeMap for MapFields {
     type Error = NotFlat;
 
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), NotFlat> {
-        match key.serialize(ScalarCollector)? {
+        match key.serialize(ValueCollector::field())? {
             Value::String(s) => {
                 self.key = Some(s.into_str().ok_or(NotFlat)?);
                 Ok(())
@@ -192,7 +204,7 @@ impl SerializeMap for MapFields {
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFlat> {
         let key = self.key.take().ok_or(NotFlat)?;
         self.fields
-            .push((Cow::Owned(key), value.serialize(ScalarCollector)?));
+            .push((Cow::Owned(key), value.serialize(ValueCollector::field())?));
         Ok(())
     }
 
@@ -201,18 +213,38 @@ impl SerializeMap for MapFields {
     }
 }
 
-/// Collects one scalar field value, as MessagePack would encode it.
-struct ScalarCollector;
+/// Collects one field value, as MessagePack would encode it, nesting at
+/// most `depth_left` more levels.
+#[derive(Clone, Copy)]
+struct ValueCollector {
+    depth_left: usize,
+}
 
-impl ser::Serializer for ScalarCollector {
+impl ValueCollector {
+    /// The collector of a row's field.
+    fn field() -> Self {
+        Self {
+            depth_left: MAX_DEPTH,
+        }
+    }
+
+    /// The collector of the items of a sequence or map this one opens.
+    fn inner(self) -> Result<Self, NotFlat> {
+        Ok(Self {
+            depth_left: self.depth_left.checked_sub(1).ok_or(NotFlat)?,
+        })
+    }
+}
+
+impl ser::Serializer for ValueCollector {
     type Ok = Value;
     type Error = NotFlat;
-    type SerializeSeq = Impossible<Value, NotFlat>;
-    type SerializeTuple = Impossible<Value, NotFlat>;
+    type SerializeSeq = Items;
+    type SerializeTuple = Items;
     type SerializeTupleStruct = Impossible<Value, NotFlat>;
     type SerializeTupleVariant = Impossible<Value, NotFlat>;
-    type SerializeMap = Impossible<Value, NotFlat>;
-    type SerializeStruct = Impossible<Value, NotFlat>;
+    type SerializeMap = Entries;
+    type SerializeStruct = Entries;
     type SerializeStructVariant = Impossible<Value, NotFlat>;
 
     fn is_human_readable(&self) -> bool {
@@ -278,15 +310,27 @@ impl ser::Serializer for ScalarCollector {
         newtype(self, name, value)
     }
 
+    fn serialize_seq(self, len: Option<usize>) -> Result<Items, NotFlat> {
+        Items::new(self, len.unwrap_or(0))
+    }
+
+    fn serialize_tuple(self, len: usize) -> Result<Items, NotFlat> {
+        Items::new(self, len)
+    }
+
+    fn serialize_map(self, len: Option<usize>) -> Result<Entries, NotFlat> {
+        Entries::new(self, len.unwrap_or(0))
+    }
+
+    fn serialize_struct(self, _name: &'static str, len: usize) -> Result<Entries, NotFlat> {
+        Entries::new(self, len)
+    }
+
     refuse! {
         serialize_unit_struct(&'static str) -> Value;
         serialize_unit_variant(&'static str, u32, &'static str) -> Value;
-        serialize_seq(Option<usize>) -> Impossible<Value, NotFlat>;
-        serialize_tuple(usize) -> Impossible<Value, NotFlat>;
         serialize_tuple_struct(&'static str, usize) -> Impossible<Value, NotFlat>;
         serialize_tuple_variant(&'static str, u32, &'static str, usize) -> Impossible<Value, NotFlat>;
-        serialize_map(Option<usize>) -> Impossible<Value, NotFlat>;
-        serialize_struct(&'static str, usize) -> Impossible<Value, NotFlat>;
         serialize_struct_variant(&'static str, u32, &'static str, usize) -> Impossible<Value, NotFlat>;
     }
 
@@ -298,6 +342,108 @@ impl ser::Serializer for ScalarCollector {
         _value: &T,
     ) -> Result<Value, NotFlat> {
         Err(NotFlat)
+    }
+}
+
+/// The items of a sequence or tuple: an array.
+struct Items {
+    items: Vec<Value>,
+    collector: ValueCollector,
+}
+
+impl Items {
+    fn new(outer: ValueCollector, len: usize) -> Result<Self, NotFlat> {
+        Ok(Self {
+            items: Vec::with_capacity(len),
+            collector: outer.inner()?,
+        })
+    }
+
+    fn push<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFlat> {
+        self.items.push(value.serialize(self.collector)?);
+        Ok(())
+    }
+}
+
+impl SerializeSeq for Items {
+    type Ok = Value;
+    type Error = NotFlat;
+
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFlat> {
+        self.push(value)
+    }
+
+    fn end(self) -> Result<Value, NotFlat> {
+        Ok(Value::Array(self.items))
+    }
+}
+
+impl SerializeTuple for Items {
+    type Ok = Value;
+    type Error = NotFlat;
+
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFlat> {
+        self.push(value)
+    }
+
+    fn end(self) -> Result<Value, NotFlat> {
+        Ok(Value::Array(self.items))
+    }
+}
+
+/// The entries of a map, or the fields of a struct by name: a map.
+struct Entries {
+    entries: Vec<(Value, Value)>,
+    key: Option<Value>,
+    collector: ValueCollector,
+}
+
+impl Entries {
+    fn new(outer: ValueCollector, len: usize) -> Result<Self, NotFlat> {
+        Ok(Self {
+            entries: Vec::with_capacity(len),
+            key: None,
+            collector: outer.inner()?,
+        })
+    }
+}
+
+impl SerializeMap for Entries {
+    type Ok = Value;
+    type Error = NotFlat;
+
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), NotFlat> {
+        self.key = Some(key.serialize(self.collector)?);
+        Ok(())
+    }
+
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFlat> {
+        let key = self.key.take().ok_or(NotFlat)?;
+        self.entries.push((key, value.serialize(self.collector)?));
+        Ok(())
+    }
+
+    fn end(self) -> Result<Value, NotFlat> {
+        Ok(Value::Map(self.entries))
+    }
+}
+
+impl SerializeStruct for Entries {
+    type Ok = Value;
+    type Error = NotFlat;
+
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), NotFlat> {
+        let value = value.serialize(self.collector)?;
+        self.entries.push((Value::from(key), value));
+        Ok(())
+    }
+
+    fn end(self) -> Result<Value, NotFlat> {
+        Ok(Value::Map(self.entries))
     }
 }
 
@@ -420,12 +566,69 @@ mod tests {
     }
 
     #[test]
-    fn nested_values_enums_and_odd_keys_take_the_general_path() {
+    fn nested_values_collect_what_the_round_trip_gives() {
         #[derive(Serialize)]
-        struct Nested {
+        struct Inner {
+            name: &'static str,
+            #[serde(with = "serde_bytes_like")]
+            raw: Vec<u8>,
+            maybe: Option<u64>,
+            pair: (i8, f32),
+        }
+        #[derive(Serialize)]
+        struct Row {
             id: i64,
             tags: Vec<String>,
+            doc: serde_json::Value,
+            inner: Inner,
+            by_number: BTreeMap<u32, Vec<Option<bool>>>,
+            empty: Vec<i64>,
         }
+        let row = Row {
+            id: 1,
+            tags: vec!["a".into(), "b".into()],
+            doc: serde_json::json!({
+                "seq": 7, "big": u64::MAX, "neg": -3, "ratio": 0.5, "none": null,
+                "list": [1, "two", [3.0, {"four": true}]], "text": "é\"x",
+            }),
+            inner: Inner {
+                name: "n",
+                raw: vec![0, 255],
+                maybe: Some(9),
+                pair: (-1, 2.5),
+            },
+            by_number: BTreeMap::from([(3, vec![Some(true), None])]),
+            empty: Vec::new(),
+        };
+        let fast = flat_fields(&row).map(|f| encoded(&f));
+        assert!(fast.is_some());
+        assert_eq!(fast, round_trip(&row).map(|f| encoded(&f)));
+        let map = BTreeMap::from([("a", vec![1]), ("b", vec![])]);
+        let fast = flat_fields(&map).map(|f| encoded(&f));
+        assert!(fast.is_some());
+        assert_eq!(fast, round_trip(&map).map(|f| encoded(&f)));
+    }
+
+    /// `{"v": [[...[0]...]]}`, the number `depth` lists deep.
+    fn nested_lists(depth: usize) -> BTreeMap<&'static str, serde_json::Value> {
+        let mut v = serde_json::json!(0);
+        for _ in 0..depth {
+            v = serde_json::Value::Array(vec![v]);
+        }
+        BTreeMap::from([("v", v)])
+    }
+
+    #[test]
+    fn values_nested_deeper_than_the_bound_take_the_general_path() {
+        let at_bound = nested_lists(MAX_DEPTH);
+        let fast = flat_fields(&at_bound).map(|f| encoded(&f));
+        assert!(fast.is_some());
+        assert_eq!(fast, round_trip(&at_bound).map(|f| encoded(&f)));
+        assert!(flat_fields(&nested_lists(MAX_DEPTH + 1)).is_none());
+    }
+
+    #[test]
+    fn enums_unit_structs_and_odd_keys_take_the_general_path() {
         #[derive(Serialize)]
         enum Kind {
             A,
@@ -435,20 +638,29 @@ mod tests {
             kind: Kind,
         }
         #[derive(Serialize)]
+        struct WithNestedEnum {
+            kinds: Vec<Kind>,
+        }
+        #[derive(Serialize)]
         struct Unit;
         #[derive(Serialize)]
         struct WithUnitStruct {
             u: Unit,
         }
-        assert!(flat_fields(&Nested {
-            id: 1,
-            tags: vec![]
+        #[derive(Serialize)]
+        struct Pair(i64, i64);
+        #[derive(Serialize)]
+        struct WithTupleStruct {
+            p: Pair,
+        }
+        assert!(flat_fields(&WithEnum { kind: Kind::A }).is_none());
+        assert!(flat_fields(&WithNestedEnum {
+            kinds: vec![Kind::A]
         })
         .is_none());
-        assert!(flat_fields(&WithEnum { kind: Kind::A }).is_none());
         assert!(flat_fields(&WithUnitStruct { u: Unit }).is_none());
+        assert!(flat_fields(&WithTupleStruct { p: Pair(1, 2) }).is_none());
         assert!(flat_fields(&BTreeMap::from([(1, 2)])).is_none());
-        assert!(flat_fields(&BTreeMap::from([("a", vec![1])])).is_none());
         assert!(flat_fields(&5_i64).is_none());
         assert!(flat_fields(&Some(scalars())).is_none());
         assert!(flat_fields(&vec![1, 2]).is_none());
