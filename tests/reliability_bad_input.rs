@@ -1061,13 +1061,13 @@ async fn a_ledger_of_another_format_version_is_refused_with_what_to_do() {
         |ledger| {
             let db = sled::open(ledger.join("sled")).unwrap();
             let found = db.get(b"mformat").unwrap().expect("a format version");
-            assert_eq!(found.as_ref(), 3u32.to_be_bytes());
-            db.insert(b"mformat", &4u32.to_be_bytes()).unwrap();
+            assert_eq!(found.as_ref(), 4u32.to_be_bytes());
+            db.insert(b"mformat", &5u32.to_be_bytes()).unwrap();
             db.flush().unwrap();
         },
         &[
-            "has format version 4",
-            "reads version 3",
+            "has format version 5",
+            "reads version 4",
             "use a matching weir version or remove the ledger",
         ],
         true,

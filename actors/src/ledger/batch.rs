@@ -6,13 +6,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::edit::{Encoded, EntryEdit};
+use super::memo::{MemoChanges, MemoWrites};
 use super::record::ComponentRecord;
 use super::record::{ComponentEntry, Intent, LedgerOp, StateEntry};
 use super::stored::{ShallowEntry, StoredEntry};
 use super::{
     buf, container_key, delta, encode, key, pack, split_container_key, LayoutChanges, Ledger,
-    PACK_MIN, P_CHILDREN, P_COMPONENT, P_CONTAINER, P_DELTA, P_FAILED_RUNS, P_MEMO, P_PACK,
-    SEQ_KEY,
+    PACK_MIN, P_CHILDREN, P_COMPONENT, P_CONTAINER, P_DELTA, P_FAILED_RUNS, P_PACK, SEQ_KEY,
 };
 use crate::error::{Error, Result};
 use crate::model::{keycode, StableKey};
@@ -54,7 +54,7 @@ impl Ledger {
             large: sled::Batch::default(),
             large_used: false,
             layout_changes: LayoutChanges::default(),
-            memo_puts: HashSet::default(),
+            memos: MemoWrites::default(),
             keys: 0,
             bytes: 0,
             batch: sled::Batch::default(),
@@ -103,8 +103,8 @@ struct BatchBuilder<'a> {
     large_used: bool,
     /// What the batch changes in the ledger's [`Layout`](super::Layout).
     layout_changes: LayoutChanges,
-    /// The memo keys this batch writes (`o` keys).
-    memo_puts: HashSet<Vec<u8>>,
+    /// The memo keys this batch writes and forgets.
+    memos: MemoWrites,
 }
 
 impl BatchBuilder<'_> {
@@ -308,7 +308,7 @@ impl BatchBuilder<'_> {
             LedgerOp::SetFailure { component, failure } => {
                 if failure.is_some() {
                     // A failed component is never memoized.
-                    self.del(key(P_MEMO, &component));
+                    self.memos.forget(self.ledger, &component);
                 } else {
                     self.del(key(P_FAILED_RUNS, &component));
                 }
@@ -318,7 +318,7 @@ impl BatchBuilder<'_> {
                 let runs = self.ledger.failed_runs(&component)? + 1;
                 self.put(key(P_FAILED_RUNS, &component), runs.to_be_bytes().to_vec());
             }
-            LedgerOp::SetMemo { component, memo } => self.set_memo(&component, memo)?,
+            LedgerOp::SetMemo { component, memo } => self.set_memo(&component, memo),
             LedgerOp::RemoveComponent { component, parent } => {
                 self.remove_component(component, parent)?
             }
@@ -360,7 +360,7 @@ impl BatchBuilder<'_> {
     fn fold(&mut self, intent: Intent) -> Result<()> {
         // The component's states may now differ from what its memo key
         // stands for: it must run again.
-        self.del(key(P_MEMO, &intent.component));
+        self.memos.forget(self.ledger, &intent.component);
         self.note_container(intent.container.as_deref(), &intent.component);
         let entry = self.entry(&intent.component)?;
         match entry.find(&intent.path) {
@@ -450,26 +450,11 @@ impl BatchBuilder<'_> {
     }
 
     /// Records or forgets a component's memo key.
-    fn set_memo(&mut self, component: &[u8], memo: Option<Vec<u8>>) -> Result<()> {
-        let k = key(P_MEMO, component);
+    fn set_memo(&mut self, component: &[u8], memo: Option<Vec<u8>>) {
         match memo {
-            Some(m) => {
-                self.ledger.note_memo_key();
-                self.memo_puts.insert(k.clone());
-                self.put(k, m);
-            }
-            // Every new component run without a memo key forgets one:
-            // deleting a key that is not there would write a tombstone into
-            // the store for nothing. A store that never held one is not
-            // searched.
-            None if self.memo_puts.contains(&k)
-                || (self.ledger.may_hold_memo_keys() && self.ledger.tree.contains_key(&k)?) =>
-            {
-                self.del(k)
-            }
-            None => {}
+            Some(m) => self.memos.put(component, m),
+            None => self.memos.forget(self.ledger, component),
         }
-        Ok(())
     }
 
     /// Removes a component that holds no state and has no child left:
@@ -494,7 +479,7 @@ impl BatchBuilder<'_> {
             return Ok(());
         }
         self.edit(&component)?.base.failure = None;
-        self.del(key(P_MEMO, &component));
+        self.memos.forget(self.ledger, &component);
         self.del(key(P_FAILED_RUNS, &component));
         self.children.insert(component.clone(), Vec::new());
         self.child_removals.remove(&component);
@@ -519,7 +504,7 @@ impl BatchBuilder<'_> {
             self.index_removes.push((path, component.to_vec()));
         }
         self.children.insert(component.to_vec(), Vec::new());
-        self.del(key(P_MEMO, component));
+        self.memos.forget(self.ledger, component);
         self.del(key(P_FAILED_RUNS, component));
         Ok(())
     }
@@ -548,7 +533,7 @@ impl BatchBuilder<'_> {
         self.entry(&component)?.failure = entry.failure;
         self.children.insert(component.clone(), children);
         if let Some(memo) = memo {
-            self.set_memo(&component, Some(memo.into_vec()))?;
+            self.set_memo(&component, Some(memo.into_vec()));
         }
         if failed_runs > 0 {
             self.put(
@@ -575,7 +560,8 @@ impl BatchBuilder<'_> {
                 self.put(k, Vec::new());
             }
         }
-        let seq = self.apply_to_store(&unpacked, new_pack)?;
+        let memos = self.write_memos();
+        let seq = self.apply_to_store(&unpacked, new_pack, memos)?;
         self.ledger
             .seq
             .store(seq, std::sync::atomic::Ordering::SeqCst);
@@ -680,6 +666,17 @@ impl BatchBuilder<'_> {
         Ok(unpacked)
     }
 
+    /// Writes the batch's memo keys (see [`memo`](super::memo)); returns
+    /// what to note in the memo index once the batch is applied.
+    fn write_memos(&mut self) -> MemoChanges {
+        let memos = std::mem::take(&mut self.memos);
+        let ledger = self.ledger;
+        memos.write(ledger, |k, v| match v {
+            Some(v) => self.put(k, v),
+            None => self.del(k),
+        })
+    }
+
     /// Deletes the packs that `unpacked` leaves without a live member.
     fn delete_emptied_packs(&mut self, unpacked: &[Vec<u8>]) {
         let emptied: Vec<u64> = {
@@ -725,13 +722,21 @@ impl BatchBuilder<'_> {
     /// entries may go on: none finds a component in a pack the batch
     /// deleted. Returns the commit count, which moves in memory only once
     /// the batch is applied, so that `weir.seq` never leads the store.
-    fn apply_to_store(&mut self, unpacked: &[Vec<u8>], new_pack: Option<NewPack>) -> Result<u64> {
+    fn apply_to_store(
+        &mut self,
+        unpacked: &[Vec<u8>],
+        new_pack: Option<NewPack>,
+        memos: MemoChanges,
+    ) -> Result<u64> {
         let seq = self.ledger.seq.load(std::sync::atomic::Ordering::SeqCst) + 1;
         self.batch.insert(SEQ_KEY, &seq.to_be_bytes());
         let ledger = self.ledger;
         // Readers of entries wait, so that none reads an entry from before
         // this batch with a delta from after it, or the reverse.
         let mut layout = ledger.layout_mut();
+        // Readers of memo keys wait too: none finds one in a pack the
+        // batch deleted.
+        let mut memo_index = ledger.memos_mut();
         let first = std::mem::take(&mut self.batch);
         if self.large_used {
             use sled::Transactional;
@@ -752,6 +757,8 @@ impl BatchBuilder<'_> {
             ledger.tree.apply_batch(first)?;
         }
         layout.note(std::mem::take(&mut self.layout_changes));
+        memos.note(&mut memo_index);
+        drop(memo_index);
         self.update_packs(unpacked, new_pack);
         drop(layout);
         Ok(seq)

@@ -18,7 +18,9 @@
 //! | `d`    | container path, component path, u32 BE length of the component path | empty |
 //! | `i`    | intent batch id, u64 BE         | `Vec<Intent>` (earlier builds; recovered and deleted on open) |
 //! | `k`    | pack id, u64 BE                 | small component entries written together, packed (see [`pack`]) |
-//! | `o`    | encoded component path          | the memo key of its last successful run |
+//! | `q`    | pack id, u64 BE                 | the memo keys of the last successful runs of components, packed (see [`memo`]) |
+//! | `n`    | encoded component path          | a memo key forgotten: the first `q` pack id that may hold it again, u64 BE |
+//! | `o`    | encoded component path          | its memo key (formats 1 to 3; moved into `q` packs on open) |
 //! | `f`    | encoded component path          | how many runs in a row it failed, u32 BE (none after a success) |
 //!
 //! A `c` value of [`delta::MIN_OWN`] bytes or more is written to the
@@ -80,6 +82,7 @@ pub(crate) mod stored;
 
 mod batch;
 mod edit;
+mod memo;
 mod open;
 mod upgrade;
 
@@ -100,7 +103,7 @@ use journal::Journal;
 use record::{ComponentEntry, Intent};
 
 /// The ledger format this build reads and writes.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+pub(crate) const FORMAT_VERSION: u32 = 4;
 /// The earliest format this build opens (and upgrades: see [`upgrade`]).
 const FORMAT_OLDEST: u32 = 1;
 /// The default sled page cache size: 64 MiB.
@@ -163,10 +166,8 @@ pub(crate) struct Ledger {
     /// What components declared at their last clean commit (see
     /// [`digest`]).
     digests: Arc<digest::Digests>,
-    /// Whether the store may hold a memo key (`o`): false while none was
-    /// found when it opened nor written since, so that a commit forgetting
-    /// the memo key of a component run without one needs no lookup.
-    memo_keys: Arc<std::sync::atomic::AtomicBool>,
+    /// Which pack holds each component's memo key (see [`memo`]).
+    memos: Arc<RwLock<pack::PackIndex>>,
     /// The open `weir.lock`, whose lock is the App's hold on the ledger;
     /// taken (and so released) when the App stops, even while a run it
     /// left behind still holds a clone of the ledger.
@@ -271,6 +272,20 @@ impl Ledger {
 
     fn packs_mut(&self) -> std::sync::RwLockWriteGuard<'_, pack::PackIndex> {
         match self.packs.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn memos(&self) -> std::sync::RwLockReadGuard<'_, pack::PackIndex> {
+        match self.memos.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn memos_mut(&self) -> std::sync::RwLockWriteGuard<'_, pack::PackIndex> {
+        match self.memos.write() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
@@ -479,24 +494,6 @@ impl Ledger {
     /// How many commits this ledger has applied: it only grows.
     pub(crate) fn commits(&self) -> u64 {
         self.seq.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// The memo key a component committed with in its last successful
-    /// run, if it was mounted with one and has not failed or been
-    /// interrupted since.
-    pub(crate) fn memo(&self, component: &[u8]) -> Result<Option<sled::IVec>> {
-        Ok(self.tree.get(key(P_MEMO, component))?)
-    }
-
-    /// Whether the store may hold a memo key (see `memo_keys`).
-    fn may_hold_memo_keys(&self) -> bool {
-        self.memo_keys.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Notes that the store may hold a memo key from now on.
-    fn note_memo_key(&self) {
-        self.memo_keys
-            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// How many runs in a row a component failed (0 when its last run

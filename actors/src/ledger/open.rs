@@ -13,7 +13,7 @@ use super::journal::{Journal, JournalError};
 use super::record::{Intent, LedgerOp};
 use super::{
     key, pack, Layout, Ledger, ENTRIES_TREE, FORMAT_KEY, FORMAT_OLDEST, FORMAT_VERSION, ID_KEY,
-    P_CHILDREN, P_COMPONENT, P_DELTA, P_INTENT, P_MEMO, P_PACK, SEQ_FILE, SEQ_KEY, UPGRADE_KEY,
+    P_CHILDREN, P_COMPONENT, P_DELTA, P_INTENT, P_PACK, SEQ_FILE, SEQ_KEY, UPGRADE_KEY,
 };
 use crate::error::{Error, Result};
 
@@ -130,7 +130,7 @@ impl Ledger {
             seq_file: Arc::new(dir.join(SEQ_FILE)),
             journal: Arc::new(std::sync::Mutex::new(journal)),
             digests: Arc::default(),
-            memo_keys: Arc::default(),
+            memos: Arc::default(),
             lock: Arc::new(std::sync::Mutex::new(Some(lock))),
         };
         ledger.load(opening.existed, pending)?;
@@ -153,23 +153,11 @@ impl Ledger {
         named(dir, self.ensure_id())?;
         let tombstones = named(dir, self.load_layout())?;
         named(dir, self.load_packs(tombstones))?;
+        named(dir, self.load_memos())?;
         named(dir, self.build_index())?;
         named(dir, self.recover(pending))?;
         named(dir, self.upgrade(format))?;
-        if named(dir, self.finds_memo_keys())? {
-            self.note_memo_key();
-        }
         Ok(())
-    }
-
-    /// Whether the store holds any memo key.
-    fn finds_memo_keys(&self) -> Result<bool> {
-        Ok(self
-            .tree
-            .scan_prefix([P_MEMO])
-            .next()
-            .transpose()?
-            .is_some())
     }
 
     /// The commit count in `weir.seq`; `None` when there is none (a new

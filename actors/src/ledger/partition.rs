@@ -9,7 +9,7 @@
 use serde_bytes::ByteBuf;
 
 use super::record::ComponentRecord;
-use super::{Ledger, P_CHILDREN, P_COMPONENT, P_FAILED_RUNS, P_MEMO};
+use super::{Ledger, P_CHILDREN, P_COMPONENT, P_FAILED_RUNS};
 use crate::error::Result;
 use crate::model::keycode;
 
@@ -55,7 +55,7 @@ impl Ledger {
     /// accepts, sorted.
     pub(crate) fn component_keys(&self, wanted: impl Fn(&[u8]) -> bool) -> Result<Vec<Vec<u8>>> {
         let mut out = Vec::new();
-        for prefix in [P_COMPONENT, P_CHILDREN, P_MEMO, P_FAILED_RUNS] {
+        for prefix in [P_COMPONENT, P_CHILDREN, P_FAILED_RUNS] {
             for item in self.tree.scan_prefix([prefix]) {
                 let (k, _) = item?;
                 let component = k.get(1..).unwrap_or_default();
@@ -75,6 +75,7 @@ impl Ledger {
             }
         }
         out.extend(self.pack_members().into_iter().filter(|c| wanted(c)));
+        out.extend(self.memo_members().into_iter().filter(|c| wanted(c)));
         out.sort();
         out.dedup();
         Ok(out)

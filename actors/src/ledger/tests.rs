@@ -333,6 +333,146 @@ fn a_memo_key_is_forgotten_by_a_later_commit_without_one_also_after_reopening() 
     Ok(())
 }
 
+/// How many keys the ledger's first tree holds under `prefix`.
+fn keys_under(ledger: &Ledger, prefix: u8) -> usize {
+    ledger.tree.scan_prefix([prefix]).count()
+}
+
+fn memo_of(ledger: &Ledger, component: &str) -> Result<Option<Vec<u8>>> {
+    Ok(ledger.memo(component.as_bytes())?.map(|m| m.to_vec()))
+}
+
+#[test]
+fn memo_keys_committed_together_share_one_pack_and_read_back_also_after_reopening() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply((0..50).map(|i| set_memo(&format!("c{i:02}"), &format!("m{i}"))))?;
+        assert_eq!(keys_under(ledger, memo::P_MEMO_PACK), 1);
+        assert_eq!(memo_of(ledger, "c07")?, Some(b"m7".to_vec()));
+        ledger.flush()
+    })?;
+    for i in 0..50 {
+        assert_eq!(
+            memo_of(&ledger, &format!("c{i:02}"))?,
+            Some(format!("m{i}").into_bytes())
+        );
+    }
+    assert_eq!(memo_of(&ledger, "c50")?, None);
+    Ok(())
+}
+
+#[test]
+fn a_memo_key_written_again_moves_to_the_new_pack_and_the_emptied_pack_is_deleted() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(vec![set_memo("a", "1"), set_memo("b", "1")])?;
+        ledger.apply(vec![set_memo("a", "2")])?;
+        assert_eq!(
+            keys_under(ledger, memo::P_MEMO_PACK),
+            2,
+            "b keeps the first"
+        );
+        ledger.apply(vec![set_memo("b", "2")])?;
+        assert_eq!(
+            keys_under(ledger, memo::P_MEMO_PACK),
+            2,
+            "the first is gone"
+        );
+        ledger.flush()
+    })?;
+    assert_eq!(memo_of(&ledger, "a")?, Some(b"2".to_vec()));
+    assert_eq!(memo_of(&ledger, "b")?, Some(b"2".to_vec()));
+    Ok(())
+}
+
+#[test]
+fn a_memo_key_forgotten_from_a_pack_others_still_hold_stays_forgotten_after_reopening() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(vec![
+            set_memo("a", "1"),
+            set_memo("b", "1"),
+            set_memo("c", "1"),
+        ])?;
+        ledger.apply(vec![forget_memo("b")])?;
+        assert_eq!(keys_under(ledger, memo::P_MEMO_GONE), 1, "b's tombstone");
+        ledger.flush()
+    })?;
+    assert_eq!(memo_of(&ledger, "b")?, None, "the pack's copy stays hidden");
+    assert_eq!(memo_of(&ledger, "a")?, Some(b"1".to_vec()));
+    ledger.apply(vec![set_memo("b", "2")])?;
+    ledger.flush()?;
+    drop(ledger);
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    assert_eq!(memo_of(&ledger, "b")?, Some(b"2".to_vec()), "newer than it");
+    Ok(())
+}
+
+#[test]
+fn a_memo_key_forgotten_with_the_pack_it_moved_to_stays_forgotten_though_an_older_pack_holds_it(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(vec![set_memo("a", "1"), set_memo("b", "1")])?;
+        // a moves to a pack of its own; the first keeps b, and a copy of a.
+        ledger.apply(vec![set_memo("a", "2")])?;
+        ledger.apply(vec![forget_memo("a")])?;
+        assert_eq!(keys_under(ledger, memo::P_MEMO_PACK), 1, "a's pack emptied");
+        ledger.flush()
+    })?;
+    assert_eq!(
+        memo_of(&ledger, "a")?,
+        None,
+        "the first pack's copy is stale"
+    );
+    assert_eq!(memo_of(&ledger, "b")?, Some(b"1".to_vec()));
+    Ok(())
+}
+
+#[test]
+fn tombstones_of_memo_keys_that_hide_nothing_are_collected_when_the_ledger_opens() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(vec![set_memo("a", "1"), set_memo("b", "1")])?;
+        ledger.apply(vec![forget_memo("a")])?;
+        ledger.apply(vec![forget_memo("b")])?;
+        assert_eq!(keys_under(ledger, memo::P_MEMO_PACK), 0, "emptied, deleted");
+        assert_eq!(keys_under(ledger, memo::P_MEMO_GONE), 2, "now useless");
+        ledger.flush()
+    })?;
+    assert_eq!(keys_under(&ledger, memo::P_MEMO_GONE), 0);
+    assert_eq!(memo_of(&ledger, "a")?, None);
+    Ok(())
+}
+
+#[test]
+fn memo_keys_of_an_earlier_format_move_into_packs_when_the_ledger_opens() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        // As a format 3 ledger held them: a key of its own each, more than
+        // one pack's worth.
+        for i in 0..5000 {
+            ledger.tree.insert(
+                key(P_MEMO, format!("c{i:04}").as_bytes()),
+                format!("m{i}").as_bytes(),
+            )?;
+        }
+        ledger.flush()
+    })?;
+    assert_eq!(keys_under(&ledger, P_MEMO), 0);
+    assert_eq!(keys_under(&ledger, memo::P_MEMO_PACK), 2);
+    for i in [0, 4095, 4096, 4999] {
+        assert_eq!(
+            memo_of(&ledger, &format!("c{i:04}"))?,
+            Some(format!("m{i}").into_bytes())
+        );
+    }
+    ledger.apply(vec![forget_memo("c4096")])?;
+    assert_eq!(memo_of(&ledger, "c4096")?, None);
+    Ok(())
+}
+
 #[test]
 fn a_folded_intent_forgets_the_memo_of_its_component_and_a_committed_one_keeps_it() -> Result<()> {
     let dir = tempfile::tempdir()?;

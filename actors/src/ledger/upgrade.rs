@@ -12,6 +12,7 @@
 //! |------|----|---------------------------|
 //! | 1    | 2  | nothing: deltas and the tree of large values appear as commits write them |
 //! | 2    | 3  | SQLite's tables providers are renamed (below) |
+//! | 3    | 4  | memo keys (`o`) move into packs (`q`): see [`memo`](super::memo); moved at every opening that finds some, before anything reads them |
 //!
 //! # Format 3: one name for the tables providers of SQL databases
 //!
