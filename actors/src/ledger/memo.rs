@@ -95,13 +95,7 @@ impl Ledger {
             }
         }
         let mut gc = sled::Batch::default();
-        let mut dirty = false;
-        for (id, k) in keys {
-            if !index.live.contains_key(&id) {
-                gc.remove(k);
-                dirty = true;
-            }
-        }
+        let mut dirty = index.collect_dead(keys, &mut gc);
         for (component, gone) in tombstones {
             index.next_id = index.next_id.max(gone);
             if !contained.contains(&component) {

@@ -273,13 +273,7 @@ impl Ledger {
             keys,
         } = self.read_packs(&tombstones)?;
         let mut gc = sled::Batch::default();
-        let mut dirty = false;
-        for (id, k) in keys {
-            if !index.live.contains_key(&id) {
-                gc.remove(k);
-                dirty = true;
-            }
-        }
+        let mut dirty = index.collect_dead(keys, &mut gc);
         let mut useless = Vec::new();
         for (component, generation) in tombstones {
             index.next_id = index.next_id.max(generation + 1);

@@ -178,6 +178,19 @@ impl PackIndex {
         }
     }
 
+    /// Adds to `gc` the removal of each of the pack `keys` (by pack id)
+    /// whose pack has no live member; whether there was any.
+    pub(crate) fn collect_dead(&self, keys: Vec<(u64, sled::IVec)>, gc: &mut sled::Batch) -> bool {
+        let mut any = false;
+        for (id, k) in keys {
+            if !self.live.contains_key(&id) {
+                gc.remove(k);
+                any = true;
+            }
+        }
+        any
+    }
+
     /// The pack holding `component` and, if it is a recent one, its bytes.
     pub(crate) fn find_member(&self, component: &[u8]) -> Option<(u64, Option<sled::IVec>)> {
         let id = *self.members.get(component)?;

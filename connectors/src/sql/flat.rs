@@ -365,31 +365,26 @@ impl Items {
     }
 }
 
-impl SerializeSeq for Items {
-    type Ok = Value;
-    type Error = NotFlat;
+/// Implements serde's traits for sequences and tuples on [`Items`]: both
+/// are arrays.
+macro_rules! items_as_array {
+    ($($trait_name:ident),*) => {
+        $(impl $trait_name for Items {
+            type Ok = Value;
+            type Error = NotFlat;
 
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFlat> {
-        self.push(value)
-    }
+            fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFlat> {
+                self.push(value)
+            }
 
-    fn end(self) -> Result<Value, NotFlat> {
-        Ok(Value::Array(self.items))
-    }
+            fn end(self) -> Result<Value, NotFlat> {
+                Ok(Value::Array(self.items))
+            }
+        })*
+    };
 }
 
-impl SerializeTuple for Items {
-    type Ok = Value;
-    type Error = NotFlat;
-
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFlat> {
-        self.push(value)
-    }
-
-    fn end(self) -> Result<Value, NotFlat> {
-        Ok(Value::Array(self.items))
-    }
-}
+items_as_array!(SerializeSeq, SerializeTuple);
 
 /// The entries of a map, or the fields of a struct by name: a map.
 struct Entries {
