@@ -25,7 +25,7 @@
 //! thousand a batch, each batch writing a pack and deleting its keys at
 //! once, so that an opening cut short goes on where it stopped.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{key, pack, Ledger, P_MEMO};
 use crate::error::Result;
@@ -79,7 +79,8 @@ impl Ledger {
             tombstones.insert(k.get(1..).unwrap_or_default().to_vec(), self.pack_id(&v)?);
         }
         let mut index = pack::PackIndex::default();
-        let mut contained = HashSet::new();
+        // The first (oldest) pack holding each component.
+        let mut first_pack: HashMap<Vec<u8>, u64> = HashMap::new();
         let mut keys = Vec::new();
         // Packs come in ascending id: a member found again is the newer.
         for item in self.tree.scan_prefix([P_MEMO_PACK]) {
@@ -91,14 +92,18 @@ impl Ledger {
                 if tombstones.get(component).is_none_or(|&gone| gone <= id) {
                     index.add(component.to_vec(), id);
                 }
-                contained.insert(component.to_vec());
+                first_pack.entry(component.to_vec()).or_insert(id);
             }
         }
         let mut gc = sled::Batch::default();
         let mut dirty = index.collect_dead(keys, &mut gc);
         for (component, gone) in tombstones {
             index.next_id = index.next_id.max(gone);
-            if !contained.contains(&component) {
+            // Useless once no pack older than it holds the component.
+            if first_pack
+                .get(&component)
+                .is_none_or(|&first| first >= gone)
+            {
                 gc.remove(key(P_MEMO_GONE, &component));
                 dirty = true;
             }
@@ -162,6 +167,7 @@ pub(super) struct MemoWrites {
 }
 
 /// What a commit changes in the index of memo packs once it is applied.
+#[derive(Default)]
 pub(super) struct MemoChanges {
     /// The pack written, with its members and its bytes.
     pack: Option<(u64, Vec<Vec<u8>>, sled::IVec)>,
@@ -193,31 +199,21 @@ impl MemoWrites {
         ledger: &Ledger,
         mut write: impl FnMut(Vec<u8>, Option<sled::IVec>),
     ) -> MemoChanges {
-        let mut memos = ledger.memos_mut();
-        let mut leaving: HashMap<u64, usize> = HashMap::new();
-        for c in self.puts.keys().chain(&self.gone) {
-            if let Some(id) = memos.members.get(c) {
-                *leaving.entry(*id).or_default() += 1;
-            }
+        if self.puts.is_empty() && self.gone.is_empty() {
+            return MemoChanges::default();
         }
-        let emptied: HashSet<u64> = leaving
-            .into_iter()
-            .filter(|(id, n)| memos.live.get(id).is_none_or(|live| live <= n))
-            .map(|(id, _)| id)
-            .collect();
-        for id in &emptied {
-            write(pack_key(*id), None);
+        for id in self.emptied_packs(ledger) {
+            write(pack_key(id), None);
         }
         let pack = (!self.puts.is_empty()).then(|| {
-            let id = memos.next_id;
-            memos.next_id += 1;
+            let id = ledger.next_memo_pack();
             let members: Vec<(Vec<u8>, Vec<u8>)> = self.puts.into_iter().collect();
             let bytes = sled::IVec::from(pack::encode(&members));
             write(pack_key(id), Some(bytes.clone()));
             (id, members.into_iter().map(|(c, _)| c).collect(), bytes)
         });
         // Even when its pack goes: an older pack may hold a stale copy.
-        let next = sled::IVec::from(&memos.next_id.to_be_bytes());
+        let next = sled::IVec::from(&ledger.memos().next_id.to_be_bytes());
         for c in &self.gone {
             write(key(P_MEMO_GONE, c), Some(next.clone()));
         }
@@ -225,6 +221,34 @@ impl MemoWrites {
             pack,
             gone: self.gone.into_iter().collect(),
         }
+    }
+
+    /// The packs whose every live member the commit moves or forgets.
+    /// Read under the index's read lock: the ledger's thread, the only
+    /// writer, is the one asking.
+    fn emptied_packs(&self, ledger: &Ledger) -> Vec<u64> {
+        let memos = ledger.memos();
+        let mut leaving: HashMap<u64, usize> = HashMap::new();
+        for c in self.puts.keys().chain(&self.gone) {
+            if let Some(id) = memos.members.get(c) {
+                *leaving.entry(*id).or_default() += 1;
+            }
+        }
+        leaving
+            .into_iter()
+            .filter(|(id, n)| memos.live.get(id).is_none_or(|live| live <= n))
+            .map(|(id, _)| id)
+            .collect()
+    }
+}
+
+impl Ledger {
+    /// Takes the id of a new pack of memo keys.
+    fn next_memo_pack(&self) -> u64 {
+        let mut memos = self.memos_mut();
+        let id = memos.next_id;
+        memos.next_id += 1;
+        id
     }
 }
 

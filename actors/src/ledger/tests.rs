@@ -431,6 +431,51 @@ fn a_memo_key_forgotten_with_the_pack_it_moved_to_stays_forgotten_though_an_olde
 }
 
 #[test]
+fn a_memo_key_forgotten_then_written_again_after_the_ledger_reopened_twice_is_read_back(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(vec![set_memo("a", "1"), set_memo("b", "1")])?;
+        ledger.apply(vec![forget_memo("a")])?;
+        ledger.flush()
+    })?;
+    drop(ledger);
+    let ledger = reopened(dir.path(), |ledger| {
+        assert_eq!(memo_of(ledger, "a")?, None);
+        ledger.apply(vec![set_memo("a", "2")])?;
+        ledger.flush()
+    })?;
+    assert_eq!(memo_of(&ledger, "a")?, Some(b"2".to_vec()));
+    assert_eq!(memo_of(&ledger, "b")?, Some(b"1".to_vec()));
+    Ok(())
+}
+
+#[test]
+fn a_tombstone_is_collected_once_only_packs_newer_than_it_hold_its_component() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(vec![set_memo("a", "1"), set_memo("b", "1")])?;
+        ledger.apply(vec![forget_memo("a")])?;
+        ledger.apply(vec![set_memo("a", "2")])?;
+        ledger.flush()
+    })?;
+    assert_eq!(
+        keys_under(&ledger, memo::P_MEMO_GONE),
+        1,
+        "the first pack holds a"
+    );
+    // b leaves the first pack, which goes: only a newer pack holds a.
+    ledger.apply(vec![set_memo("b", "2")])?;
+    ledger.flush()?;
+    drop(ledger);
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    assert_eq!(keys_under(&ledger, memo::P_MEMO_GONE), 0);
+    assert_eq!(memo_of(&ledger, "a")?, Some(b"2".to_vec()));
+    assert_eq!(memo_of(&ledger, "b")?, Some(b"2".to_vec()));
+    Ok(())
+}
+
+#[test]
 fn tombstones_of_memo_keys_that_hide_nothing_are_collected_when_the_ledger_opens() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ledger = reopened(dir.path(), |ledger| {
@@ -470,6 +515,25 @@ fn memo_keys_of_an_earlier_format_move_into_packs_when_the_ledger_opens() -> Res
     }
     ledger.apply(vec![forget_memo("c4096")])?;
     assert_eq!(memo_of(&ledger, "c4096")?, None);
+    Ok(())
+}
+
+#[test]
+fn memo_keys_of_an_earlier_format_join_packs_already_written_without_taking_their_ids() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let ledger = reopened(dir.path(), |ledger| {
+        ledger.apply(vec![set_memo("a", "packed")])?;
+        // As an opening cut short while it moved memo keys would leave it.
+        ledger
+            .tree
+            .insert(key(P_MEMO, b"b"), b"legacy".as_slice())?;
+        ledger.flush()
+    })?;
+    assert_eq!(keys_under(&ledger, P_MEMO), 0);
+    assert_eq!(keys_under(&ledger, memo::P_MEMO_PACK), 2);
+    assert_eq!(memo_of(&ledger, "a")?, Some(b"packed".to_vec()));
+    assert_eq!(memo_of(&ledger, "b")?, Some(b"legacy".to_vec()));
     Ok(())
 }
 
