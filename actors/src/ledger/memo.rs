@@ -69,7 +69,7 @@ impl Ledger {
     }
 
     /// Moves the memo keys of an earlier format into packs, then finds
-    /// the live member of every pack; deletes the packs with no live
+    /// the live members of every pack; deletes the packs with no live
     /// member and the tombstones that hide nothing.
     pub(super) fn load_memos(&self) -> Result<()> {
         self.convert_memo_keys()?;
