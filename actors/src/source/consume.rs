@@ -502,7 +502,8 @@ impl Consumer<'_> {
         &mut self,
         changes: Vec<Change<P, A>>,
     ) -> (Vec<Prepared<P>>, HashMap<StableKey, Latest<A>>) {
-        let mut latest: HashMap<StableKey, (Prepared<P>, Latest<A>)> = HashMap::new();
+        let mut latest: HashMap<StableKey, (Prepared<P>, Latest<A>)> =
+            HashMap::with_capacity(changes.len());
         for change in changes {
             let deliveries = self.deliveries(&change.key, change.ordinal, change.deliveries);
             let prepared = Prepared {
@@ -541,11 +542,12 @@ impl Consumer<'_> {
     /// How many times a change has been delivered: the source's count, or
     /// this consumer's.
     fn deliveries(&mut self, key: &StableKey, ordinal: u64, counted: u32) -> u32 {
+        if counted > 0 {
+            // The source counts: nothing to keep here.
+            return counted;
+        }
         let n = self.attempts.entry((key.clone(), ordinal)).or_insert(0);
         *n += 1;
-        if counted > 0 {
-            *n = counted;
-        }
         *n
     }
 
@@ -572,7 +574,7 @@ impl Consumer<'_> {
         let seen = lock(seen);
         let (failed, whole) = failed_keys(&report.failures, seen.mounted);
         let not_held: std::collections::HashSet<&StableKey> = seen.not_held.iter().collect();
-        let mut settled = Vec::new();
+        let mut settled = Vec::with_capacity(latest.values().map(|l| l.acks.len()).sum());
         for (key, l) in latest.drain() {
             let outcome = if not_held.contains(&key) {
                 Outcome::NotHeld
