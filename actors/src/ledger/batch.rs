@@ -734,9 +734,9 @@ impl BatchBuilder<'_> {
         // Readers of entries wait, so that none reads an entry from before
         // this batch with a delta from after it, or the reverse.
         let mut layout = ledger.layout_mut();
-        // Readers of memo keys wait too: none finds one in a pack the
-        // batch deleted.
-        let mut memo_index = ledger.memos_mut();
+        // Readers of memo keys wait too, when the batch changes some: none
+        // finds one in a pack the batch deleted.
+        let mut memo_index = (!memos.is_empty()).then(|| ledger.memos_mut());
         let first = std::mem::take(&mut self.batch);
         if self.large_used {
             use sled::Transactional;
@@ -757,7 +757,9 @@ impl BatchBuilder<'_> {
             ledger.tree.apply_batch(first)?;
         }
         layout.note(std::mem::take(&mut self.layout_changes));
-        memos.note(&mut memo_index);
+        if let Some(index) = memo_index.as_mut() {
+            memos.note(index);
+        }
         drop(memo_index);
         self.update_packs(unpacked, new_pack);
         drop(layout);

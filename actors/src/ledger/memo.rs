@@ -253,6 +253,11 @@ impl Ledger {
 }
 
 impl MemoChanges {
+    /// Whether the commit changes no memo key.
+    pub(super) fn is_empty(&self) -> bool {
+        self.pack.is_none() && self.gone.is_empty()
+    }
+
     /// Notes the commit's changes in the index (held for writing since
     /// before the commit was applied, so that no reader finds a member in
     /// a pack the commit deleted).
