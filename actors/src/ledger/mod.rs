@@ -257,45 +257,27 @@ impl Layout {
 
 impl Ledger {
     fn layout(&self) -> std::sync::RwLockReadGuard<'_, Layout> {
-        match self.layout.read() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::read(&self.layout)
     }
 
     fn layout_mut(&self) -> std::sync::RwLockWriteGuard<'_, Layout> {
-        match self.layout.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::write(&self.layout)
     }
 
     fn packs_mut(&self) -> std::sync::RwLockWriteGuard<'_, pack::PackIndex> {
-        match self.packs.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::write(&self.packs)
     }
 
     fn memos(&self) -> std::sync::RwLockReadGuard<'_, pack::PackIndex> {
-        match self.memos.read() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::read(&self.memos)
     }
 
     fn memos_mut(&self) -> std::sync::RwLockWriteGuard<'_, pack::PackIndex> {
-        match self.memos.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::write(&self.memos)
     }
 
     fn packs(&self) -> std::sync::RwLockReadGuard<'_, pack::PackIndex> {
-        match self.packs.read() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::read(&self.packs)
     }
 
     fn pack_of(&self, component: &[u8]) -> Option<u64> {
@@ -356,18 +338,12 @@ impl Ledger {
     }
 
     fn index_mut(&self) -> std::sync::RwLockWriteGuard<'_, OwnerIndex> {
-        match self.index.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::write(&self.index)
     }
 
     /// The components that may hold a state (confirm in their entries).
     pub(crate) fn owner_candidates(&self, path: &[u8]) -> Vec<Arc<[u8]>> {
-        match self.index.read() {
-            Ok(g) => g.candidates(path),
-            Err(p) => p.into_inner().candidates(path),
-        }
+        crate::sync::read(&self.index).candidates(path)
     }
 
     fn journal(&self) -> Result<std::sync::MutexGuard<'_, Journal>> {
