@@ -679,20 +679,7 @@ impl BatchBuilder<'_> {
 
     /// Deletes the packs that `unpacked` leaves without a live member.
     fn delete_emptied_packs(&mut self, unpacked: &[Vec<u8>]) {
-        let emptied: Vec<u64> = {
-            let packs = self.ledger.packs();
-            let mut leaving: HashMap<u64, usize> = HashMap::default();
-            for c in unpacked {
-                if let Some(id) = packs.members.get(c) {
-                    *leaving.entry(*id).or_default() += 1;
-                }
-            }
-            leaving
-                .into_iter()
-                .filter(|(id, n)| packs.live.get(id).is_none_or(|live| live <= n))
-                .map(|(id, _)| id)
-                .collect()
-        };
+        let emptied = self.ledger.packs().emptied_by(unpacked);
         for id in &emptied {
             self.del(key(P_PACK, &id.to_be_bytes()));
         }

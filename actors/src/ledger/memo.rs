@@ -202,7 +202,10 @@ impl MemoWrites {
         if self.puts.is_empty() && self.gone.is_empty() {
             return MemoChanges::default();
         }
-        for id in self.emptied_packs(ledger) {
+        let emptied = ledger
+            .memos()
+            .emptied_by(self.puts.keys().chain(&self.gone));
+        for id in emptied {
             write(pack_key(id), None);
         }
         let pack = (!self.puts.is_empty()).then(|| {
@@ -221,24 +224,6 @@ impl MemoWrites {
             pack,
             gone: self.gone.into_iter().collect(),
         }
-    }
-
-    /// The packs whose every live member the commit moves or forgets.
-    /// Read under the index's read lock: the ledger's thread, the only
-    /// writer, is the one asking.
-    fn emptied_packs(&self, ledger: &Ledger) -> Vec<u64> {
-        let memos = ledger.memos();
-        let mut leaving: HashMap<u64, usize> = HashMap::new();
-        for c in self.puts.keys().chain(&self.gone) {
-            if let Some(id) = memos.members.get(c) {
-                *leaving.entry(*id).or_default() += 1;
-            }
-        }
-        leaving
-            .into_iter()
-            .filter(|(id, n)| memos.live.get(id).is_none_or(|live| live <= n))
-            .map(|(id, _)| id)
-            .collect()
     }
 }
 

@@ -178,6 +178,24 @@ impl PackIndex {
         }
     }
 
+    /// The packs whose every live member is among `leaving` (members that
+    /// move out or are deleted): those to delete with them.
+    pub(crate) fn emptied_by<'a>(
+        &self,
+        leaving: impl IntoIterator<Item = &'a Vec<u8>>,
+    ) -> Vec<u64> {
+        let mut out: HashMap<u64, usize> = HashMap::default();
+        for c in leaving {
+            if let Some(id) = self.members.get(c) {
+                *out.entry(*id).or_default() += 1;
+            }
+        }
+        out.into_iter()
+            .filter(|(id, n)| self.live.get(id).is_none_or(|live| live <= n))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Adds to `gc` the removal of each of the pack `keys` (by pack id)
     /// whose pack has no live member; whether there was any.
     pub(crate) fn collect_dead(&self, keys: Vec<(u64, sled::IVec)>, gc: &mut sled::Batch) -> bool {
