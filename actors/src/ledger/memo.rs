@@ -25,7 +25,7 @@
 //! thousand a batch, each batch writing a pack and deleting its keys at
 //! once, so that an opening cut short goes on where it stopped.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use super::{key, pack, Ledger, P_MEMO};
 use crate::error::Result;
@@ -79,8 +79,8 @@ impl Ledger {
             tombstones.insert(k.get(1..).unwrap_or_default().to_vec(), self.pack_id(&v)?);
         }
         let mut index = pack::PackIndex::default();
-        // The first (oldest) pack holding each component.
-        let mut first_pack: HashMap<Vec<u8>, u64> = HashMap::new();
+        // The tombstones that hide a copy: the others are useless.
+        let mut hiding = HashSet::new();
         let mut keys = Vec::new();
         // Packs come in ascending id: a member found again is the newer.
         for item in self.tree.scan_prefix([P_MEMO_PACK]) {
@@ -89,21 +89,19 @@ impl Ledger {
             index.next_id = index.next_id.max(id + 1);
             keys.push((id, k));
             for (component, _, _) in pack::records(&v) {
-                if tombstones.get(component).is_none_or(|&gone| gone <= id) {
-                    index.add(component.to_vec(), id);
+                match tombstones.get(component) {
+                    Some(&gone) if gone > id => {
+                        hiding.insert(component.to_vec());
+                    }
+                    _ => index.add(component.to_vec(), id),
                 }
-                first_pack.entry(component.to_vec()).or_insert(id);
             }
         }
         let mut gc = sled::Batch::default();
         let mut dirty = index.collect_dead(keys, &mut gc);
         for (component, gone) in tombstones {
             index.next_id = index.next_id.max(gone);
-            // Useless once no pack older than it holds the component.
-            if first_pack
-                .get(&component)
-                .is_none_or(|&first| first >= gone)
-            {
+            if !hiding.contains(&component) {
                 gc.remove(key(P_MEMO_GONE, &component));
                 dirty = true;
             }
