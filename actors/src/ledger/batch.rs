@@ -47,7 +47,7 @@ impl Ledger {
             index_adds: Vec::new(),
             index_removes: Vec::new(),
             forget_intents: Vec::new(),
-            containers: HashSet::default(),
+            containers: HashMap::default(),
             children: HashMap::default(),
             child_removals: HashMap::default(),
             raw_puts: HashMap::default(),
@@ -87,8 +87,11 @@ struct BatchBuilder<'a> {
     index_removes: Vec<(Vec<u8>, Vec<u8>)>,
     /// Intent batches to forget once the batch is durable.
     forget_intents: Vec<u64>,
-    /// `d` keys (container, component) to make sure exist.
-    containers: HashSet<Vec<u8>>,
+    /// `d` keys (container, component) to make sure exist, each with
+    /// whether it may exist already: such a key is looked up before it is
+    /// written, as rewriting one costs sled more than the lookup. The key
+    /// of a component that had no entry is written at once.
+    containers: HashMap<Vec<u8>, bool>,
     children: HashMap<Vec<u8>, Vec<StableKey>>,
     /// Children to drop from each parent's list, applied once at the end.
     child_removals: HashMap<Vec<u8>, HashSet<StableKey>>,
@@ -259,8 +262,18 @@ impl BatchBuilder<'_> {
     }
 
     fn note_container(&mut self, container: Option<&[u8]>, component: &[u8]) {
+        self.note_holder(container, component, true);
+    }
+
+    /// Notes `component` as a holder of `container`; `may_exist`: whether
+    /// the note may be written already.
+    fn note_holder(&mut self, container: Option<&[u8]>, component: &[u8], may_exist: bool) {
         if let Some(c) = container {
-            self.containers.insert(container_key(c, component));
+            let noted = self
+                .containers
+                .entry(container_key(c, component))
+                .or_insert(false);
+            *noted |= may_exist;
         }
     }
 
@@ -339,8 +352,11 @@ impl BatchBuilder<'_> {
         containers: Vec<Vec<u8>>,
     ) -> Result<()> {
         self.index_adds.push((component.clone(), indexed));
+        // A component giving its entry whole had none, so it holds no
+        // container yet (a note left by an earlier entry is only written
+        // again).
         for c in containers {
-            self.note_container(Some(&c), &component);
+            self.note_holder(Some(&c), &component, false);
         }
         if self.entries.contains_key(&component) {
             // Edited earlier in this batch: merge instead.
@@ -434,7 +450,7 @@ impl BatchBuilder<'_> {
         }
         let pending: Vec<Vec<u8>> = self
             .containers
-            .iter()
+            .keys()
             .filter(|k| k.get(1..).is_some_and(at_or_below))
             .cloned()
             .collect();
@@ -555,8 +571,8 @@ impl BatchBuilder<'_> {
         self.delete_emptied_packs(&unpacked);
         self.write_child_lists()?;
         let containers = std::mem::take(&mut self.containers);
-        for k in containers {
-            if !self.ledger.tree.contains_key(&k)? {
+        for (k, may_exist) in containers {
+            if !may_exist || !self.ledger.tree.contains_key(&k)? {
                 self.put(k, Vec::new());
             }
         }

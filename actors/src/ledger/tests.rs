@@ -1258,3 +1258,67 @@ fn a_memo_key_is_forgotten_whether_stored_before_or_written_earlier_in_the_same_
     assert_eq!(ledger.memo(b"kept")?.as_deref(), Some(&b"m3"[..]));
     Ok(())
 }
+
+/// A new component `component` with one state `path` below the container
+/// `container`, given whole.
+fn fresh_below(component: &str, container: &str, path: &str) -> LedgerOp {
+    match fresh(component, path) {
+        LedgerOp::PutEntry {
+            component,
+            encoded,
+            indexed,
+            ..
+        } => LedgerOp::PutEntry {
+            component,
+            encoded,
+            indexed,
+            containers: vec![container.as_bytes().to_vec()],
+        },
+        other => other,
+    }
+}
+
+/// The components noted as holders of `container`.
+fn holders_of(ledger: &Ledger, container: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for k in ledger.tree.scan_prefix([P_CONTAINER]).keys() {
+        let k = k?;
+        if let Some((c, component)) = k.get(1..).and_then(split_container_key) {
+            if c == container.as_bytes() {
+                out.push(String::from_utf8_lossy(component).into_owned());
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[test]
+fn new_components_given_whole_are_noted_as_holders_that_dropping_their_container_reaches(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = Ledger::open(dir.path(), 1 << 20)?;
+    // `b` held a state below `t` once: its note is left when its entry
+    // goes, and written again when it comes back whole.
+    ledger.apply(vec![fresh_below("b", "t", "t/old")])?;
+    ledger.apply(vec![remove("b", "t/old")])?;
+    assert!(!has(&ledger, "b"));
+    assert_eq!(holders_of(&ledger, "t")?, vec!["b"]);
+    // Enough new components for a pack, as a group commit writes them.
+    let mut ops: Vec<LedgerOp> = (0..PACK_MIN)
+        .map(|i| fresh_below(&format!("c{i}"), "t", &format!("t/p{i}")))
+        .collect();
+    ops.push(fresh_below("b", "t", "t/new"));
+    ledger.apply(ops)?;
+    let mut expected: Vec<String> = (0..PACK_MIN).map(|i| format!("c{i}")).collect();
+    expected.push("b".to_string());
+    expected.sort();
+    assert_eq!(holders_of(&ledger, "t")?, expected);
+
+    ledger.apply(vec![LedgerOp::DropDescendants {
+        path: b"t".to_vec(),
+    }])?;
+    assert!(!has(&ledger, "b"));
+    assert!((0..PACK_MIN).all(|i| !has(&ledger, &format!("c{i}"))));
+    assert!(holders_of(&ledger, "t")?.is_empty());
+    Ok(())
+}
