@@ -624,12 +624,7 @@ impl BatchBuilder<'_> {
         // Each component once (the puts were keyed by it): no order of
         // equal keys to keep.
         raw.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let id = {
-            let mut packs = self.ledger.packs_mut();
-            let id = packs.next_id;
-            packs.next_id += 1;
-            id
-        };
+        let id = self.ledger.packs_mut().take_id();
         let bytes = sled::IVec::from(pack::encode(&raw));
         self.put(key(P_PACK, &id.to_be_bytes()), bytes.clone());
         Some(NewPack {

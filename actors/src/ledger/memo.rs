@@ -207,7 +207,7 @@ impl MemoWrites {
             write(pack_key(id), None);
         }
         let pack = (!self.puts.is_empty()).then(|| {
-            let id = ledger.next_memo_pack();
+            let id = ledger.memos_mut().take_id();
             let members: Vec<(Vec<u8>, Vec<u8>)> = self.puts.into_iter().collect();
             let bytes = sled::IVec::from(pack::encode(&members));
             write(pack_key(id), Some(bytes.clone()));
@@ -222,16 +222,6 @@ impl MemoWrites {
             pack,
             gone: self.gone.into_iter().collect(),
         }
-    }
-}
-
-impl Ledger {
-    /// Takes the id of a new pack of memo keys.
-    fn next_memo_pack(&self) -> u64 {
-        let mut memos = self.memos_mut();
-        let id = memos.next_id;
-        memos.next_id += 1;
-        id
     }
 }
 

@@ -126,6 +126,13 @@ pub(crate) struct PackIndex {
 }
 
 impl PackIndex {
+    /// Takes the id of a new pack.
+    pub(crate) fn take_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
     /// Makes pack `id` the one that holds `component`; the pack that held
     /// it before (an older one) has one live member fewer.
     pub(crate) fn add(&mut self, component: Vec<u8>, id: u64) {
