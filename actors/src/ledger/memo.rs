@@ -124,7 +124,12 @@ impl Ledger {
 
     /// Moves the memo keys of an earlier format (`o`) into packs.
     fn convert_memo_keys(&self) -> Result<()> {
-        let mut moved = false;
+        // After the packs written already (an opening cut short wrote some).
+        let first = match self.tree.scan_prefix([P_MEMO_PACK]).next_back() {
+            Some(item) => self.pack_id(item?.0.get(1..).unwrap_or_default())? + 1,
+            None => 0,
+        };
+        let mut id = first;
         loop {
             let chunk = self
                 .tree
@@ -134,10 +139,6 @@ impl Ledger {
             if chunk.is_empty() {
                 break;
             }
-            let id = match self.tree.scan_prefix([P_MEMO_PACK]).next_back() {
-                Some(item) => self.pack_id(item?.0.get(1..).unwrap_or_default())? + 1,
-                None => 0,
-            };
             let members: Vec<(Vec<u8>, sled::IVec)> = chunk
                 .iter()
                 .map(|(k, v)| (k.get(1..).unwrap_or_default().to_vec(), v.clone()))
@@ -148,9 +149,9 @@ impl Ledger {
                 batch.remove(k);
             }
             self.tree.apply_batch(batch)?;
-            moved = true;
+            id += 1;
         }
-        if moved {
+        if id > first {
             self.tree.flush()?;
         }
         Ok(())
