@@ -150,6 +150,12 @@ fn a_stored_state_outside_its_entrys_bytes_is_refused_as_corrupt_not_dropped() -
 }
 
 fn fresh(component: &str, path: &str) -> LedgerOp {
+    fresh_below(component, None, path)
+}
+
+/// A new component `component` with one state `path`, below `container`
+/// if given, given whole.
+fn fresh_below(component: &str, container: Option<&str>, path: &str) -> LedgerOp {
     let entry = ComponentEntry {
         states: vec![state(path, "r")],
         failure: None,
@@ -158,7 +164,10 @@ fn fresh(component: &str, path: &str) -> LedgerOp {
         component: component.as_bytes().to_vec(),
         encoded: rmp_serde::to_vec(&entry).unwrap_or_default().into(),
         indexed: vec![keycode::stable_hash(path.as_bytes())],
-        containers: Vec::new(),
+        containers: container
+            .map(|c| c.as_bytes().to_vec())
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -1259,37 +1268,25 @@ fn a_memo_key_is_forgotten_whether_stored_before_or_written_earlier_in_the_same_
     Ok(())
 }
 
-/// A new component `component` with one state `path` below the container
-/// `container`, given whole.
-fn fresh_below(component: &str, container: &str, path: &str) -> LedgerOp {
-    match fresh(component, path) {
-        LedgerOp::PutEntry {
-            component,
-            encoded,
-            indexed,
-            ..
-        } => LedgerOp::PutEntry {
-            component,
-            encoded,
-            indexed,
-            containers: vec![container.as_bytes().to_vec()],
-        },
-        other => other,
+/// The holder notes (`d` keys) in the store: (container, component).
+pub(super) fn container_keys(ledger: &Ledger) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for k in ledger.tree.scan_prefix([P_CONTAINER]).keys() {
+        let k = k?;
+        if let Some((container, component)) = k.get(1..).and_then(split_container_key) {
+            out.push((container.to_vec(), component.to_vec()));
+        }
     }
+    Ok(out)
 }
 
 /// The components noted as holders of `container`.
 fn holders_of(ledger: &Ledger, container: &str) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    for k in ledger.tree.scan_prefix([P_CONTAINER]).keys() {
-        let k = k?;
-        if let Some((c, component)) = k.get(1..).and_then(split_container_key) {
-            if c == container.as_bytes() {
-                out.push(String::from_utf8_lossy(component).into_owned());
-            }
-        }
-    }
-    Ok(out)
+    Ok(container_keys(ledger)?
+        .into_iter()
+        .filter(|(c, _)| c == container.as_bytes())
+        .map(|(_, component)| String::from_utf8_lossy(&component).into_owned())
+        .collect())
 }
 
 #[test]
@@ -1299,15 +1296,15 @@ fn new_components_given_whole_are_noted_as_holders_that_dropping_their_container
     let ledger = Ledger::open(dir.path(), 1 << 20)?;
     // `b` held a state below `t` once: its note is left when its entry
     // goes, and written again when it comes back whole.
-    ledger.apply(vec![fresh_below("b", "t", "t/old")])?;
+    ledger.apply(vec![fresh_below("b", Some("t"), "t/old")])?;
     ledger.apply(vec![remove("b", "t/old")])?;
     assert!(!has(&ledger, "b"));
     assert_eq!(holders_of(&ledger, "t")?, vec!["b"]);
     // Enough new components for a pack, as a group commit writes them.
     let mut ops: Vec<LedgerOp> = (0..PACK_MIN)
-        .map(|i| fresh_below(&format!("c{i}"), "t", &format!("t/p{i}")))
+        .map(|i| fresh_below(&format!("c{i}"), Some("t"), &format!("t/p{i}")))
         .collect();
-    ops.push(fresh_below("b", "t", "t/new"));
+    ops.push(fresh_below("b", Some("t"), "t/new"));
     ledger.apply(ops)?;
     let mut expected: Vec<String> = (0..PACK_MIN).map(|i| format!("c{i}")).collect();
     expected.push("b".to_string());

@@ -291,6 +291,7 @@ mod tests {
     use super::*;
     use crate::ledger::buf;
     use crate::ledger::record::{ComponentEntry, Intent};
+    use crate::ledger::tests::container_keys;
     use crate::ledger::FORMAT_KEY;
     use crate::Result;
 
@@ -406,17 +407,6 @@ mod tests {
     }
 
     /// The keys of a ledger's container index, as (container, component).
-    fn container_keys(ledger: &Ledger) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut out = Vec::new();
-        for k in ledger.tree.scan_prefix([P_CONTAINER]).keys() {
-            let k = k?;
-            if let Some((container, component)) = k.get(1..).and_then(split_container_key) {
-                out.push((container.to_vec(), component.to_vec()));
-            }
-        }
-        Ok(out)
-    }
-
     fn mark_format(ledger: &Ledger, version: u32) -> Result<()> {
         ledger.tree.insert(FORMAT_KEY, &version.to_be_bytes())?;
         ledger.flush()
